@@ -1,0 +1,4 @@
+//! Consul discovery source (typed stub: fails at validation).
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]

@@ -1,0 +1,4 @@
+//! Kubernetes EndpointSlice discovery source (typed stub: fails at validation).
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]

@@ -1,0 +1,4 @@
+//! The DiscoverySource trait, discovery config and the DiscoveryTasks lifecycle.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]

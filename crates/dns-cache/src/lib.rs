@@ -1,0 +1,4 @@
+//! moka-backed TTL DNS cache for the connection dial path.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]

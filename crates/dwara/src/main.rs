@@ -1,0 +1,70 @@
+//! `dwara`: the thin binary over the dwara crates.
+//!
+//! Parses the command line, installs tracing, builds the runtime and hands over to
+//! the libraries. A configuration error exits non-zero with one clear line.
+
+#![forbid(unsafe_code)]
+#![allow(clippy::print_stdout)]
+
+mod dns_cmd;
+mod nameserver;
+mod serve;
+mod watch;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// DNS-based service discovery and a WeaveDNS-style name server.
+#[derive(Debug, Parser)]
+#[command(name = "dwara", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the name server and/or the configured upstreams.
+    Serve(serve::ServeArgs),
+    /// Follow one name through DNS discovery and print endpoint-set changes.
+    Watch(watch::WatchArgs),
+    /// Talk to a running name server's HTTP API.
+    #[command(subcommand)]
+    Dns(dns_cmd::DnsCommand),
+}
+
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("DWARA_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_tracing();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("dwara: cannot start the tokio runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async move {
+        match cli.command {
+            Command::Serve(args) => serve::run(args).await,
+            Command::Watch(args) => watch::run(args).await,
+            Command::Dns(cmd) => dns_cmd::run(cmd).await,
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("dwara: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

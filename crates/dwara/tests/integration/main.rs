@@ -1,0 +1,7 @@
+//! End-to-end tests of the `dwara` binary against real servers (dnsmasq, dig,
+//! the in-process test DNS server and other `dwara` processes).
+
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+mod nameserver;
+mod watch;

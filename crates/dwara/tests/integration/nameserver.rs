@@ -1,0 +1,1 @@
+//! `dwara serve` as a name server, driven by dig and the HTTP API.

@@ -1,0 +1,1 @@
+//! `dwara watch --json` following dnsmasq.

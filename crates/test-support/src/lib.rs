@@ -1,0 +1,4 @@
+//! Test support: an in-process controllable DNS server and helpers.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]

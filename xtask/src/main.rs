@@ -1,0 +1,66 @@
+//! `cargo xtask`: the one entry point for CI, benchmarks, fuzzing and performance runs.
+//!
+//! - `cargo xtask ci` makes sure the system tools the tests use are installed, then runs
+//!   `cargo fmt --check`, `cargo clippy --all-targets -- -D warnings` and `cargo test`.
+//! - `cargo xtask bench [ARGS]` runs the criterion benchmarks.
+//! - `cargo xtask perf dns [--names N]` compares the name server with dnsmasq and unbound.
+
+#![forbid(unsafe_code)]
+#![allow(clippy::print_stdout)]
+
+mod perf_dns;
+mod tools;
+
+use std::process::Command;
+
+use anyhow::{Context, bail};
+
+fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let (cmd, rest) = match args.split_first() {
+        Some((c, r)) => (c.as_str(), r),
+        None => ("help", &[][..]),
+    };
+    match cmd {
+        "ci" => ci(),
+        "tools" => tools::ensure(),
+        "bench" => cargo(&[&["bench", "-p", "dwara-benches"], &as_strs(rest)[..]].concat()),
+        "perf" => match rest.split_first() {
+            Some((what, rest)) if what == "dns" => {
+                tools::ensure()?;
+                perf_dns::run(rest)
+            }
+            _ => bail!("usage: cargo xtask perf dns [--names N] [--rounds R]"),
+        },
+        _ => {
+            println!("usage: cargo xtask <ci|tools|bench|perf dns>");
+            Ok(())
+        }
+    }
+}
+
+fn as_strs(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}
+
+/// The README's test command: tools, format, lints, tests.
+fn ci() -> anyhow::Result<()> {
+    tools::ensure()?;
+    cargo(&["fmt", "--all", "--check"])?;
+    cargo(&["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"])?;
+    cargo(&["test", "--workspace"])?;
+    println!("xtask ci: all green");
+    Ok(())
+}
+
+fn cargo(args: &[&str]) -> anyhow::Result<()> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+    let status = Command::new(&cargo)
+        .args(args)
+        .status()
+        .with_context(|| format!("cannot run {cargo}"))?;
+    if !status.success() {
+        bail!("`cargo {}` failed ({status})", args.join(" "));
+    }
+    Ok(())
+}
