@@ -126,9 +126,8 @@ impl Dnsmasq {
             )
         })?;
         self.child = Some(child);
-        wait_answering(self.addr, Duration::from_secs(10)).map_err(|e| {
+        wait_answering(self.addr, Duration::from_secs(10)).inspect_err(|_| {
             let _ = self.stop();
-            e
         })
     }
 }
@@ -174,10 +173,11 @@ pub fn wait_answering(addr: SocketAddr, timeout: Duration) -> io::Result<()> {
     let mut buf = [0u8; 512];
     while Instant::now() < deadline {
         sock.send_to(query, addr)?;
-        if let Ok((n, _)) = sock.recv_from(&mut buf) {
-            if n >= 2 && buf[..2] == [0x42, 0x42] {
-                return Ok(());
-            }
+        if let Ok((n, _)) = sock.recv_from(&mut buf)
+            && n >= 2
+            && buf[..2] == [0x42, 0x42]
+        {
+            return Ok(());
         }
     }
     Err(io::Error::new(
