@@ -1,4 +1,370 @@
-//! TTL-aware A/AAAA/SRV resolution over hickory's TokioResolver.
+//! TTL-aware A, AAAA and SRV resolution over hickory's `TokioResolver`.
+//!
+//! [`DnsResolver`] is the one place the workspace talks to DNS as a client. It keeps
+//! what discovery and the dial-path cache need from an answer (addresses, ports,
+//! SRV priority and weight, and the TTL) and tells an authoritative empty answer
+//! (NXDOMAIN or NODATA: [`ResolveError::NoRecords`]) apart from a failure (timeout,
+//! SERVFAIL, REFUSED, I/O). hickory's own response cache is switched off, so an
+//! answer is never cached twice and every lookup is a fresh question to the server.
+//!
+//! Name servers come from, in order: an explicit list
+//! ([`ResolverConfig::nameservers`]); the system's `/etc/resolv.conf` when readable
+//! and non-empty; Google's public resolvers. The choice is logged and available as
+//! [`DnsResolver::source`]. The hosts file is never consulted.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), dwara_resolver::ResolveError> {
+//! use dwara_resolver::{DnsResolver, ResolverConfig};
+//! let resolver = DnsResolver::new(ResolverConfig {
+//!     nameservers: vec!["127.0.0.1:1053".parse().unwrap()],
+//!     ..ResolverConfig::default()
+//! })?;
+//! for (ip, ttl) in resolver.lookup_a("api.weave.local").await? {
+//!     println!("{ip} (ttl {ttl}s)");
+//! }
+//! # Ok(()) }
+//! ```
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
+
+mod error;
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use futures::future::try_join_all;
+use hickory_resolver::TokioResolver;
+use hickory_resolver::config::{
+    NameServerConfig, ResolveHosts, ResolverConfig as HickoryConfig, ResolverOpts,
+    ServerOrderingStrategy,
+};
+use hickory_resolver::net::runtime::TokioRuntimeProvider;
+use hickory_resolver::proto::rr::{Name, RData, RecordType};
+use tracing::{debug, info, warn};
+
+pub use error::ResolveError;
+
+/// Google's public resolvers, the last resort when nothing else is configured.
+pub const GOOGLE_NAMESERVERS: [SocketAddr; 2] = [
+    SocketAddr::new(IpAddr::V4(Ipv4Addr::new(8, 8, 8, 8)), 53),
+    SocketAddr::new(IpAddr::V4(Ipv4Addr::new(8, 8, 4, 4)), 53),
+];
+
+/// How a [`DnsResolver`] is built.
+#[derive(Debug, Clone)]
+pub struct ResolverConfig {
+    /// Explicit name servers (`IP:port`), asked in this order. Empty: use `resolv_conf`.
+    pub nameservers: Vec<SocketAddr>,
+    /// The resolv.conf to read when no explicit list is given.
+    pub resolv_conf: PathBuf,
+    /// Timeout of one query to one server.
+    pub timeout: Duration,
+    /// How many times a query is tried per server.
+    pub attempts: usize,
+}
+
+impl Default for ResolverConfig {
+    fn default() -> Self {
+        Self {
+            nameservers: Vec::new(),
+            resolv_conf: PathBuf::from("/etc/resolv.conf"),
+            timeout: Duration::from_secs(2),
+            attempts: 2,
+        }
+    }
+}
+
+/// Where the resolver's name servers came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NameServerSource {
+    /// The explicit list of the configuration.
+    Explicit(Vec<SocketAddr>),
+    /// A readable resolv.conf (path and the servers it listed).
+    ResolvConf(PathBuf, Vec<SocketAddr>),
+    /// Neither: Google's public resolvers.
+    Google,
+}
+
+impl NameServerSource {
+    /// The servers in the order they are asked.
+    pub fn servers(&self) -> &[SocketAddr] {
+        match self {
+            Self::Explicit(s) | Self::ResolvConf(_, s) => s,
+            Self::Google => &GOOGLE_NAMESERVERS,
+        }
+    }
+}
+
+/// One resolved SRV target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SrvTarget {
+    /// An address of the target host.
+    pub ip: IpAddr,
+    /// The service port from the SRV record.
+    pub port: u16,
+    /// RFC 2782 priority (lower is preferred).
+    pub priority: u16,
+    /// RFC 2782 weight within a priority.
+    pub weight: u16,
+    /// min(SRV TTL, address TTL), in seconds.
+    pub ttl: u32,
+}
+
+/// A DNS client for A, AAAA and SRV with TTLs. Cheap to clone.
+#[derive(Clone)]
+pub struct DnsResolver {
+    inner: TokioResolver,
+    source: NameServerSource,
+}
+
+impl std::fmt::Debug for DnsResolver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DnsResolver")
+            .field("source", &self.source)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Picks the name servers: explicit list, else a readable resolv.conf, else Google.
+fn select_source(config: &ResolverConfig) -> (NameServerSource, Option<HickoryConfig>) {
+    if !config.nameservers.is_empty() {
+        return (NameServerSource::Explicit(config.nameservers.clone()), None);
+    }
+    match std::fs::read(&config.resolv_conf) {
+        Ok(data) => match hickory_resolver::system_conf::parse_resolv_conf(&data) {
+            Ok((parsed, _opts)) if !parsed.name_servers().is_empty() => {
+                let mut servers = Vec::new();
+                for ns in parsed.name_servers() {
+                    let port = ns.connections.first().map_or(53, |c| c.port);
+                    let addr = SocketAddr::new(ns.ip, port);
+                    if !servers.contains(&addr) {
+                        servers.push(addr);
+                    }
+                }
+                let source = NameServerSource::ResolvConf(config.resolv_conf.clone(), servers);
+                (source, Some(parsed))
+            }
+            Ok(_) => {
+                warn!(path = %config.resolv_conf.display(), "resolv.conf lists no name server; using Google's public resolvers");
+                (NameServerSource::Google, None)
+            }
+            Err(e) => {
+                warn!(path = %config.resolv_conf.display(), error = %e, "cannot parse resolv.conf; using Google's public resolvers");
+                (NameServerSource::Google, None)
+            }
+        },
+        Err(e) => {
+            warn!(path = %config.resolv_conf.display(), error = %e, "cannot read resolv.conf; using Google's public resolvers");
+            (NameServerSource::Google, None)
+        }
+    }
+}
+
+fn nameserver(addr: SocketAddr) -> NameServerConfig {
+    let mut ns = NameServerConfig::udp_and_tcp(addr.ip());
+    for conn in &mut ns.connections {
+        conn.port = addr.port();
+    }
+    // An NXDOMAIN from the first server is the answer; don't ask the next one.
+    ns.trust_negative_responses = true;
+    ns
+}
+
+impl DnsResolver {
+    /// Builds a resolver; the name-server choice is logged at info level.
+    pub fn new(config: ResolverConfig) -> Result<Self, ResolveError> {
+        let (source, parsed) = select_source(&config);
+        let (domain, search) = match parsed {
+            Some(p) => {
+                let (domain, search, _) = p.into_parts();
+                (domain, search)
+            }
+            None => (None, Vec::new()),
+        };
+        let servers = source.servers().iter().copied().map(nameserver).collect();
+        let hickory = HickoryConfig::from_parts(domain, search, servers);
+
+        let mut opts = ResolverOpts::default();
+        opts.cache_size = 0;
+        opts.use_hosts_file = ResolveHosts::Never;
+        opts.timeout = config.timeout;
+        opts.attempts = config.attempts.max(1);
+        opts.server_ordering_strategy = ServerOrderingStrategy::UserProvidedOrder;
+        opts.num_concurrent_reqs = 1;
+        opts.preserve_intermediates = true;
+
+        let inner = TokioResolver::builder_with_config(hickory, TokioRuntimeProvider::default())
+            .with_options(opts)
+            .build()
+            .map_err(|e| ResolveError::Config(e.to_string()))?;
+        match &source {
+            NameServerSource::Explicit(s) => info!(servers = ?s, "resolver: explicit name servers"),
+            NameServerSource::ResolvConf(p, s) => {
+                info!(path = %p.display(), servers = ?s, "resolver: name servers from resolv.conf")
+            }
+            NameServerSource::Google => {
+                info!(servers = ?GOOGLE_NAMESERVERS, "resolver: no configured name servers, using Google's public resolvers")
+            }
+        }
+        Ok(Self { inner, source })
+    }
+
+    /// Where the name servers came from.
+    pub fn source(&self) -> &NameServerSource {
+        &self.source
+    }
+
+    /// A records of `host` with their TTLs.
+    pub async fn lookup_a(&self, host: &str) -> Result<Vec<(IpAddr, u32)>, ResolveError> {
+        self.lookup_addrs(host, RecordType::A).await
+    }
+
+    /// AAAA records of `host` with their TTLs.
+    pub async fn lookup_aaaa(&self, host: &str) -> Result<Vec<(IpAddr, u32)>, ResolveError> {
+        self.lookup_addrs(host, RecordType::AAAA).await
+    }
+
+    /// A and AAAA records of `host`, queried concurrently; IPv4 first.
+    ///
+    /// An empty answer for one family is fine as long as the other has addresses;
+    /// a failure of either is a failure (a half answer would silently drop addresses).
+    pub async fn lookup_ip(&self, host: &str) -> Result<Vec<(IpAddr, u32)>, ResolveError> {
+        let (v4, v6) = tokio::join!(self.lookup_a(host), self.lookup_aaaa(host));
+        merge_families(v4, v6)
+    }
+
+    /// SRV records of `name`, each target resolved to its addresses (A and AAAA).
+    ///
+    /// Targets are resolved explicitly (additional records are not relied on). A target
+    /// with no address records is skipped with a warning; a failure resolving any
+    /// target fails the whole lookup, so a caller never mistakes half an answer for
+    /// the whole set. The target `.` ("service not available", RFC 2782) yields nothing.
+    pub async fn lookup_srv(&self, name: &str) -> Result<Vec<SrvTarget>, ResolveError> {
+        let qname = parse_name(name)?;
+        let lookup = self
+            .inner
+            .lookup(qname, RecordType::SRV)
+            .await
+            .map_err(|e| ResolveError::from_net(name, RecordType::SRV, e))?;
+        let srvs: Vec<_> = lookup
+            .answers()
+            .iter()
+            .filter_map(|r| match &r.data {
+                RData::SRV(srv) => Some((srv.clone(), r.ttl)),
+                _ => None,
+            })
+            .collect();
+        if srvs.is_empty() {
+            return Err(ResolveError::NoRecords {
+                name: name.to_owned(),
+                record_type: RecordType::SRV,
+                nxdomain: false,
+                negative_ttl: None,
+            });
+        }
+        let resolved = try_join_all(srvs.iter().map(|(srv, ttl)| async move {
+            if srv.target.is_root() {
+                return Ok(Vec::new());
+            }
+            let target = srv.target.to_ascii();
+            let addrs = match self.lookup_ip(&target).await {
+                Ok(a) => a,
+                Err(ResolveError::NoRecords { .. }) => {
+                    warn!(srv = name, target = %target, "SRV target has no address records; skipped");
+                    Vec::new()
+                }
+                Err(e) => return Err(e),
+            };
+            Ok(addrs
+                .into_iter()
+                .map(|(ip, addr_ttl)| SrvTarget {
+                    ip,
+                    port: srv.port,
+                    priority: srv.priority,
+                    weight: srv.weight,
+                    ttl: (*ttl).min(addr_ttl),
+                })
+                .collect::<Vec<_>>())
+        }))
+        .await?;
+        let mut targets: Vec<SrvTarget> = resolved.into_iter().flatten().collect();
+        targets.sort();
+        targets.dedup();
+        debug!(srv = name, targets = targets.len(), "resolved SRV");
+        Ok(targets)
+    }
+
+    async fn lookup_addrs(
+        &self,
+        host: &str,
+        rtype: RecordType,
+    ) -> Result<Vec<(IpAddr, u32)>, ResolveError> {
+        let qname = parse_name(host)?;
+        let lookup = self
+            .inner
+            .lookup(qname, rtype)
+            .await
+            .map_err(|e| ResolveError::from_net(host, rtype, e))?;
+        let mut out: Vec<(IpAddr, u32)> = lookup
+            .answers()
+            .iter()
+            .filter_map(|r| match &r.data {
+                RData::A(a) if rtype == RecordType::A => Some((IpAddr::V4(a.0), r.ttl)),
+                RData::AAAA(a) if rtype == RecordType::AAAA => Some((IpAddr::V6(a.0), r.ttl)),
+                _ => None,
+            })
+            .collect();
+        if out.is_empty() {
+            // Only a CNAME chain, or records of another type: no addresses.
+            return Err(ResolveError::NoRecords {
+                name: host.to_owned(),
+                record_type: rtype,
+                nxdomain: false,
+                negative_ttl: None,
+            });
+        }
+        out.sort();
+        out.dedup_by_key(|(ip, _)| *ip);
+        Ok(out)
+    }
+}
+
+fn merge_families(
+    v4: Result<Vec<(IpAddr, u32)>, ResolveError>,
+    v6: Result<Vec<(IpAddr, u32)>, ResolveError>,
+) -> Result<Vec<(IpAddr, u32)>, ResolveError> {
+    match (v4, v6) {
+        (Ok(mut a), Ok(b)) => {
+            a.extend(b);
+            Ok(a)
+        }
+        (Ok(a), Err(ResolveError::NoRecords { .. }))
+        | (Err(ResolveError::NoRecords { .. }), Ok(a)) => Ok(a),
+        (
+            Err(e @ ResolveError::NoRecords { nxdomain: true, .. }),
+            Err(ResolveError::NoRecords { .. }),
+        )
+        | (Err(ResolveError::NoRecords { .. }), Err(e @ ResolveError::NoRecords { .. })) => Err(e),
+        (Err(e), _) | (_, Err(e)) => Err(e),
+    }
+}
+
+fn parse_name(host: &str) -> Result<Name, ResolveError> {
+    let invalid = |reason: String| ResolveError::InvalidName {
+        name: host.to_owned(),
+        reason,
+    };
+    if host.is_empty() {
+        return Err(invalid("empty name".to_owned()));
+    }
+    let name = Name::from_utf8(host).map_err(|e| invalid(e.to_string()))?;
+    if name.is_root() {
+        return Err(invalid("the root name has no addresses".to_owned()));
+    }
+    Ok(name)
+}
+
+#[cfg(test)]
+mod tests;

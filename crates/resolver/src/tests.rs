@@ -1,0 +1,47 @@
+//! Unit tests that need no server: name validation and family merging.
+
+use super::*;
+
+#[test]
+fn empty_and_root_names_are_rejected() {
+    assert!(matches!(
+        parse_name(""),
+        Err(ResolveError::InvalidName { .. })
+    ));
+    assert!(matches!(
+        parse_name("."),
+        Err(ResolveError::InvalidName { .. })
+    ));
+    assert!(parse_name("api.weave.local").is_ok());
+}
+
+fn nodata(nx: bool) -> ResolveError {
+    ResolveError::NoRecords {
+        name: "x".into(),
+        record_type: RecordType::A,
+        nxdomain: nx,
+        negative_ttl: None,
+    }
+}
+
+#[test]
+fn one_empty_family_is_fine_but_a_failure_is_not() {
+    let v4 = vec![(IpAddr::from([10, 0, 0, 1]), 5)];
+    assert_eq!(
+        merge_families(Ok(v4.clone()), Err(nodata(false))).unwrap(),
+        v4
+    );
+    let timeout = ResolveError::Timeout {
+        name: "x".into(),
+        record_type: RecordType::AAAA,
+    };
+    assert!(matches!(
+        merge_families(Ok(v4), Err(timeout)),
+        Err(ResolveError::Timeout { .. })
+    ));
+    let both_empty = merge_families(Err(nodata(false)), Err(nodata(true))).unwrap_err();
+    assert!(matches!(
+        both_empty,
+        ResolveError::NoRecords { nxdomain: true, .. }
+    ));
+}
