@@ -28,11 +28,16 @@
 #![warn(missing_docs)]
 
 mod endpoint;
+mod hash;
+mod health;
 mod lb;
+mod picker;
 mod policy;
+mod rng;
 
 pub use endpoint::{Endpoint, EndpointSet};
-pub use lb::{PickGuard, UpstreamLb};
+pub use health::{Clock, EjectionConfig, ManualClock, MonotonicClock, Outcome};
+pub use lb::{EndpointStats, LbStats, PickGuard, UpstreamLb, UpstreamLbBuilder};
 pub use policy::Policy;
 
 /// A pick on an upstream whose endpoint set is empty.

@@ -23,7 +23,7 @@ pub enum Policy {
     P2c,
     /// RFC 2782: the lowest priority group that has endpoints, weighted within it.
     Srv,
-    /// Maglev consistent hashing of the key given to
+    /// Consistent hashing (a Ketama-style ring) of the key given to
     /// [`UpstreamLb::pick_by_key`](crate::UpstreamLb::pick_by_key).
     ConsistentHash,
 }

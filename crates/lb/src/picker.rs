@@ -1,0 +1,234 @@
+//! Each policy's precomputed pick state, built once per endpoint set (off the pick
+//! path) and published together with the set.
+
+use crate::hash::Ring;
+use crate::rng::{Ticket, below, mix64};
+use crate::{Endpoint, Policy};
+
+/// Longest precomputed smooth-weighted sequence (entries).
+const MAX_SEQUENCE: u64 = 1 << 16;
+/// Work budget (endpoints × sequence length) for building the smooth sequence.
+const MAX_SEQUENCE_WORK: u64 = 1 << 24;
+
+/// One RFC 2782 priority group.
+#[derive(Debug)]
+pub(crate) struct SrvGroup {
+    /// Indices into the set; the zero-weight ones first.
+    members: Box<[u32]>,
+    /// Running weight sums, parallel to `members`.
+    running: Box<[u64]>,
+    zero_weight: usize,
+    total: u64,
+}
+
+/// The pick state of one policy for one endpoint set.
+#[derive(Debug)]
+pub(crate) enum Picker {
+    /// Round robin, equal weights: position modulo length.
+    RoundRobin,
+    /// Smooth weighted round robin: one precomputed period of nginx's sequence.
+    SmoothWeighted(Box<[u32]>),
+    /// Uniform random (equal weights).
+    Random,
+    /// Weighted random: running weight sums, binary-searched.
+    WeightedRandom(Box<[u64]>),
+    /// Power of two choices; `true` when weights differ.
+    P2c(bool),
+    /// RFC 2782 priority groups, lowest priority first.
+    Srv(Box<[SrvGroup]>),
+    /// Consistent-hash ring.
+    Ring(Ring),
+}
+
+/// Weight as the non-SRV policies see it: 0 counts as 1.
+#[inline]
+fn weight(e: &Endpoint) -> u64 {
+    u64::from(e.weight.max(1))
+}
+
+fn equal_weights(eps: &[Endpoint]) -> bool {
+    eps.windows(2).all(|w| weight(&w[0]) == weight(&w[1]))
+}
+
+fn gcd(mut a: u64, mut b: u64) -> u64 {
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a
+}
+
+/// The weights reduced by their gcd and, when one period would be too long to
+/// precompute, scaled down proportionally (each stays at least 1).
+fn sequence_weights(eps: &[Endpoint]) -> Vec<u64> {
+    let mut w: Vec<u64> = eps.iter().map(weight).collect();
+    let n = w.len() as u64;
+    let total: u64 = w.iter().sum();
+    let limit = MAX_SEQUENCE.min(MAX_SEQUENCE_WORK / n.max(1)).max(n);
+    if total > limit {
+        for x in &mut w {
+            *x = (*x * limit / total).max(1);
+        }
+    }
+    let g = w.iter().copied().fold(0, gcd).max(1);
+    w.iter_mut().for_each(|x| *x /= g);
+    w
+}
+
+/// One period of nginx's smooth weighted round robin (`ngx_http_upstream_get_peer`):
+/// every endpoint gains its weight, the largest current value is picked and loses
+/// the total. Each endpoint appears `w` times per period, spread out evenly.
+pub(crate) fn smooth_sequence(weights: &[u64]) -> Box<[u32]> {
+    let total: u64 = weights.iter().sum();
+    let total_i = total as i64;
+    let mut current = vec![0i64; weights.len()];
+    let mut seq = Vec::with_capacity(total as usize);
+    for _ in 0..total {
+        let mut best = 0;
+        for i in 0..current.len() {
+            current[i] += weights[i] as i64;
+            // strictly greater: ties go to the earlier endpoint, as in nginx
+            if current[i] > current[best] {
+                best = i;
+            }
+        }
+        current[best] -= total_i;
+        seq.push(best as u32);
+    }
+    seq.into_boxed_slice()
+}
+
+fn running_sums(weights: impl Iterator<Item = u64>) -> Box<[u64]> {
+    weights
+        .scan(0u64, |acc, w| {
+            *acc += w;
+            Some(*acc)
+        })
+        .collect()
+}
+
+fn srv_groups(eps: &[Endpoint]) -> Box<[SrvGroup]> {
+    let mut order: Vec<u32> = (0..eps.len() as u32).collect();
+    // by priority, zero weights first within a priority (RFC 2782)
+    order.sort_by_key(|&i| {
+        let e = &eps[i as usize];
+        (e.priority, e.weight != 0, i)
+    });
+    order
+        .chunk_by(|&a, &b| eps[a as usize].priority == eps[b as usize].priority)
+        .map(|members| {
+            let running = running_sums(members.iter().map(|&i| u64::from(eps[i as usize].weight)));
+            SrvGroup {
+                zero_weight: members
+                    .iter()
+                    .take_while(|&&i| eps[i as usize].weight == 0)
+                    .count(),
+                total: running.last().copied().unwrap_or(0),
+                members: members.into(),
+                running,
+            }
+        })
+        .collect()
+}
+
+impl SrvGroup {
+    /// RFC 2782 selection within the group: `R` uniform in `0..=total`, the first
+    /// member whose running sum is `>= R`. `R = 0` goes to a uniformly chosen
+    /// zero-weight member when there are any; without them `R` is drawn from
+    /// `1..=total` so that shares are exactly proportional to weight.
+    #[inline]
+    fn pick(&self, x: u64) -> usize {
+        let len = self.members.len();
+        if self.total == 0 {
+            return self.members[below(x, len)] as usize;
+        }
+        let r = if self.zero_weight > 0 {
+            let r = below(x, self.total as usize + 1) as u64;
+            if r == 0 {
+                return self.members[below(mix64(x), self.zero_weight)] as usize;
+            }
+            r
+        } else {
+            below(x, self.total as usize) as u64 + 1
+        };
+        let k = self.running.partition_point(|&s| s < r);
+        self.members[k.min(len - 1)] as usize
+    }
+
+    pub(crate) fn members(&self) -> &[u32] {
+        &self.members
+    }
+}
+
+impl Picker {
+    pub(crate) fn build(policy: Policy, eps: &[Endpoint]) -> Self {
+        match policy {
+            Policy::RoundRobin if equal_weights(eps) => Picker::RoundRobin,
+            Policy::RoundRobin => Picker::SmoothWeighted(smooth_sequence(&sequence_weights(eps))),
+            Policy::Random if equal_weights(eps) => Picker::Random,
+            Policy::Random => Picker::WeightedRandom(running_sums(eps.iter().map(weight))),
+            Policy::P2c => Picker::P2c(!equal_weights(eps)),
+            Policy::Srv => Picker::Srv(srv_groups(eps)),
+            Policy::ConsistentHash => Picker::Ring(Ring::build(eps)),
+        }
+    }
+
+    /// One pick: an index into `eps` (non-empty). `key` is a key hash for consistent
+    /// hashing; `attempt` > 0 asks for an alternative after an ejected endpoint.
+    #[inline]
+    pub(crate) fn pick(
+        &self,
+        eps: &[Endpoint],
+        in_flight: impl Fn(usize) -> usize,
+        ticket: &Ticket,
+        key: Option<u64>,
+        attempt: usize,
+    ) -> usize {
+        let n = eps.len();
+        match self {
+            Picker::RoundRobin => ticket.next() % n,
+            Picker::SmoothWeighted(seq) => seq[ticket.next() % seq.len()] as usize,
+            Picker::Random => below(ticket.random(), n),
+            Picker::WeightedRandom(running) => {
+                let total = running[n - 1];
+                let r = below(ticket.random(), total as usize) as u64;
+                running.partition_point(|&s| s <= r)
+            }
+            Picker::P2c(weighted) => {
+                if n == 1 {
+                    return 0;
+                }
+                let x = ticket.random();
+                let a = below(x, n);
+                let b = below(x.rotate_left(32), n - 1);
+                let b = if b >= a { b + 1 } else { b };
+                let (la, lb) = (in_flight(a) as u64, in_flight(b) as u64);
+                let b_wins = if *weighted {
+                    // fewer in flight per unit of weight; +1 so idle endpoints still
+                    // compare by weight
+                    (lb + 1) * weight(&eps[a]) < (la + 1) * weight(&eps[b])
+                } else {
+                    lb < la
+                };
+                if b_wins { b } else { a }
+            }
+            Picker::Srv(groups) => groups[0].pick(ticket.random()),
+            Picker::Ring(ring) => {
+                let h = key.unwrap_or_else(|| ticket.random());
+                ring.owner(ring.point(h), attempt)
+            }
+        }
+    }
+
+    /// The SRV groups, lowest priority first (for the ejection fallback).
+    pub(crate) fn srv_groups(&self) -> Option<&[SrvGroup]> {
+        match self {
+            Picker::Srv(groups) => Some(groups),
+            _ => None,
+        }
+    }
+
+    /// Weighted pick within one SRV group.
+    pub(crate) fn srv_pick_in(group: &SrvGroup, ticket: &Ticket) -> usize {
+        group.pick(ticket.random())
+    }
+}
