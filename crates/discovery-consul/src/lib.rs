@@ -1,4 +1,101 @@
-//! Consul discovery source (typed stub: fails at validation).
+//! Consul discovery (typed stub).
+//!
+//! The configuration language already knows a `consul` block so that configs can be
+//! written and checked, but the source is not implemented: [`ConsulConfig::validate`]
+//! checks the fields and then fails with [`DiscoveryError::Unsupported`] naming the
+//! milestone that brings it, so a config using it is rejected at load time with a
+//! clear message instead of silently discovering nothing.
+//!
+//! ```
+//! use dwara_discovery::DiscoveryError;
+//! use dwara_discovery_consul::ConsulConfig;
+//!
+//! let config = ConsulConfig { service: "api".into(), ..ConsulConfig::default() };
+//! assert!(matches!(config.validate(), Err(DiscoveryError::Unsupported { .. })));
+//! ```
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
+
+use serde::{Deserialize, Serialize};
+
+pub use dwara_discovery::DiscoveryError;
+
+/// The milestone that will implement Consul discovery.
+pub const MILESTONE: &str = "milestone M3 (Consul catalog watch)";
+
+fn default_true() -> bool {
+    true
+}
+
+/// The `consul` block of an upstream.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConsulConfig {
+    /// The Consul service name.
+    pub service: String,
+    /// Datacenter; the agent's own when absent.
+    #[serde(default)]
+    pub datacenter: Option<String>,
+    /// Only instances carrying this tag.
+    #[serde(default)]
+    pub tag: Option<String>,
+    /// Only instances whose health checks pass.
+    #[serde(default = "default_true")]
+    pub passing_only: bool,
+}
+
+impl Default for ConsulConfig {
+    fn default() -> Self {
+        Self {
+            service: String::new(),
+            datacenter: None,
+            tag: None,
+            passing_only: true,
+        }
+    }
+}
+
+impl ConsulConfig {
+    /// Checks the fields, then reports that the source is not supported yet.
+    pub fn validate(&self) -> Result<(), DiscoveryError> {
+        if self.service.trim().is_empty() {
+            return Err(DiscoveryError::InvalidConfig {
+                key: "consul.service".into(),
+                message: "must not be empty".into(),
+            });
+        }
+        Err(DiscoveryError::Unsupported {
+            source_kind: "consul",
+            milestone: MILESTONE,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_valid_config_is_rejected_as_unsupported_naming_the_milestone() {
+        let c: ConsulConfig =
+            serde_yaml_ng::from_str("service: api\ndatacenter: dc1\ntag: v2\n").unwrap();
+        assert!(c.passing_only);
+        let e = c.validate().unwrap_err();
+        assert!(matches!(
+            e,
+            DiscoveryError::Unsupported {
+                source_kind: "consul",
+                ..
+            }
+        ));
+        assert!(e.to_string().contains("M3"), "{e}");
+    }
+
+    #[test]
+    fn bad_fields_are_reported_first() {
+        let e = ConsulConfig::default().validate().unwrap_err();
+        assert!(e.to_string().contains("consul.service"), "{e}");
+        assert!(serde_yaml_ng::from_str::<ConsulConfig>("service: a\nbogus: 1\n").is_err());
+    }
+}

@@ -1,4 +1,163 @@
-//! DNS discovery source: the refresh cycle that keeps an UpstreamLb in step with DNS.
+//! The DNS discovery source: A, AAAA and SRV answers as endpoint sets.
+//!
+//! [`DnsSource`] implements [`DiscoverySource`] over [`dwara_resolver::DnsResolver`]:
+//! each call asks DNS once and returns the endpoints with the answer's TTL (the
+//! smallest record TTL). NXDOMAIN and NODATA are answers with zero endpoints (their
+//! TTL is the negative TTL when the server gave an SOA); timeouts, SERVFAIL, REFUSED
+//! and transport errors are failures. The refresh cycle itself — `min(interval,
+//! TTL)`, `fail_open`, `min_endpoints`, backoff, jitter, publish-on-change — runs in
+//! [`dwara_discovery::refresh`], shared by every kind of source; [`upstream_discovery`]
+//! is the shortcut that builds both from one [`DiscoveryConfig`].
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), dwara_discovery::DiscoveryError> {
+//! use std::sync::Arc;
+//! use dwara_discovery::{DiscoveryConfig, DiscoverySnapshot, DiscoveryTasks};
+//! use dwara_discovery_dns::upstream_discovery;
+//! use dwara_lb::{Policy, UpstreamLb};
+//!
+//! let mut config = DiscoveryConfig::new("api.weave.local");
+//! config.port = Some(8080);
+//! config.nameservers = vec!["127.0.0.1:1053".parse().unwrap()];
+//! let lb = Arc::new(UpstreamLb::new(Policy::RoundRobin));
+//! let up = upstream_discovery("api", &config, lb.clone())?;
+//! let mut tasks = DiscoveryTasks::new();
+//! tasks.respawn(&DiscoverySnapshot { generation: 1, upstreams: vec![up] });
+//! # Ok(()) }
+//! ```
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use dwara_discovery::{
+    DiscoveryConfig, DiscoveryError, DiscoverySource, RecordType, Resolution, UpstreamDiscovery,
+};
+use dwara_lb::{Endpoint, EndpointSet, UpstreamLb};
+use dwara_resolver::{DnsResolver, ResolveError, ResolverConfig};
+
+/// Resolves one host name (A/AAAA with a fixed port, or SRV) into endpoints.
+#[derive(Debug, Clone)]
+pub struct DnsSource {
+    hostname: String,
+    record_type: RecordType,
+    port: Option<u16>,
+    resolver: DnsResolver,
+}
+
+impl DnsSource {
+    /// Validates `config` and builds a source with its own resolver (the configured
+    /// name servers, else the system's).
+    pub fn new(config: &DiscoveryConfig) -> Result<Self, DiscoveryError> {
+        config.validate()?;
+        let resolver = DnsResolver::new(ResolverConfig {
+            nameservers: config.nameservers.clone(),
+            ..ResolverConfig::default()
+        })
+        .map_err(|e| DiscoveryError::InvalidConfig {
+            key: "nameservers".into(),
+            message: e.to_string(),
+        })?;
+        Self::with_resolver(config, resolver)
+    }
+
+    /// Validates `config` and builds a source over an existing resolver
+    /// (`config.nameservers` is then ignored).
+    pub fn with_resolver(
+        config: &DiscoveryConfig,
+        resolver: DnsResolver,
+    ) -> Result<Self, DiscoveryError> {
+        config.validate()?;
+        Ok(Self {
+            hostname: config.hostname.clone(),
+            record_type: config.record_type,
+            port: config.port_u16(),
+            resolver,
+        })
+    }
+
+    fn failure(&self, e: &ResolveError) -> DiscoveryError {
+        DiscoveryError::Resolve {
+            source_name: self.describe(),
+            kind: e.kind(),
+            message: e.to_string(),
+        }
+    }
+}
+
+fn min_ttl(ttls: impl Iterator<Item = u32>) -> Option<Duration> {
+    ttls.min().map(|t| Duration::from_secs(u64::from(t)))
+}
+
+#[async_trait::async_trait]
+impl DiscoverySource for DnsSource {
+    fn describe(&self) -> String {
+        match self.port {
+            Some(port) if self.record_type != RecordType::SRV => {
+                format!("dns {} {}:{}", self.record_type, self.hostname, port)
+            }
+            _ => format!("dns {} {}", self.record_type, self.hostname),
+        }
+    }
+
+    async fn resolve(&self) -> Result<Resolution, DiscoveryError> {
+        let result = match self.record_type {
+            RecordType::A | RecordType::AAAA => {
+                let port = self.port.unwrap_or_default();
+                let answer = if self.record_type == RecordType::A {
+                    self.resolver.lookup_a(&self.hostname).await
+                } else {
+                    self.resolver.lookup_aaaa(&self.hostname).await
+                };
+                answer.map(|addrs| Resolution {
+                    ttl: min_ttl(addrs.iter().map(|(_, ttl)| *ttl)),
+                    endpoints: addrs
+                        .iter()
+                        .map(|(ip, _)| Endpoint::new(SocketAddr::new(*ip, port)))
+                        .collect(),
+                })
+            }
+            RecordType::SRV => self
+                .resolver
+                .lookup_srv(&self.hostname)
+                .await
+                .map(|targets| Resolution {
+                    ttl: min_ttl(targets.iter().map(|t| t.ttl)),
+                    endpoints: targets
+                        .iter()
+                        .map(|t| {
+                            Endpoint::new(SocketAddr::new(t.ip, t.port))
+                                .with_weight(t.weight)
+                                .with_priority(t.priority)
+                        })
+                        .collect(),
+                }),
+        };
+        match result {
+            Ok(res) => Ok(res),
+            Err(e @ ResolveError::NoRecords { .. }) => Ok(Resolution {
+                endpoints: EndpointSet::empty(),
+                ttl: e.negative_ttl().map(|t| Duration::from_secs(u64::from(t))),
+            }),
+            Err(e) => Err(self.failure(&e)),
+        }
+    }
+}
+
+/// Builds the discovery of one upstream from its `dns_discovery` block.
+pub fn upstream_discovery(
+    name: &str,
+    config: &DiscoveryConfig,
+    lb: Arc<UpstreamLb>,
+) -> Result<UpstreamDiscovery, DiscoveryError> {
+    let source = DnsSource::new(config)?;
+    Ok(UpstreamDiscovery::new(
+        name,
+        lb,
+        Arc::new(source),
+        config.refresh_policy(),
+    ))
+}

@@ -1,4 +1,108 @@
-//! Kubernetes EndpointSlice discovery source (typed stub: fails at validation).
+//! Kubernetes EndpointSlice discovery (typed stub).
+//!
+//! The configuration language already knows a `kubernetes` block (namespace, service,
+//! port name) so that configs can be written and checked, but the watch is not
+//! implemented: [`EndpointSliceConfig::validate`] checks the fields and then fails
+//! with [`DiscoveryError::Unsupported`] naming the milestone, so a config using it
+//! is rejected at load time instead of silently discovering nothing.
+//!
+//! ```
+//! use dwara_discovery::DiscoveryError;
+//! use dwara_discovery_k8s::EndpointSliceConfig;
+//!
+//! let config = EndpointSliceConfig {
+//!     namespace: "default".into(),
+//!     service: "api".into(),
+//!     port_name: Some("http".into()),
+//! };
+//! assert!(matches!(config.validate(), Err(DiscoveryError::Unsupported { .. })));
+//! ```
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
+
+use serde::{Deserialize, Serialize};
+
+pub use dwara_discovery::DiscoveryError;
+
+/// The milestone that will implement EndpointSlice discovery.
+pub const MILESTONE: &str = "milestone M4 (Kubernetes EndpointSlice watch)";
+
+/// The `kubernetes` block of an upstream.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EndpointSliceConfig {
+    /// Namespace of the service.
+    pub namespace: String,
+    /// Service name (EndpointSlices labelled `kubernetes.io/service-name`).
+    pub service: String,
+    /// Named port to use; the only port when absent.
+    #[serde(default)]
+    pub port_name: Option<String>,
+}
+
+/// RFC 1123 label, as Kubernetes requires for namespaces and service names.
+fn is_dns_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
+impl EndpointSliceConfig {
+    /// Checks the fields, then reports that the source is not supported yet.
+    pub fn validate(&self) -> Result<(), DiscoveryError> {
+        for (key, value) in [
+            ("kubernetes.namespace", &self.namespace),
+            ("kubernetes.service", &self.service),
+        ] {
+            if !is_dns_label(value) {
+                return Err(DiscoveryError::InvalidConfig {
+                    key: key.into(),
+                    message: format!("{value:?} is not a valid RFC 1123 label"),
+                });
+            }
+        }
+        Err(DiscoveryError::Unsupported {
+            source_kind: "kubernetes",
+            milestone: MILESTONE,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn valid_configs_are_rejected_as_unsupported_naming_the_milestone() {
+        let c: EndpointSliceConfig =
+            serde_yaml_ng::from_str("namespace: prod\nservice: api\nport_name: http\n").unwrap();
+        let e = c.validate().unwrap_err();
+        assert!(matches!(
+            e,
+            DiscoveryError::Unsupported {
+                source_kind: "kubernetes",
+                ..
+            }
+        ));
+        assert!(e.to_string().contains("M4"), "{e}");
+    }
+
+    #[test]
+    fn invalid_names_are_reported_first() {
+        let c = EndpointSliceConfig {
+            namespace: "Prod".into(),
+            service: "api".into(),
+            port_name: None,
+        };
+        assert!(
+            c.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("kubernetes.namespace")
+        );
+    }
+}

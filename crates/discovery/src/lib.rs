@@ -1,4 +1,119 @@
-//! The DiscoverySource trait, discovery config and the DiscoveryTasks lifecycle.
+//! Service discovery: the [`DiscoverySource`] trait, discovery configuration, the
+//! refresh loop and the [`DiscoveryTasks`] that run it.
+//!
+//! A *source* answers one question — "which endpoints does this upstream have right
+//! now, and for how long is that answer good?" — and nothing else. The *refresh
+//! loop* ([`refresh::run`]) owns timing and policy for every kind of source: when to
+//! ask again (`min(refresh interval, TTL)`, floored, jittered, backed off after
+//! failures), what to do on a failure (`fail_open`), the `min_endpoints` floor, and
+//! publishing only real changes into the upstream's [`dwara_lb::UpstreamLb`].
+//! [`DiscoveryTasks`] holds the loops of one configuration generation in a single
+//! `JoinSet` and replaces them wholesale on reload.
+//!
+//! ```no_run
+//! # async fn demo(source: std::sync::Arc<dyn dwara_discovery::DiscoverySource>) {
+//! use std::sync::Arc;
+//! use dwara_discovery::{DiscoverySnapshot, DiscoveryTasks, RefreshPolicy, UpstreamDiscovery};
+//! use dwara_lb::{Policy, UpstreamLb};
+//!
+//! let lb = Arc::new(UpstreamLb::new(Policy::RoundRobin));
+//! let snapshot = DiscoverySnapshot {
+//!     generation: 1,
+//!     upstreams: vec![UpstreamDiscovery::new("api", lb.clone(), source, RefreshPolicy::default())],
+//! };
+//! let mut tasks = DiscoveryTasks::new();
+//! tasks.respawn(&snapshot); // at start and after every reload
+//! // ... lb.pick() now follows the source ...
+//! tasks.abort_all(); // or drop `tasks`
+//! # }
+//! ```
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
+
+mod config;
+pub mod refresh;
+mod tasks;
+
+use std::fmt::Debug;
+use std::time::Duration;
+
+use dwara_lb::EndpointSet;
+
+pub use config::{DiscoveryConfig, RecordType, validate_hostname};
+pub use refresh::{Counters, Decision, DiscoveryStats, LastResolution, RefreshPolicy};
+pub use tasks::{DiscoverySnapshot, DiscoveryTasks, UpstreamDiscovery};
+
+/// One answer of a source: the endpoints and how long they may be trusted.
+///
+/// Zero endpoints is a valid answer (e.g. NXDOMAIN): the `min_endpoints` floor of
+/// the refresh loop decides what happens to the published set.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resolution {
+    /// The endpoints the source found.
+    pub endpoints: EndpointSet,
+    /// How long the answer is good for (the record TTL), if the source knows.
+    pub ttl: Option<Duration>,
+}
+
+/// Errors of discovery: failed resolutions, bad configuration, unsupported sources.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum DiscoveryError {
+    /// The source could not get an answer (timeout, SERVFAIL, REFUSED, I/O …).
+    #[error("{source_name}: resolution failed ({kind}): {message}")]
+    Resolve {
+        /// What was being resolved (the source's description).
+        source_name: String,
+        /// Short machine label (`timeout`, `servfail`, `refused`, `transport` …).
+        kind: &'static str,
+        /// Human-readable detail.
+        message: String,
+    },
+    /// A configuration value is invalid.
+    #[error("invalid discovery config: {key}: {message}")]
+    InvalidConfig {
+        /// The offending key, e.g. `dns_discovery.port`.
+        key: String,
+        /// What is wrong with it.
+        message: String,
+    },
+    /// The source kind exists in the configuration language but is not implemented yet.
+    #[error(
+        "{source_kind} discovery is not supported yet (planned for {milestone}); use dns_discovery"
+    )]
+    Unsupported {
+        /// The source kind, e.g. `consul`.
+        source_kind: &'static str,
+        /// The milestone that will bring it.
+        milestone: &'static str,
+    },
+}
+
+impl DiscoveryError {
+    /// The short label used in logs and metrics.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Resolve { kind, .. } => kind,
+            Self::InvalidConfig { .. } => "invalid_config",
+            Self::Unsupported { .. } => "unsupported",
+        }
+    }
+}
+
+/// A source of endpoints for one upstream.
+///
+/// Used as `Arc<dyn DiscoverySource>` (hence `async_trait`): the configuration
+/// decides at run time which kind backs each upstream. Implementations do one
+/// resolution per call and keep no timers; the refresh loop calls them.
+#[async_trait::async_trait]
+pub trait DiscoverySource: Send + Sync + Debug + 'static {
+    /// A short description for logs, e.g. `dns A api.weave.local:8080`.
+    fn describe(&self) -> String;
+
+    /// Resolves the endpoints once.
+    ///
+    /// `Ok` with zero endpoints is an authoritative empty answer; `Err` is a failure
+    /// that the loop's `fail_open` policy handles.
+    async fn resolve(&self) -> Result<Resolution, DiscoveryError>;
+}

@@ -1,0 +1,345 @@
+//! The refresh loop: resolve → apply policy → publish → sleep → repeat.
+//!
+//! The decisions are pure functions ([`decide`], [`next_delay`]) so they can be
+//! tested without clocks or servers; [`run`] wires them to a source, an
+//! [`UpstreamLb`], tokio's timer and the upstream's [`DiscoveryStats`].
+//!
+//! Policy, as in the design:
+//! - sleep `min(refresh_interval, TTL)`, never less than `min_refresh` (TTL 0, as
+//!   Consul serves by default, would otherwise spin), minus up to `jitter` of it so
+//!   many upstreams do not ask the resolver in lockstep;
+//! - after a failure, back off from `failure_backoff` doubling up to the refresh
+//!   interval (Envoy's `dns_failure_refresh_rate`);
+//! - a failure keeps the last set when `fail_open`, else clears it;
+//! - an answer with fewer than `min_endpoints` keeps the previous set (an empty
+//!   previous set is replaced by any non-empty answer: the floor protects a working
+//!   set from collapse, it never holds the upstream at zero);
+//! - an unchanged answer publishes nothing.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime};
+
+use dwara_lb::{EndpointSet, UpstreamLb};
+use parking_lot::Mutex;
+use rand::{Rng, SeedableRng, rngs::SmallRng};
+use serde::Serialize;
+use tokio::sync::watch;
+use tracing::{debug, info, warn};
+
+use crate::{DiscoveryError, DiscoverySource, Resolution};
+
+/// Timing and policy of one upstream's refresh loop.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RefreshPolicy {
+    /// Upper bound of the time between resolutions.
+    pub refresh_interval: Duration,
+    /// Keep the last set on failure (true) or clear it (false).
+    pub fail_open: bool,
+    /// Answers with fewer endpoints keep the previous set.
+    pub min_endpoints: usize,
+    /// Floor of the time between resolutions (guards against TTL 0).
+    pub min_refresh: Duration,
+    /// First retry delay after a failure; doubles up to `refresh_interval`.
+    pub failure_backoff: Duration,
+    /// Fraction (0..1) by which a delay may be shortened at random.
+    pub jitter: f64,
+    /// Upper bound of one resolution, whatever the source does.
+    pub resolve_timeout: Duration,
+}
+
+impl Default for RefreshPolicy {
+    fn default() -> Self {
+        Self {
+            refresh_interval: Duration::from_secs(30),
+            fail_open: true,
+            min_endpoints: 1,
+            min_refresh: Duration::from_secs(1),
+            failure_backoff: Duration::from_secs(1),
+            jitter: 0.1,
+            resolve_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// What the loop did with one resolution.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// The answer differs from the published set: publish it.
+    Publish(EndpointSet),
+    /// The answer equals the published set: nothing to do.
+    Unchanged,
+    /// Fewer endpoints than `min_endpoints`: keep the previous set.
+    KeepBelowFloor,
+    /// Failure with `fail_open`: keep the previous set.
+    KeepOnFailure,
+    /// Failure with `fail_open: false`: clear the set.
+    Clear,
+}
+
+impl Decision {
+    /// Short label for logs, metrics and the status API.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::Publish(_) => "published",
+            Self::Unchanged => "unchanged",
+            Self::KeepBelowFloor => "kept_below_floor",
+            Self::KeepOnFailure => "kept_on_failure",
+            Self::Clear => "cleared",
+        }
+    }
+}
+
+/// Decides what one resolution means for the published set.
+pub fn decide(
+    policy: &RefreshPolicy,
+    current: &EndpointSet,
+    result: &Result<Resolution, DiscoveryError>,
+) -> Decision {
+    match result {
+        Ok(res) if res.endpoints == *current => Decision::Unchanged,
+        Ok(res) if res.endpoints.len() < policy.min_endpoints && !current.is_empty() => {
+            Decision::KeepBelowFloor
+        }
+        Ok(res) => Decision::Publish(res.endpoints.clone()),
+        Err(_) if policy.fail_open => Decision::KeepOnFailure,
+        Err(_) if current.is_empty() => Decision::Unchanged,
+        Err(_) => Decision::Clear,
+    }
+}
+
+/// The time until the next resolution. `failures` counts consecutive failures
+/// including this one; `unit` is a uniform random number in `[0, 1)` for jitter.
+pub fn next_delay(
+    policy: &RefreshPolicy,
+    result: &Result<Resolution, DiscoveryError>,
+    failures: u32,
+    unit: f64,
+) -> Duration {
+    let base = match result {
+        Ok(res) => res.ttl.map_or(policy.refresh_interval, |ttl| {
+            ttl.min(policy.refresh_interval)
+        }),
+        Err(_) => {
+            let shift = failures.saturating_sub(1).min(16);
+            policy
+                .failure_backoff
+                .saturating_mul(1 << shift)
+                .min(policy.refresh_interval)
+        }
+    };
+    let jitter = policy.jitter.clamp(0.0, 0.5) * unit.clamp(0.0, 1.0);
+    base.mul_f64(1.0 - jitter).max(policy.min_refresh)
+}
+
+/// How the last resolution went, for the status API.
+#[derive(Debug, Clone, Serialize)]
+pub struct LastResolution {
+    /// When it finished.
+    pub at: SystemTime,
+    /// `ok`, `empty` or the failure kind (`timeout`, `servfail`, …).
+    pub outcome: &'static str,
+    /// What the loop did (`published`, `unchanged`, `kept_below_floor`, …).
+    pub decision: &'static str,
+    /// Endpoints in the answer (not necessarily published).
+    pub answer_endpoints: usize,
+    /// TTL of the answer, in seconds.
+    pub ttl_s: Option<u64>,
+    /// The failure, if any.
+    pub error: Option<String>,
+    /// Delay until the next resolution, in milliseconds.
+    pub next_in_ms: u64,
+}
+
+/// Counters of one upstream's loop.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Counters {
+    /// Resolutions attempted.
+    pub resolutions: u64,
+    /// Answers (including empty ones).
+    pub answers: u64,
+    /// Authoritative empty answers.
+    pub empty_answers: u64,
+    /// Failures.
+    pub failures: u64,
+    /// New sets published (including clears).
+    pub updates: u64,
+    /// Answers held back by the `min_endpoints` floor.
+    pub below_floor: u64,
+    /// Sets cleared by `fail_open: false`.
+    pub cleared: u64,
+}
+
+/// Shared, live statistics of one upstream's discovery; survives respawns when the
+/// caller passes the same `Arc` to the next generation.
+#[derive(Debug)]
+pub struct DiscoveryStats {
+    resolutions: AtomicU64,
+    answers: AtomicU64,
+    empty_answers: AtomicU64,
+    failures: AtomicU64,
+    updates: AtomicU64,
+    below_floor: AtomicU64,
+    cleared: AtomicU64,
+    last: Mutex<Option<LastResolution>>,
+    changes: watch::Sender<u64>,
+    resolved: watch::Sender<u64>,
+}
+
+impl Default for DiscoveryStats {
+    fn default() -> Self {
+        Self {
+            resolutions: AtomicU64::new(0),
+            answers: AtomicU64::new(0),
+            empty_answers: AtomicU64::new(0),
+            failures: AtomicU64::new(0),
+            updates: AtomicU64::new(0),
+            below_floor: AtomicU64::new(0),
+            cleared: AtomicU64::new(0),
+            last: Mutex::new(None),
+            changes: watch::Sender::new(0),
+            resolved: watch::Sender::new(0),
+        }
+    }
+}
+
+impl DiscoveryStats {
+    /// Current counter values.
+    pub fn counters(&self) -> Counters {
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        Counters {
+            resolutions: get(&self.resolutions),
+            answers: get(&self.answers),
+            empty_answers: get(&self.empty_answers),
+            failures: get(&self.failures),
+            updates: get(&self.updates),
+            below_floor: get(&self.below_floor),
+            cleared: get(&self.cleared),
+        }
+    }
+
+    /// The last resolution, if any happened.
+    pub fn last(&self) -> Option<LastResolution> {
+        self.last.lock().clone()
+    }
+
+    /// A receiver that sees the number of published changes each time the set
+    /// changes (a new set or a clear).
+    pub fn subscribe_changes(&self) -> watch::Receiver<u64> {
+        self.changes.subscribe()
+    }
+
+    /// A receiver that sees the number of finished resolutions after each one.
+    pub fn subscribe_resolutions(&self) -> watch::Receiver<u64> {
+        self.resolved.subscribe()
+    }
+}
+
+fn diff(old: &EndpointSet, new: &EndpointSet) -> (Vec<String>, Vec<String>) {
+    let added = new
+        .iter()
+        .filter(|e| !old.contains(e.addr))
+        .map(ToString::to_string)
+        .collect();
+    let removed = old
+        .iter()
+        .filter(|e| !new.contains(e.addr))
+        .map(ToString::to_string)
+        .collect();
+    (added, removed)
+}
+
+/// Runs the refresh loop of one upstream until the task is aborted.
+pub async fn run(
+    upstream: Arc<str>,
+    source: Arc<dyn DiscoverySource>,
+    lb: Arc<UpstreamLb>,
+    policy: RefreshPolicy,
+    stats: Arc<DiscoveryStats>,
+) {
+    let mut rng = SmallRng::from_os_rng();
+    let mut failures = 0u32;
+    info!(upstream = %upstream, source = %source.describe(), "discovery started");
+    loop {
+        let result = match tokio::time::timeout(policy.resolve_timeout, source.resolve()).await {
+            Ok(r) => r,
+            Err(_) => Err(DiscoveryError::Resolve {
+                source_name: source.describe(),
+                kind: "timeout",
+                message: format!("no answer within {:?}", policy.resolve_timeout),
+            }),
+        };
+        stats.resolutions.fetch_add(1, Ordering::Relaxed);
+        let outcome = match &result {
+            Ok(res) => {
+                failures = 0;
+                stats.answers.fetch_add(1, Ordering::Relaxed);
+                if res.endpoints.is_empty() {
+                    stats.empty_answers.fetch_add(1, Ordering::Relaxed);
+                    "empty"
+                } else {
+                    "ok"
+                }
+            }
+            Err(e) => {
+                failures = failures.saturating_add(1);
+                stats.failures.fetch_add(1, Ordering::Relaxed);
+                e.kind()
+            }
+        };
+
+        let current = lb.endpoints();
+        let decision = decide(&policy, &current, &result);
+        match &decision {
+            Decision::Publish(set) => {
+                if lb.update(set.clone()) {
+                    let (added, removed) = diff(&current, set);
+                    stats.updates.fetch_add(1, Ordering::Relaxed);
+                    stats.changes.send_modify(|v| *v += 1);
+                    info!(upstream = %upstream, endpoints = set.len(), ?added, ?removed, "endpoint set updated");
+                }
+            }
+            Decision::Clear => {
+                if lb.clear() {
+                    stats.updates.fetch_add(1, Ordering::Relaxed);
+                    stats.cleared.fetch_add(1, Ordering::Relaxed);
+                    stats.changes.send_modify(|v| *v += 1);
+                    warn!(upstream = %upstream, removed = current.len(), "DNS failing and fail_open is false: endpoint set cleared until DNS recovers");
+                }
+            }
+            Decision::KeepBelowFloor => {
+                stats.below_floor.fetch_add(1, Ordering::Relaxed);
+                let got = result.as_ref().map_or(0, |r| r.endpoints.len());
+                warn!(upstream = %upstream, got, min_endpoints = policy.min_endpoints, kept = current.len(), "answer below min_endpoints: keeping the previous set");
+            }
+            Decision::KeepOnFailure => {}
+            Decision::Unchanged => {
+                debug!(upstream = %upstream, endpoints = current.len(), "endpoint set unchanged");
+            }
+        }
+
+        let delay = next_delay(&policy, &result, failures, rng.random::<f64>());
+        if let Err(e) = &result {
+            let kept = matches!(decision, Decision::KeepOnFailure);
+            warn!(upstream = %upstream, error = %e, consecutive_failures = failures, kept_endpoints = if kept { current.len() } else { 0 }, retry_in_ms = delay.as_millis() as u64, "discovery resolution failed");
+        }
+        *stats.last.lock() = Some(LastResolution {
+            at: SystemTime::now(),
+            outcome,
+            decision: decision.label(),
+            answer_endpoints: result.as_ref().map_or(0, |r| r.endpoints.len()),
+            ttl_s: result
+                .as_ref()
+                .ok()
+                .and_then(|r| r.ttl)
+                .map(|t| t.as_secs()),
+            error: result.as_ref().err().map(ToString::to_string),
+            next_in_ms: u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
+        });
+        stats.resolved.send_modify(|v| *v += 1);
+        tokio::time::sleep(delay).await;
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,150 @@
+//! Pure policy tests: no clock, no server.
+
+use std::time::Duration;
+
+use dwara_lb::{Endpoint, EndpointSet};
+
+use super::*;
+
+fn set(addrs: &[&str]) -> EndpointSet {
+    addrs
+        .iter()
+        .map(|a| Endpoint::new(a.parse().unwrap()))
+        .collect()
+}
+
+fn answer(addrs: &[&str], ttl: Option<u64>) -> Result<Resolution, DiscoveryError> {
+    Ok(Resolution {
+        endpoints: set(addrs),
+        ttl: ttl.map(Duration::from_secs),
+    })
+}
+
+fn failure() -> Result<Resolution, DiscoveryError> {
+    Err(DiscoveryError::Resolve {
+        source_name: "test".into(),
+        kind: "servfail",
+        message: "SERVFAIL".into(),
+    })
+}
+
+#[test]
+fn failures_follow_fail_open() {
+    let open = RefreshPolicy::default();
+    let closed = RefreshPolicy {
+        fail_open: false,
+        ..RefreshPolicy::default()
+    };
+    let current = set(&["10.0.0.1:80"]);
+    assert_eq!(decide(&open, &current, &failure()), Decision::KeepOnFailure);
+    assert_eq!(decide(&closed, &current, &failure()), Decision::Clear);
+    assert_eq!(
+        decide(&closed, &EndpointSet::empty(), &failure()),
+        Decision::Unchanged
+    );
+}
+
+#[test]
+fn floor_keeps_previous_set_but_never_holds_at_zero() {
+    let p = RefreshPolicy {
+        min_endpoints: 2,
+        ..RefreshPolicy::default()
+    };
+    let current = set(&["10.0.0.1:80", "10.0.0.2:80", "10.0.0.3:80"]);
+    assert_eq!(
+        decide(&p, &current, &answer(&["10.0.0.1:80"], None)),
+        Decision::KeepBelowFloor
+    );
+    assert_eq!(
+        decide(&p, &current, &answer(&[], None)),
+        Decision::KeepBelowFloor
+    );
+    assert_eq!(
+        decide(&p, &current, &answer(&["10.0.0.1:80", "10.0.0.9:80"], None)),
+        Decision::Publish(set(&["10.0.0.1:80", "10.0.0.9:80"]))
+    );
+    // Starting from nothing, one endpoint beats none.
+    assert_eq!(
+        decide(&p, &EndpointSet::empty(), &answer(&["10.0.0.1:80"], None)),
+        Decision::Publish(set(&["10.0.0.1:80"]))
+    );
+    // min_endpoints 0 lets an empty answer through.
+    let zero = RefreshPolicy {
+        min_endpoints: 0,
+        ..RefreshPolicy::default()
+    };
+    assert_eq!(
+        decide(&zero, &current, &answer(&[], None)),
+        Decision::Publish(EndpointSet::empty())
+    );
+}
+
+#[test]
+fn unchanged_answers_publish_nothing() {
+    let p = RefreshPolicy::default();
+    let current = set(&["10.0.0.1:80", "10.0.0.2:80"]);
+    assert_eq!(
+        decide(
+            &p,
+            &current,
+            &answer(&["10.0.0.2:80", "10.0.0.1:80"], Some(5))
+        ),
+        Decision::Unchanged
+    );
+}
+
+#[test]
+fn delay_is_min_of_interval_and_ttl_with_floor() {
+    let p = RefreshPolicy {
+        refresh_interval: Duration::from_secs(30),
+        jitter: 0.0,
+        ..RefreshPolicy::default()
+    };
+    assert_eq!(
+        next_delay(&p, &answer(&["10.0.0.1:80"], Some(2)), 0, 0.5),
+        Duration::from_secs(2)
+    );
+    assert_eq!(
+        next_delay(&p, &answer(&["10.0.0.1:80"], Some(600)), 0, 0.5),
+        Duration::from_secs(30)
+    );
+    assert_eq!(
+        next_delay(&p, &answer(&["10.0.0.1:80"], None), 0, 0.5),
+        Duration::from_secs(30)
+    );
+    // TTL 0 is floored.
+    assert_eq!(
+        next_delay(&p, &answer(&["10.0.0.1:80"], Some(0)), 0, 0.5),
+        Duration::from_secs(1)
+    );
+}
+
+#[test]
+fn jitter_only_shortens_and_respects_the_floor() {
+    let p = RefreshPolicy::default(); // jitter 0.1
+    let d = next_delay(&p, &answer(&["10.0.0.1:80"], Some(10)), 0, 0.999);
+    assert!(
+        d <= Duration::from_secs(10) && d >= Duration::from_secs(9),
+        "{d:?}"
+    );
+    let d = next_delay(&p, &answer(&["10.0.0.1:80"], Some(1)), 0, 0.999);
+    assert_eq!(d, Duration::from_secs(1));
+}
+
+#[test]
+fn failures_back_off_up_to_the_interval() {
+    let p = RefreshPolicy {
+        refresh_interval: Duration::from_secs(10),
+        jitter: 0.0,
+        ..RefreshPolicy::default()
+    };
+    let delays: Vec<u64> = (1..=6)
+        .map(|n| next_delay(&p, &failure(), n, 0.0).as_secs())
+        .collect();
+    assert_eq!(delays, vec![1, 2, 4, 8, 10, 10]);
+    // Absurd failure counts do not overflow.
+    assert_eq!(
+        next_delay(&p, &failure(), u32::MAX, 0.0),
+        Duration::from_secs(10)
+    );
+}
