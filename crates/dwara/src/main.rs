@@ -6,9 +6,11 @@
 #![forbid(unsafe_code)]
 #![allow(clippy::print_stdout)]
 
+mod config;
 mod dns_cmd;
 mod nameserver;
 mod serve;
+mod signals;
 mod watch;
 
 use std::process::ExitCode;
@@ -29,6 +31,12 @@ enum Command {
     Serve(serve::ServeArgs),
     /// Follow one name through DNS discovery and print endpoint-set changes.
     Watch(watch::WatchArgs),
+    /// Validate a configuration file without serving.
+    Check {
+        /// The YAML configuration file.
+        #[arg(long)]
+        config: std::path::PathBuf,
+    },
     /// Talk to a running name server's HTTP API.
     #[command(subcommand)]
     Dns(dns_cmd::DnsCommand),
@@ -40,13 +48,32 @@ fn init_tracing() {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
+}
+
+fn check(path: &std::path::Path) -> anyhow::Result<()> {
+    let config = config::Config::load(path)?;
+    println!(
+        "{}: ok ({} upstreams, name server {})",
+        path.display(),
+        config.upstreams.len(),
+        if config.nameserver.is_some() {
+            "configured"
+        } else {
+            "not configured"
+        }
+    );
+    Ok(())
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_tracing();
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("dwara: cannot start the tokio runtime: {e}");
@@ -57,6 +84,7 @@ fn main() -> ExitCode {
         match cli.command {
             Command::Serve(args) => serve::run(args).await,
             Command::Watch(args) => watch::run(args).await,
+            Command::Check { config } => check(&config),
             Command::Dns(cmd) => dns_cmd::run(cmd).await,
         }
     });
