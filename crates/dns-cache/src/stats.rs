@@ -1,0 +1,93 @@
+//! Counters: hits, misses, coalesced waiters, stale answers served, refreshes,
+//! evictions, upstream queries, bypasses.
+//!
+//! Hit-path counters are striped over cache-line-padded slots picked per thread, so
+//! two threads hitting the cache do not write the same cache line.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+const STRIPES: usize = 16;
+
+#[repr(align(128))]
+#[derive(Debug, Default)]
+struct Stripe {
+    hits: AtomicU64,
+    stale_served: AtomicU64,
+}
+
+static NEXT_SLOT: AtomicUsize = AtomicUsize::new(0);
+
+thread_local! {
+    static SLOT: usize = NEXT_SLOT.fetch_add(1, Ordering::Relaxed) % STRIPES;
+}
+
+#[inline]
+fn slot() -> usize {
+    SLOT.try_with(|s| *s).unwrap_or(0)
+}
+
+/// The live counters of one cache.
+#[derive(Debug, Default)]
+pub(crate) struct Stats {
+    stripes: [Stripe; STRIPES],
+    pub(crate) misses: AtomicU64,
+    pub(crate) coalesced: AtomicU64,
+    pub(crate) refreshes: AtomicU64,
+    pub(crate) evictions: AtomicU64,
+    pub(crate) upstream_queries: AtomicU64,
+    pub(crate) bypassed: AtomicU64,
+}
+
+/// A snapshot of a cache's counters (monotonic since the cache was built).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct CacheStats {
+    /// Lookups answered from a fresh cached entry (positive or negative).
+    pub hits: u64,
+    /// Lookups that found no fresh entry (each went to, or waited on, the upstream).
+    pub misses: u64,
+    /// Misses that waited on another caller's upstream query instead of their own.
+    pub coalesced: u64,
+    /// Expired answers served because the upstream failed (RFC 8767).
+    pub stale_served: u64,
+    /// Background refreshes started by refresh-ahead.
+    pub refreshes: u64,
+    /// Entries evicted to stay within capacity.
+    pub evictions: u64,
+    /// Lookups sent upstream (misses that were not coalesced, plus refreshes).
+    pub upstream_queries: u64,
+    /// Lookups of IP literals and localhost, answered without the cache.
+    pub bypassed: u64,
+}
+
+impl Stats {
+    #[inline]
+    pub(crate) fn hit(&self) {
+        self.stripes[slot()].hits.fetch_add(1, Ordering::Relaxed);
+    }
+
+    #[inline]
+    pub(crate) fn stale_served(&self) {
+        self.stripes[slot()]
+            .stale_served
+            .fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn bump(counter: &AtomicU64) {
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn snapshot(&self) -> CacheStats {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        CacheStats {
+            hits: self.stripes.iter().map(|s| get(&s.hits)).sum(),
+            stale_served: self.stripes.iter().map(|s| get(&s.stale_served)).sum(),
+            misses: get(&self.misses),
+            coalesced: get(&self.coalesced),
+            refreshes: get(&self.refreshes),
+            evictions: get(&self.evictions),
+            upstream_queries: get(&self.upstream_queries),
+            bypassed: get(&self.bypassed),
+        }
+    }
+}
