@@ -9,6 +9,7 @@
 #![allow(clippy::print_stdout)]
 
 mod perf_dns;
+mod tidy;
 mod tools;
 
 use std::process::Command;
@@ -47,7 +48,14 @@ fn as_strs(v: &[String]) -> Vec<&str> {
 fn ci() -> anyhow::Result<()> {
     tools::ensure()?;
     cargo(&["fmt", "--all", "--check"])?;
-    cargo(&["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"])?;
+    cargo(&[
+        "clippy",
+        "--workspace",
+        "--all-targets",
+        "--",
+        "-D",
+        "warnings",
+    ])?;
     cargo(&["test", "--workspace"])?;
     println!("xtask ci: all green");
     Ok(())
