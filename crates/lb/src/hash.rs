@@ -8,10 +8,11 @@
 //! measured 1.6× the ideal remapping at N = 100 and 7× at N = 1,000 (its table
 //! population shuffles slots between the stayers), and bringing that near 1/N takes
 //! a table of millions of entries. The usual cost of a ring, a binary search, is
-//! avoided with a bucket index over the top bits of the hash (about one point per
-//! bucket), so a lookup is one index read plus a scan of about one point: O(1), like
-//! Maglev. The price is balance: with 160 points per endpoint the shares vary by a few
-//! percent (standard deviation ≈ 8% of the mean share), where Maglev is within ~1%.
+//! avoided with a bucket index over the top bits of the hash (about two points per
+//! bucket) and entries that pack the point and its owner into one `u64`, so a lookup
+//! is one index read plus a short scan within a cache line: O(1), like Maglev. The
+//! price is balance: with 160 points per endpoint the shares vary by a few percent
+//! (standard deviation ≈ 8% of the mean share), where Maglev is within ~1%.
 //!
 //! Both the key hash and the ring depend only on the bytes given and the endpoint
 //! set, never on a per-process seed: every proxy that sees the same set sends a key to
@@ -89,14 +90,19 @@ const POINTS_PER_WEIGHT: u64 = 160;
 /// The most points a ring holds; beyond that every endpoint's count is scaled down.
 const MAX_POINTS: u64 = 1 << 20;
 
+/// Low bits of a ring entry that hold the owner's index (the high bits are the
+/// point's hash): one array, one cache line per lookup. Sets beyond 2^24 endpoints
+/// put only their first 2^24 on the ring.
+const OWNER_BITS: u32 = 24;
+const OWNER_MASK: u64 = (1 << OWNER_BITS) - 1;
+
 /// A consistent-hash ring with a bucket index.
 #[derive(Debug)]
 pub(crate) struct Ring {
-    /// Point hashes, sorted.
-    points: Box<[u64]>,
-    /// `owners[i]`: index into the endpoint slice of the owner of `points[i]`.
-    owners: Box<[u32]>,
-    /// `index[b]`: the first point whose top `bits` bits are `>= b`.
+    /// Sorted entries: point hash in the high 40 bits, owner index in the low 24.
+    entries: Box<[u64]>,
+    /// `index[b]`: the first entry whose top bits are `>= b` (about 2 entries per
+    /// bucket).
     index: Box<[u32]>,
     shift: u32,
 }
@@ -111,6 +117,7 @@ fn gcd(mut a: u64, mut b: u64) -> u64 {
 impl Ring {
     /// Builds the ring of `endpoints` (sorted by address; may be empty).
     pub(crate) fn build(endpoints: &[Endpoint]) -> Self {
+        let endpoints = &endpoints[..endpoints.len().min(1 << OWNER_BITS)];
         let mut weights: Vec<u64> = endpoints
             .iter()
             .map(|e| u64::from(e.weight.max(1)))
@@ -129,51 +136,49 @@ impl Ring {
                 }
             })
             .collect();
-        let mut pairs: Vec<(u64, u32)> = Vec::with_capacity(counts.iter().sum::<u64>() as usize);
+        let mut entries: Vec<u64> = Vec::with_capacity(counts.iter().sum::<u64>() as usize);
         for (i, (e, &count)) in endpoints.iter().zip(&counts).enumerate() {
             let bytes = addr_bytes(e.addr);
             for j in 0..count {
-                pairs.push((
-                    hash_with_seed(bytes.as_slice(), j.wrapping_add(1)),
-                    i as u32,
-                ));
+                let h = hash_with_seed(bytes.as_slice(), j.wrapping_add(1));
+                entries.push((h & !OWNER_MASK) | i as u64);
             }
         }
-        pairs.sort_unstable();
-        let bits = (pairs.len().max(1).next_power_of_two().trailing_zeros()).max(1);
+        entries.sort_unstable();
+        // about two entries per bucket: the scan stays within a cache line
+        let bits = (usize::BITS - 1 - entries.len().max(4).leading_zeros()).saturating_sub(1);
         let shift = 64 - bits;
         let mut index = Vec::with_capacity((1usize << bits) + 1);
         let mut p = 0usize;
         for b in 0..(1u64 << bits) {
-            while p < pairs.len() && (pairs[p].0 >> shift) < b {
+            while p < entries.len() && (entries[p] >> shift) < b {
                 p += 1;
             }
             index.push(p as u32);
         }
-        index.push(pairs.len() as u32);
-        let (points, owners): (Vec<u64>, Vec<u32>) = pairs.into_iter().unzip();
+        index.push(entries.len() as u32);
         Self {
-            points: points.into(),
-            owners: owners.into(),
+            entries: entries.into(),
             index: index.into(),
             shift,
         }
     }
 
-    /// The point a key hash lands on: the first at or after it, wrapping around.
+    /// The entry a key hash lands on: the first point at or after it, wrapping.
     #[inline]
     pub(crate) fn point(&self, hash: u64) -> usize {
+        let h = hash & !OWNER_MASK;
         let mut i = self.index[(hash >> self.shift) as usize] as usize;
-        while i < self.points.len() && self.points[i] < hash {
+        while i < self.entries.len() && self.entries[i] < h {
             i += 1;
         }
-        if i == self.points.len() { 0 } else { i }
+        if i == self.entries.len() { 0 } else { i }
     }
 
-    /// The owner of the point `offset` points after `point` (wrapping).
+    /// The owner of the entry `offset` entries after `point` (wrapping).
     #[inline]
     pub(crate) fn owner(&self, point: usize, offset: usize) -> usize {
-        self.owners[(point + offset) % self.owners.len()] as usize
+        (self.entries[(point + offset) % self.entries.len()] & OWNER_MASK) as usize
     }
 }
 
@@ -215,7 +220,7 @@ mod tests {
     fn keys_spread_over_every_endpoint() {
         let eps = endpoints(20);
         let ring = Ring::build(&eps);
-        assert_eq!(ring.points.len(), 20 * 160);
+        assert_eq!(ring.entries.len(), 20 * 160);
         for s in shares(&eps, &ring) {
             assert!((s - 0.05).abs() < 0.02, "{s}");
         }
@@ -236,8 +241,8 @@ mod tests {
         let ring = Ring::build(&eps);
         for k in 0..10_000u64 {
             let h = hash_key(&k.to_le_bytes());
-            let i = ring.points.partition_point(|&p| p < h);
-            let expected = if i == ring.points.len() { 0 } else { i };
+            let i = ring.entries.partition_point(|&p| p < h & !OWNER_MASK);
+            let expected = if i == ring.entries.len() { 0 } else { i };
             assert_eq!(ring.point(h), expected);
         }
         assert_eq!(ring.point(u64::MAX), 0);
@@ -251,6 +256,6 @@ mod tests {
             e.weight = 60_000 + i as u16;
         }
         let ring = Ring::build(&eps);
-        assert!(ring.points.len() as u64 <= MAX_POINTS + 100);
+        assert!(ring.entries.len() as u64 <= MAX_POINTS + 100);
     }
 }

@@ -27,6 +27,14 @@ struct Snapshot {
     picker: Picker,
 }
 
+impl Drop for Snapshot {
+    fn drop(&mut self) {
+        for s in self.states.iter() {
+            s.leave_snapshot();
+        }
+    }
+}
+
 impl Snapshot {
     fn state_of(&self, addr: SocketAddr) -> Option<&Arc<EndpointState>> {
         self.set.position(addr).map(|i| &self.states[i])
@@ -160,6 +168,7 @@ impl UpstreamLb {
             .iter()
             .map(|e| {
                 if let Some(s) = prev.state_of(e.addr) {
+                    s.enter_snapshot();
                     return Arc::clone(s);
                 }
                 added += 1;
@@ -169,13 +178,11 @@ impl UpstreamLb {
                     .iter()
                     .position(|w| w.upgrade().is_some_and(|s| s.addr == e.addr))
                     .and_then(|i| writer.draining.swap_remove(i).upgrade());
-                match revived {
-                    Some(s) => {
-                        s.removed.store(false, Ordering::Relaxed);
-                        s
-                    }
-                    None => Arc::new(EndpointState::new(e.addr, &self.shared)),
-                }
+                let s =
+                    revived.unwrap_or_else(|| Arc::new(EndpointState::new(e.addr, &self.shared)));
+                s.removed.store(false, Ordering::Relaxed);
+                s.enter_snapshot();
+                s
             })
             .collect();
         let mut removed = 0usize;
@@ -233,7 +240,7 @@ impl UpstreamLb {
         if eps.is_empty() {
             return Err(NoEndpoints);
         }
-        let in_flight = |i: usize| snap.states[i].in_flight.load(Ordering::Relaxed);
+        let in_flight = |i: usize| snap.states[i].in_flight(0);
         let i = snap.picker.pick(eps, in_flight, &self.ticket, key, 0);
         let i = if snap.states[i].is_ejected() {
             self.avoid_ejected(&snap, key, i)
@@ -271,7 +278,7 @@ impl UpstreamLb {
             }
             return first;
         }
-        let in_flight = |i: usize| snap.states[i].in_flight.load(Ordering::Relaxed);
+        let in_flight = |i: usize| snap.states[i].in_flight(0);
         for attempt in 1..=RETRIES {
             let i = snap.picker.pick(eps, in_flight, &self.ticket, key, attempt);
             if healthy(i) {
@@ -289,15 +296,19 @@ impl UpstreamLb {
             .unwrap_or(first)
     }
 
-    fn with_state<T>(&self, addr: SocketAddr, f: impl FnOnce(&EndpointState) -> T) -> Option<T> {
+    fn with_state<T>(
+        &self,
+        addr: SocketAddr,
+        f: impl FnOnce(&Arc<EndpointState>) -> T,
+    ) -> Option<T> {
         let snap = self.current.load();
-        snap.state_of(addr).map(|s| f(s))
+        snap.state_of(addr).map(f)
     }
 
     /// Requests in flight to `addr`: its live guards, also after it left the set
     /// (draining).
     pub fn in_flight(&self, addr: SocketAddr) -> usize {
-        if let Some(n) = self.with_state(addr, |s| s.in_flight.load(Ordering::Relaxed)) {
+        if let Some(n) = self.with_state(addr, |s| s.in_flight(0)) {
             return n;
         }
         let writer = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
@@ -306,7 +317,7 @@ impl UpstreamLb {
             .iter()
             .filter_map(Weak::upgrade)
             .filter(|s| s.addr == addr)
-            .map(|s| s.in_flight.load(Ordering::Relaxed))
+            .map(|s| s.in_flight(1))
             .sum()
     }
 
@@ -317,7 +328,7 @@ impl UpstreamLb {
             .draining
             .iter()
             .filter_map(Weak::upgrade)
-            .map(|s| s.in_flight.load(Ordering::Relaxed))
+            .map(|s| s.in_flight(1))
             .sum()
     }
 
@@ -337,14 +348,12 @@ impl UpstreamLb {
     /// Puts `addr` back into rotation and resets its failure streak; `true` when it
     /// was ejected.
     pub fn uneject(&self, addr: SocketAddr) -> bool {
-        self.with_state(addr, EndpointState::uneject)
-            .unwrap_or(false)
+        self.with_state(addr, |s| s.uneject()).unwrap_or(false)
     }
 
     /// Whether picks currently skip `addr`.
     pub fn is_ejected(&self, addr: SocketAddr) -> bool {
-        self.with_state(addr, EndpointState::is_ejected)
-            .unwrap_or(false)
+        self.with_state(addr, |s| s.is_ejected()).unwrap_or(false)
     }
 
     /// A point-in-time view of every endpoint and the draining count.
@@ -356,7 +365,7 @@ impl UpstreamLb {
             .zip(snap.states.iter())
             .map(|(e, s)| EndpointStats {
                 endpoint: *e,
-                in_flight: s.in_flight.load(Ordering::Relaxed),
+                in_flight: s.in_flight(0),
                 consecutive_failures: s.consecutive_failures(),
                 ejected: s.is_ejected(),
             })
@@ -407,9 +416,10 @@ pub struct PickGuard {
 }
 
 impl PickGuard {
+    /// The `Arc` clone is the in-flight +1 (see `EndpointState`); dropping the guard
+    /// drops it, the -1.
     #[inline]
     fn new(endpoint: Endpoint, state: &Arc<EndpointState>) -> Self {
-        state.in_flight.fetch_add(1, Ordering::Relaxed);
         Self {
             endpoint,
             state: Arc::clone(state),
@@ -444,13 +454,6 @@ impl PickGuard {
     /// Same as `report(Outcome::Failure)`.
     pub fn report_failure(&self) {
         self.report(Outcome::Failure);
-    }
-}
-
-impl Drop for PickGuard {
-    #[inline]
-    fn drop(&mut self) {
-        self.state.in_flight.fetch_sub(1, Ordering::Relaxed);
     }
 }
 

@@ -223,11 +223,14 @@ fn p2c_prefers_the_less_loaded() {
     // ten endpoints, one heavily loaded: it can only win against an equally
     // loaded one, and there is none
     let lb10 = lb(Policy::P2c, uniform(10));
-    lb10.current.load().states[3]
-        .in_flight
-        .fetch_add(50, Ordering::Relaxed);
+    // fifty requests in flight to endpoint 3 (a guard is a strong reference)
+    let load: Vec<Arc<EndpointState>> = (0..50)
+        .map(|_| Arc::clone(&lb10.current.load().states[3]))
+        .collect();
+    assert_eq!(lb10.in_flight(addr(3)), 50);
     let h = histogram(&lb10, 10_000);
     assert_eq!(h.get(&addr(3)), None);
+    drop(load);
     // held picks spread evenly: the max load stays within a couple of the mean
     let lb = lb(Policy::P2c, uniform(10));
     let held: Vec<PickGuard> = (0..1000).map(|_| lb.pick().unwrap()).collect();

@@ -1,0 +1,409 @@
+//! `dwara-lb` pick cost per policy beside floors measured in the same run.
+//!
+//! Baselines: a bare `AtomicUsize` round robin over a slice (the floor: the least a
+//! shared picker can do), the same behind an arc-swapped snapshot with an
+//! `Arc`-counted guard (the structural floor of any picker built like ours) and a
+//! `Mutex<Vec>` round robin (the obvious locked picker). Every
+//! `UpstreamLb` pick includes what a proxy pays: the snapshot load, the policy, the
+//! guard's in-flight count and its drop. After criterion has run, the medians are
+//! read back from criterion's output and printed as a table of ratios to the floor.
+//!
+//! Run: `cargo bench -p dwara-benches --bench lb -- --warm-up-time 1 --measurement-time 2`
+
+#![allow(clippy::print_stdout, reason = "a benchmark report")]
+
+use std::hint::black_box;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Barrier, Mutex};
+use std::thread;
+use std::time::{Duration, Instant, SystemTime};
+
+use arc_swap::ArcSwap;
+use criterion::{BenchmarkId, Criterion};
+use dwara_lb::{Endpoint, EndpointSet, Policy, UpstreamLb};
+
+const SIZES: [usize; 3] = [10, 100, 1000];
+
+fn addr(i: usize) -> SocketAddr {
+    SocketAddr::from(([10, 0, (i >> 8) as u8, i as u8], 8080))
+}
+
+fn uniform(n: usize) -> EndpointSet {
+    (0..n).map(addr).collect()
+}
+
+/// Weights 1..=10 cycling, priorities 0 and 1 alternating (SRV uses half the set).
+fn weighted(n: usize) -> EndpointSet {
+    (0..n)
+        .map(|i| {
+            Endpoint::new(addr(i))
+                .with_weight(1 + (i % 10) as u16)
+                .with_priority((i % 2) as u16)
+        })
+        .collect()
+}
+
+/// The floor: a bare atomic round robin over a slice.
+struct Floor {
+    endpoints: Vec<Endpoint>,
+    next: AtomicUsize,
+}
+
+impl Floor {
+    fn pick(&self) -> &Endpoint {
+        &self.endpoints[self.next.fetch_add(1, Ordering::Relaxed) % self.endpoints.len()]
+    }
+}
+
+/// The structural floor: what any picker with an arc-swapped snapshot and a guard
+/// that counts in flight must pay: the snapshot load, an atomic round robin, one
+/// reference-count increment and its decrement. No policy, no ejection check.
+struct SwapGuardFloor {
+    snapshot: ArcSwap<Vec<(Endpoint, Arc<()>)>>,
+    next: AtomicUsize,
+}
+
+impl SwapGuardFloor {
+    fn pick(&self) -> (Endpoint, Arc<()>) {
+        let snap = self.snapshot.load();
+        let (e, count) = &snap[self.next.fetch_add(1, Ordering::Relaxed) % snap.len()];
+        (*e, Arc::clone(count))
+    }
+}
+
+/// The locked picker: round robin under a `Mutex<Vec>`.
+struct Locked {
+    inner: Mutex<(Vec<Endpoint>, usize)>,
+}
+
+impl Locked {
+    fn pick(&self) -> Endpoint {
+        let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let (eps, next) = &mut *g;
+        *next = next.wrapping_add(1);
+        eps[*next % eps.len()]
+    }
+}
+
+/// Keys for the consistent-hash picks, as a proxy would pass (a client address or a
+/// header value).
+fn keys() -> Vec<[u8; 16]> {
+    (0..4096u64)
+        .map(|k| {
+            let mut b = [0u8; 16];
+            b[..8].copy_from_slice(&k.to_le_bytes());
+            b[8..].copy_from_slice(b"-session");
+            b
+        })
+        .collect()
+}
+
+/// A named picker under test.
+struct Case {
+    name: &'static str,
+    pick: Box<dyn Fn(usize) + Send + Sync>,
+}
+
+fn lb_case(name: &'static str, policy: Policy, set: EndpointSet) -> Case {
+    let lb = UpstreamLb::builder(policy).seed(1).endpoints(set).build();
+    if policy == Policy::ConsistentHash {
+        let keys = keys();
+        Case {
+            name,
+            pick: Box::new(move |i| {
+                let _ = black_box(lb.pick_by_key(&keys[i % keys.len()]));
+            }),
+        }
+    } else {
+        Case {
+            name,
+            pick: Box::new(move |_| {
+                let _ = black_box(lb.pick());
+            }),
+        }
+    }
+}
+
+fn cases(n: usize) -> Vec<Case> {
+    let floor = Floor {
+        endpoints: uniform(n).as_slice().to_vec(),
+        next: AtomicUsize::new(0),
+    };
+    let locked = Locked {
+        inner: Mutex::new((uniform(n).as_slice().to_vec(), 0)),
+    };
+    let swap_guard = SwapGuardFloor {
+        snapshot: ArcSwap::from_pointee(uniform(n).iter().map(|e| (*e, Arc::new(()))).collect()),
+        next: AtomicUsize::new(0),
+    };
+    vec![
+        Case {
+            name: "floor_atomic_rr",
+            pick: Box::new(move |_| {
+                black_box(floor.pick());
+            }),
+        },
+        Case {
+            name: "floor_swap_guard",
+            pick: Box::new(move |_| {
+                black_box(swap_guard.pick());
+            }),
+        },
+        Case {
+            name: "mutex_vec_rr",
+            pick: Box::new(move |_| {
+                black_box(locked.pick());
+            }),
+        },
+        lb_case("round_robin", Policy::RoundRobin, uniform(n)),
+        lb_case("round_robin_weighted", Policy::RoundRobin, weighted(n)),
+        lb_case("random", Policy::Random, uniform(n)),
+        lb_case("random_weighted", Policy::Random, weighted(n)),
+        lb_case("p2c", Policy::P2c, uniform(n)),
+        lb_case("srv", Policy::Srv, weighted(n)),
+        lb_case("consistent_hash", Policy::ConsistentHash, uniform(n)),
+    ]
+}
+
+fn bench_one_thread(c: &mut Criterion) {
+    let mut group = c.benchmark_group("pick_1t");
+    for n in SIZES {
+        for case in cases(n) {
+            group.bench_function(BenchmarkId::new(case.name, n), |b| {
+                let mut i = 0usize;
+                b.iter(|| {
+                    i = i.wrapping_add(1);
+                    (case.pick)(i);
+                });
+            });
+        }
+    }
+    group.finish();
+}
+
+/// Two threads pick concurrently from the same picker; the time reported is wall
+/// time per pick per thread.
+fn bench_two_threads(c: &mut Criterion) {
+    let mut group = c.benchmark_group("pick_2t");
+    for n in SIZES {
+        for case in cases(n) {
+            group.bench_function(BenchmarkId::new(case.name, n), |b| {
+                b.iter_custom(|iters| {
+                    let barrier = Barrier::new(2);
+                    let run = |offset: usize| {
+                        barrier.wait();
+                        let start = Instant::now();
+                        for i in 0..iters as usize {
+                            (case.pick)(i.wrapping_add(offset));
+                        }
+                        start.elapsed()
+                    };
+                    thread::scope(|s| {
+                        let other = s.spawn(|| run(1 << 20));
+                        let mine = run(0);
+                        mine.max(other.join().unwrap_or(mine))
+                    })
+                });
+            });
+        }
+    }
+    group.finish();
+}
+
+/// Pick latency while another thread swaps the set as fast as it can, beside the
+/// same pick with no writer.
+fn bench_swapping(c: &mut Criterion) {
+    let mut group = c.benchmark_group("swap");
+    let n = 100;
+    for (name, policy) in [
+        ("round_robin", Policy::RoundRobin),
+        ("p2c", Policy::P2c),
+        ("consistent_hash", Policy::ConsistentHash),
+    ] {
+        let lb = Arc::new(
+            UpstreamLb::builder(policy)
+                .seed(1)
+                .endpoints(uniform(n))
+                .build(),
+        );
+        let keys = keys();
+        let pick_loop = |id: String, group: &mut criterion::BenchmarkGroup<'_, _>| {
+            group.bench_function(id, |b| {
+                let mut i = 0usize;
+                b.iter(|| {
+                    i = i.wrapping_add(1);
+                    let _ = black_box(lb.pick_by_key(&keys[i % keys.len()]));
+                });
+            });
+        };
+        pick_loop(format!("{name}/quiet"), &mut group);
+        let stop = Arc::new(AtomicBool::new(false));
+        let swaps = Arc::new(AtomicUsize::new(0));
+        let writer = {
+            let (lb, stop, swaps) = (lb.clone(), stop.clone(), swaps.clone());
+            // two sets that differ in one endpoint, as a DNS refresh would
+            let a = uniform(n);
+            let b: EndpointSet = (1..=n).map(addr).collect();
+            thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    lb.update(a.clone());
+                    lb.update(b.clone());
+                    swaps.fetch_add(2, Ordering::Relaxed);
+                }
+            })
+        };
+        let started = Instant::now();
+        pick_loop(format!("{name}/swapping"), &mut group);
+        stop.store(true, Ordering::Relaxed);
+        let _ = writer.join();
+        let rate = swaps.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64();
+        if rate > 0.0 {
+            println!("swap/{name}: the writer published {rate:.0} sets/s while picks ran");
+        }
+    }
+    group.finish();
+}
+
+/// The cost of publishing a set (building the policy's state), off the pick path.
+fn bench_update(c: &mut Criterion) {
+    let mut group = c.benchmark_group("update");
+    for policy in Policy::ALL {
+        let n = 1000;
+        let lb = UpstreamLb::builder(policy).endpoints(weighted(n)).build();
+        let a = weighted(n);
+        let b: EndpointSet = weighted(n + 1).iter().skip(1).copied().collect();
+        group.bench_function(BenchmarkId::new(policy.as_str(), n), |bench| {
+            let mut flip = false;
+            bench.iter(|| {
+                flip = !flip;
+                lb.update(if flip { a.clone() } else { b.clone() })
+            });
+        });
+    }
+    group.finish();
+}
+
+fn output_dir() -> PathBuf {
+    if let Some(home) = std::env::var_os("CRITERION_HOME") {
+        return home.into();
+    }
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"));
+    target.join("criterion")
+}
+
+/// The median (ns) criterion measured for `id` in this run, if it ran.
+fn median(dir: &Path, id: &str, since: SystemTime) -> Option<f64> {
+    let path = dir.join(id).join("new/estimates.json");
+    let fresh = std::fs::metadata(&path).ok()?.modified().ok()? >= since;
+    if !fresh {
+        return None;
+    }
+    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).ok()?).ok()?;
+    json["median"]["point_estimate"].as_f64()
+}
+
+fn fmt_cell(v: Option<f64>, floor: Option<f64>) -> String {
+    match (v, floor) {
+        (Some(v), Some(f)) => format!("{v:.1} ns ({:.1}×)", v / f),
+        (Some(v), None) => format!("{v:.1} ns"),
+        _ => "–".to_owned(),
+    }
+}
+
+fn fmt_cell2(v: Option<f64>, floor: Option<f64>, structural: Option<f64>) -> String {
+    match (v, floor, structural) {
+        (Some(v), Some(f), Some(s)) => format!("{v:.1} ns ({:.1}× / {:.1}×)", v / f, v / s),
+        _ => fmt_cell(v, floor),
+    }
+}
+
+fn report(dir: &Path, since: SystemTime) {
+    let names = [
+        "floor_atomic_rr",
+        "floor_swap_guard",
+        "mutex_vec_rr",
+        "round_robin",
+        "round_robin_weighted",
+        "random",
+        "random_weighted",
+        "p2c",
+        "srv",
+        "consistent_hash",
+    ];
+    for group in ["pick_1t", "pick_2t"] {
+        let floors: Vec<Option<f64>> = SIZES
+            .iter()
+            .map(|n| median(dir, &format!("{group}/floor_atomic_rr/{n}"), since))
+            .collect();
+        let structural: Vec<Option<f64>> = SIZES
+            .iter()
+            .map(|n| median(dir, &format!("{group}/floor_swap_guard/{n}"), since))
+            .collect();
+        if floors.iter().all(Option::is_none) {
+            continue;
+        }
+        println!(
+            "\n{group}: median per pick (ratio to floor_atomic_rr / to floor_swap_guard, same size)\n"
+        );
+        println!("| picker | 10 | 100 | 1000 |\n|---|---|---|---|");
+        for name in names {
+            let cells: Vec<String> = SIZES
+                .iter()
+                .zip(floors.iter().zip(&structural))
+                .map(|(n, (&f, &s))| {
+                    fmt_cell2(median(dir, &format!("{group}/{name}/{n}"), since), f, s)
+                })
+                .collect();
+            println!("| {name} | {} |", cells.join(" | "));
+        }
+    }
+    let mut printed = false;
+    for name in ["round_robin", "p2c", "consistent_hash"] {
+        let quiet = median(dir, &format!("swap/{name}/quiet"), since);
+        let busy = median(dir, &format!("swap/{name}/swapping"), since);
+        if quiet.is_none() && busy.is_none() {
+            continue;
+        }
+        if !printed {
+            println!("\nswap (100 endpoints): pick while another thread swaps sets\n");
+            println!("| policy | quiet | swapping | ratio |\n|---|---|---|---|");
+            printed = true;
+        }
+        println!(
+            "| {name} | {} | {} |",
+            fmt_cell(quiet, None),
+            fmt_cell(busy, quiet)
+        );
+    }
+    let mut printed = false;
+    for policy in Policy::ALL {
+        if let Some(v) = median(dir, &format!("update/{}/1000", policy.as_str()), since) {
+            if !printed {
+                println!("\nupdate (1000 endpoints): publishing a set\n");
+                println!("| policy | time |\n|---|---|");
+                printed = true;
+            }
+            println!("| {policy} | {:.1} µs |", v / 1000.0);
+        }
+    }
+}
+
+fn main() {
+    let since = SystemTime::now()
+        .checked_sub(Duration::from_secs(1))
+        .unwrap_or(SystemTime::UNIX_EPOCH);
+    let dir = output_dir();
+    let mut c = Criterion::default()
+        .output_directory(&dir)
+        .configure_from_args();
+    bench_one_thread(&mut c);
+    bench_two_threads(&mut c);
+    bench_swapping(&mut c);
+    bench_update(&mut c);
+    c.final_summary();
+    report(&dir, since);
+}
