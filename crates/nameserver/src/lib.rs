@@ -1,4 +1,233 @@
-//! WeaveDNS-style name server: records database, DNS handler, fallback forwarder, HTTP API.
+//! WeaveDNS-style name server: records database, DNS handler, fallback forwarder,
+//! HTTP API.
+//!
+//! One node's name server: containers register `name → address` over HTTP (or the
+//! Docker updater does it for them), and the DNS server answers A, AAAA and PTR
+//! queries for the served domain (default `weave.local.`) from memory, forwarding
+//! everything else to fallback servers.
+//!
+//! - [`Db`]: the records database and its change API (what replication and the Docker
+//!   updater build on).
+//! - [`DnsServer`]: UDP and TCP listeners answering from precomputed wire answers.
+//! - [`Forwarder`]: forwarding to fallback servers, following resolv.conf if asked.
+//! - [`http`]: the HTTP API on axum.
+//! - [`NameServer`]: all of the above wired together, as `dwara serve` runs it.
+//!
+//! # Example
+//!
+//! ```no_run
+//! use dwara_nameserver::{Domain, Fallback, NameServer, NameServerConfig};
+//!
+//! # async fn run() -> Result<(), dwara_nameserver::Error> {
+//! let mut config = NameServerConfig::new(Domain::new("weave.local")?);
+//! config.fallback = Fallback::Servers(vec!["127.0.0.1:5353".parse().unwrap()]);
+//! let server = NameServer::start(config).await?;
+//! server.db().add("container-1", "10.32.0.7".parse().unwrap(), "web.weave.local")?;
+//! // `dig @127.0.0.1 -p 1053 web.weave.local` now answers 10.32.0.7.
+//! server.shutdown().await;
+//! # Ok(())
+//! # }
+//! ```
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
+
+mod answers;
+mod db;
+mod error;
+mod forward;
+mod handler;
+pub mod http;
+mod metrics;
+mod name;
+mod resolv;
+mod server;
+mod wire;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use db::{Change, ChangeKind, DEFAULT_ORIGIN, Db, DbConfig, Entry};
+pub use error::{Error, Result};
+pub use forward::{Forwarder, ForwarderConfig};
+pub use metrics::{ExtraMetrics, Metrics};
+pub use name::{Domain, reverse_name};
+pub use resolv::{is_own_address, load_resolv_conf, parse_resolv_conf, spawn_resolv_conf_watcher};
+pub use server::{DnsServer, DnsServerConfig};
+
+/// Where forwarded queries go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Fallback {
+    /// These servers, in order.
+    Servers(Vec<SocketAddr>),
+    /// The `nameserver` lines of this resolv.conf, re-read when it changes.
+    ResolvConf(PathBuf),
+}
+
+/// Everything a [`NameServer`] needs.
+#[derive(Debug, Clone)]
+pub struct NameServerConfig {
+    /// Domain, TTL and origin of the records database.
+    pub db: DbConfig,
+    /// The DNS listeners.
+    pub dns: DnsServerConfig,
+    /// The HTTP API listener.
+    pub http_listen: SocketAddr,
+    /// The fallback servers.
+    pub fallback: Fallback,
+    /// Forwarding timeouts.
+    pub forwarder: ForwarderConfig,
+    /// How often a resolv.conf fallback is re-read.
+    pub resolv_conf_poll: Duration,
+}
+
+/// The default DNS listen address.
+pub const DEFAULT_DNS_LISTEN: SocketAddr =
+    SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 1053);
+/// The default HTTP listen address.
+pub const DEFAULT_HTTP_LISTEN: SocketAddr =
+    SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 6784);
+
+impl NameServerConfig {
+    /// The defaults of `dwara serve` for `domain`: DNS on 127.0.0.1:1053, HTTP on
+    /// 127.0.0.1:6784, TTL 1 s, fallback servers from `/etc/resolv.conf`.
+    pub fn new(domain: Domain) -> Self {
+        Self {
+            db: DbConfig::new(domain),
+            dns: DnsServerConfig::new(DEFAULT_DNS_LISTEN),
+            http_listen: DEFAULT_HTTP_LISTEN,
+            fallback: Fallback::ResolvConf(PathBuf::from("/etc/resolv.conf")),
+            forwarder: ForwarderConfig::default(),
+            resolv_conf_poll: Duration::from_secs(2),
+        }
+    }
+}
+
+/// A running name server: database, DNS listeners, forwarder and HTTP API.
+#[derive(Debug)]
+pub struct NameServer {
+    db: Arc<Db>,
+    metrics: Arc<Metrics>,
+    forwarder: Arc<Forwarder>,
+    dns: DnsServer,
+    http_addr: SocketAddr,
+    http: tokio::task::JoinHandle<std::io::Result<()>>,
+    http_stop: tokio::sync::oneshot::Sender<()>,
+    watcher: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl NameServer {
+    /// Starts everything with an empty database.
+    pub async fn start(config: NameServerConfig) -> Result<Self> {
+        Self::start_with_routes(config, axum::Router::new()).await
+    }
+
+    /// Starts everything, serving `extra_routes` on the HTTP listener beside the API.
+    pub async fn start_with_routes(
+        config: NameServerConfig,
+        extra_routes: axum::Router,
+    ) -> Result<Self> {
+        let db = Arc::new(Db::new(config.db.clone()));
+        let metrics = Arc::new(Metrics::new());
+        let http_listener = tokio::net::TcpListener::bind(config.http_listen)
+            .await
+            .map_err(|source| Error::Bind {
+                what: "HTTP",
+                addr: config.http_listen,
+                source,
+            })?;
+        let http_addr = http_listener.local_addr().map_err(|source| Error::Io {
+            context: "HTTP local address".to_owned(),
+            source,
+        })?;
+        let forwarder = Arc::new(Forwarder::new(Vec::new(), config.forwarder.clone()));
+        let dns =
+            DnsServer::start(config.dns.clone(), &db, forwarder.clone(), metrics.clone()).await?;
+        let dns_addr = dns.local_addr();
+        let watcher = match &config.fallback {
+            Fallback::Servers(servers) => {
+                forwarder.set_servers(
+                    servers
+                        .iter()
+                        .copied()
+                        .filter(|s| !is_own_address(*s, dns_addr))
+                        .collect(),
+                );
+                None
+            }
+            Fallback::ResolvConf(path) => {
+                forwarder.set_servers(load_resolv_conf(path, dns_addr));
+                Some(spawn_resolv_conf_watcher(
+                    path.clone(),
+                    dns_addr,
+                    forwarder.clone(),
+                    config.resolv_conf_poll,
+                ))
+            }
+        };
+        tracing::info!(servers = ?forwarder.servers(), "fallback servers");
+        let router = http::router(http::ApiState {
+            db: db.clone(),
+            metrics: metrics.clone(),
+        })
+        .merge(extra_routes);
+        let (http_stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let http = tokio::spawn(http::serve(http_listener, router, async move {
+            let _ = stopped.await;
+        }));
+        tracing::info!(%http_addr, domain = %db.domain(), "HTTP API listening");
+        Ok(Self {
+            db,
+            metrics,
+            forwarder,
+            dns,
+            http_addr,
+            http,
+            http_stop,
+            watcher,
+        })
+    }
+
+    /// The records database.
+    pub fn db(&self) -> &Arc<Db> {
+        &self.db
+    }
+
+    /// The metrics.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    /// The forwarder (its server list can be changed at run time).
+    pub fn forwarder(&self) -> &Arc<Forwarder> {
+        &self.forwarder
+    }
+
+    /// The DNS address (UDP and TCP).
+    pub fn dns_addr(&self) -> SocketAddr {
+        self.dns.local_addr()
+    }
+
+    /// The HTTP API address.
+    pub fn http_addr(&self) -> SocketAddr {
+        self.http_addr
+    }
+
+    /// Stops the listeners: HTTP finishes the requests in flight, DNS stops.
+    pub async fn shutdown(self) {
+        let _ = self.http_stop.send(());
+        if let Some(w) = self.watcher {
+            w.abort();
+        }
+        self.dns.shutdown().await;
+        match tokio::time::timeout(Duration::from_secs(5), self.http).await {
+            Ok(Ok(Ok(()))) => {}
+            Ok(Ok(Err(e))) => tracing::warn!(error = %e, "HTTP server failed"),
+            Ok(Err(e)) => tracing::warn!(error = %e, "HTTP server task failed"),
+            Err(_) => tracing::warn!("HTTP server did not stop within 5 s"),
+        }
+        tracing::info!("name server stopped");
+    }
+}

@@ -20,6 +20,7 @@
 #![warn(missing_docs)]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+pub mod dig;
 pub mod dns_server;
 pub mod dnsmasq;
 

@@ -1,1 +1,296 @@
 //! `dwara serve` as a name server, driven by dig and the HTTP API.
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use test_support::dig::Dig;
+use test_support::dnsmasq::{Dnsmasq, DnsmasqOptions};
+
+const BIN: &str = env!("CARGO_BIN_EXE_dwara");
+
+/// A running `dwara serve`; killed on drop.
+struct Serve {
+    child: Child,
+    dns: SocketAddr,
+    http: SocketAddr,
+}
+
+fn field(line: &str, key: &str) -> Option<SocketAddr> {
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix(key))
+        .and_then(|v| v.parse().ok())
+}
+
+impl Serve {
+    /// Starts `dwara serve ARGS` and waits for its "name server ready" line.
+    fn start(args: &[&str]) -> Self {
+        let mut child = Command::new(BIN)
+            .arg("serve")
+            .args(args)
+            .env("NO_COLOR", "1")
+            .env("DWARA_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        // Keeps draining stderr for the life of the process.
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                eprintln!("[dwara] {line}");
+                if line.contains("name server ready") {
+                    let _ = tx.send((field(&line, "dns="), field(&line, "http=")));
+                }
+            }
+        });
+        let (dns, http) = match rx.recv_timeout(Duration::from_secs(20)) {
+            Ok((Some(dns), Some(http))) => (dns, http),
+            other => {
+                let _ = child.kill();
+                panic!("dwara serve {args:?} did not become ready: {other:?}");
+            }
+        };
+        Self { child, dns, http }
+    }
+
+    fn dig(&self) -> Dig {
+        Dig::new(self.dns)
+    }
+
+    fn api(&self) -> String {
+        format!("http://{}", self.http)
+    }
+
+    /// `dwara dns ARGS --api <ours>`.
+    fn dns(&self, args: &[&str]) -> Output {
+        Command::new(BIN)
+            .arg("dns")
+            .args(args)
+            .arg("--api")
+            .arg(self.api())
+            .output()
+            .unwrap()
+    }
+
+    /// Sends `SIG<sig>` and waits (at most 10 s) for the exit.
+    fn signal_and_wait(mut self, sig: &str) -> ExitStatus {
+        test_support::dnsmasq::signal(self.child.id(), sig).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "dwara serve did not exit after SIG{sig}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn ok(out: &Output) -> String {
+    assert!(
+        out.status.success(),
+        "{:?}: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn fallback() -> Dnsmasq {
+    Dnsmasq::start(DnsmasqOptions {
+        hosts: "127.0.0.99 fallback-host.example\n".to_owned(),
+        local_ttl: Some(30),
+        ..Default::default()
+    })
+    .unwrap()
+}
+
+#[test]
+fn register_with_the_cli_resolve_with_dig_and_stop_on_sigterm() {
+    let f = fallback();
+    let fb = f.addr().to_string();
+    let s = Serve::start(&[
+        "--dns-listen",
+        "127.0.0.1:0",
+        "--http-listen",
+        "127.0.0.1:0",
+        "--fallback",
+        &fb,
+    ]);
+    ok(&s.dns(&["add", "c1", "10.32.0.1", "web.weave.local"]));
+    ok(&s.dns(&["add", "c2", "10.32.0.2", "web.weave.local"]));
+    ok(&s.dns(&["add", "c2", "fd00::2", "web.weave.local"]));
+
+    let a = s.dig().query("Web.Weave.Local", "A").unwrap();
+    assert_eq!(a.status, "NOERROR", "{}", a.raw);
+    assert!(a.has_flag("aa"));
+    assert_eq!(a.data("A"), ["10.32.0.1", "10.32.0.2"]);
+    assert!(
+        a.answers
+            .iter()
+            .all(|r| r.name == "Web.Weave.Local." && r.ttl == 1),
+        "{}",
+        a.raw
+    );
+    assert_eq!(
+        s.dig()
+            .query("web.weave.local", "AAAA")
+            .unwrap()
+            .data("AAAA"),
+        ["fd00::2"]
+    );
+    assert_eq!(
+        s.dig().reverse("10.32.0.1").unwrap().data("PTR"),
+        ["web.weave.local."]
+    );
+
+    let mut looked_up: Vec<String> = ok(&s.dns(&["lookup", "web.weave.local"]))
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    looked_up.sort();
+    assert_eq!(looked_up, ["10.32.0.1", "10.32.0.2", "fd00::2"]);
+
+    // Forwarded to the dnsmasq fallback.
+    let a = s.dig().query("fallback-host.example", "A").unwrap();
+    assert_eq!(a.data("A"), ["127.0.0.99"], "{}", a.raw);
+    assert_eq!(
+        s.dig().reverse("127.0.0.99").unwrap().data("PTR"),
+        ["fallback-host.example."]
+    );
+
+    ok(&s.dns(&["rm", "c1", "10.32.0.1"]));
+    assert_eq!(
+        s.dig().query("web.weave.local", "A").unwrap().data("A"),
+        ["10.32.0.2"]
+    );
+    ok(&s.dns(&["rm", "c2"]));
+    let a = s.dig().query("web.weave.local", "A").unwrap();
+    assert_eq!(a.status, "NXDOMAIN", "{}", a.raw);
+    let out = s.dns(&["lookup", "web.weave.local"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no records"));
+
+    // Bad input is refused with the API's message, and stores nothing.
+    let out = s.dns(&["add", "c3", "10.32.0.3", "web.example.com"]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("not inside the domain"),
+        "{out:?}"
+    );
+    assert_eq!(
+        s.dig().query("web.example.com", "A").unwrap().status,
+        "REFUSED",
+        "forwarded to dnsmasq, which has no upstream"
+    );
+
+    let status = s.signal_and_wait("TERM");
+    assert!(status.success(), "{status:?}");
+}
+
+#[test]
+fn domain_ttl_and_resolv_conf_flags() {
+    let f = fallback();
+    let dir = tempfile::tempdir().unwrap();
+    let resolv = dir.path().join("resolv.conf");
+    std::fs::write(&resolv, format!("nameserver {}\n", f.addr())).unwrap();
+    let s = Serve::start(&[
+        "--domain",
+        "Example.Internal",
+        "--ttl",
+        "7",
+        "--dns-listen",
+        "127.0.0.1:0",
+        "--http-listen",
+        "127.0.0.1:0",
+        "--resolv-conf",
+        resolv.to_str().unwrap(),
+        "--dns-workers",
+        "1",
+    ]);
+    ok(&s.dns(&["add", "c1", "10.32.0.1", "db.example.internal"]));
+    let a = s.dig().query("db.example.internal", "A").unwrap();
+    assert_eq!(a.data("A"), ["10.32.0.1"]);
+    assert_eq!(a.answers[0].ttl, 7);
+    let a = s.dig().query("nope.example.internal", "A").unwrap();
+    assert_eq!(a.status, "NXDOMAIN");
+    assert_eq!(a.authority[0].name, "example.internal.");
+    // weave.local is just another name now: forwarded.
+    assert_eq!(
+        s.dig()
+            .query("fallback-host.example", "A")
+            .unwrap()
+            .data("A"),
+        ["127.0.0.99"]
+    );
+    assert!(
+        !s.dns(&["add", "c1", "10.32.0.1", "db.weave.local"])
+            .status
+            .success()
+    );
+    let status = s.signal_and_wait("INT");
+    assert!(status.success(), "{status:?}");
+}
+
+#[test]
+fn no_arguments_serves_on_the_defaults() {
+    // The defaults are fixed ports; this is the one test that uses them.
+    let s = Serve::start(&[]);
+    assert_eq!(s.dns, "127.0.0.1:1053".parse().unwrap());
+    assert_eq!(s.http, "127.0.0.1:6784".parse().unwrap());
+    // `dwara dns` defaults to the default API address too.
+    let add = Command::new(BIN)
+        .args(["dns", "add", "c1", "10.32.0.1", "web.weave.local"])
+        .output()
+        .unwrap();
+    ok(&add);
+    let a = s.dig().query("web.weave.local", "A").unwrap();
+    assert_eq!(a.data("A"), ["10.32.0.1"], "{}", a.raw);
+    let a = s.dig().query("nope.weave.local", "A").unwrap();
+    assert_eq!(a.status, "NXDOMAIN", "{}", a.raw);
+    let status = s.signal_and_wait("TERM");
+    assert!(status.success(), "{status:?}");
+}
+
+#[test]
+fn bad_flags_exit_with_one_clear_line() {
+    for (args, needle) in [
+        (&["serve", "--fallback", "nonsense"][..], "IP:PORT"),
+        (
+            &[
+                "serve",
+                "--domain",
+                "a..b",
+                "--dns-listen",
+                "127.0.0.1:0",
+                "--http-listen",
+                "127.0.0.1:0",
+            ][..],
+            "domain",
+        ),
+        (
+            &["dns", "lookup", "x.weave.local", "--api", "ftp://x"][..],
+            "http://",
+        ),
+    ] {
+        let out = Command::new(BIN).args(args).output().unwrap();
+        assert!(!out.status.success(), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(needle), "{args:?}: {err}");
+    }
+}

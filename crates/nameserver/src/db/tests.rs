@@ -1,0 +1,210 @@
+//! Unit tests of the records database.
+
+use std::net::IpAddr;
+use std::time::Duration;
+
+use super::*;
+use crate::answers::Records;
+
+fn db() -> Db {
+    Db::new(DbConfig::new(Domain::new("weave.local").unwrap()))
+}
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+#[test]
+fn add_lookup_remove() {
+    let db = db();
+    assert!(db.add("c1", ip("10.0.0.1"), "Web.Weave.Local").unwrap());
+    assert!(
+        !db.add("c1", ip("10.0.0.1"), "web.weave.local.").unwrap(),
+        "same entry twice"
+    );
+    assert!(db.add("c2", ip("10.0.0.2"), "web.weave.local").unwrap());
+    assert!(
+        db.add("c2", ip("10.0.0.1"), "web.weave.local").unwrap(),
+        "same ip, other id"
+    );
+    assert_eq!(
+        db.lookup("WEB.weave.local"),
+        vec![ip("10.0.0.1"), ip("10.0.0.2")]
+    );
+    assert_eq!(
+        db.lookup_addr(ip("10.0.0.1")),
+        vec!["web.weave.local.".to_owned()]
+    );
+    assert_eq!(db.len(), 3);
+
+    assert_eq!(db.remove("c1", Some(ip("10.0.0.1")), None), 1);
+    assert_eq!(
+        db.lookup("web.weave.local"),
+        vec![ip("10.0.0.2"), ip("10.0.0.1")]
+    );
+    assert_eq!(db.remove_all("c2"), 2);
+    assert!(db.lookup("web.weave.local").is_empty());
+    assert_eq!(db.len(), 0);
+    assert_eq!(db.remove_all("c2"), 0, "already removed");
+
+    // Tombstones stay, with higher versions.
+    let entries = db.entries();
+    assert_eq!(entries.len(), 3);
+    assert!(entries.iter().all(|e| e.tombstone && e.version == 2));
+}
+
+#[test]
+fn readding_revives_the_tombstone() {
+    let db = db();
+    db.add("c1", ip("10.0.0.1"), "a.weave.local").unwrap();
+    db.remove_all("c1");
+    db.add("c1", ip("10.0.0.1"), "a.weave.local").unwrap();
+    let e = db.entries();
+    assert_eq!(e.len(), 1);
+    assert_eq!((e[0].version, e[0].tombstone), (3, false));
+    assert_eq!(db.lookup("a.weave.local"), vec![ip("10.0.0.1")]);
+}
+
+#[test]
+fn bad_names_change_nothing() {
+    let db = db();
+    db.add("c1", ip("10.0.0.1"), "a.weave.local").unwrap();
+    let before = (db.entries(), db.generation());
+    assert!(matches!(
+        db.add("c1", ip("10.0.0.9"), "a.example.com"),
+        Err(crate::Error::OutsideDomain { .. })
+    ));
+    assert!(matches!(
+        db.add("c1", ip("10.0.0.9"), "weave.local"),
+        Err(crate::Error::OutsideDomain { .. })
+    ));
+    assert!(matches!(
+        db.add("c1", ip("10.0.0.9"), "a..weave.local"),
+        Err(crate::Error::InvalidName { .. })
+    ));
+    assert_eq!(db.remove("c1", None, Some("..")), 0);
+    assert_eq!((db.entries(), db.generation()), before);
+}
+
+#[test]
+fn remove_narrowed_by_fqdn() {
+    let db = db();
+    db.add("c1", ip("10.0.0.1"), "a.weave.local").unwrap();
+    db.add("c1", ip("10.0.0.1"), "b.weave.local").unwrap();
+    assert_eq!(
+        db.remove("c1", Some(ip("10.0.0.1")), Some("B.weave.local")),
+        1
+    );
+    assert_eq!(db.lookup("a.weave.local"), vec![ip("10.0.0.1")]);
+    assert!(db.lookup("b.weave.local").is_empty());
+    assert_eq!(
+        db.lookup_addr(ip("10.0.0.1")),
+        vec!["a.weave.local.".to_owned()]
+    );
+}
+
+#[test]
+fn apply_merges_by_version() {
+    let db = db();
+    let mut e = Entry {
+        id: "c9".into(),
+        ip: ip("10.0.0.9"),
+        fqdn: "x.weave.local.".into(),
+        origin: "peer-b".into(),
+        version: 3,
+        tombstone: false,
+    };
+    assert!(db.apply(e.clone()).unwrap());
+    assert!(!db.apply(e.clone()).unwrap(), "same version: no change");
+    assert_eq!(db.lookup("x.weave.local"), vec![ip("10.0.0.9")]);
+    // Local removals do not touch other origins' entries.
+    assert_eq!(db.remove_all("c9"), 0);
+    e.version = 2;
+    e.tombstone = true;
+    assert!(!db.apply(e.clone()).unwrap(), "older tombstone loses");
+    e.version = 4;
+    assert!(db.apply(e.clone()).unwrap(), "newer tombstone wins");
+    assert!(db.lookup("x.weave.local").is_empty());
+    e.fqdn = "x.example.com".into();
+    assert!(db.apply(e).is_err());
+}
+
+#[test]
+fn hidden_origins_and_purge() {
+    let db = db();
+    db.add("c1", ip("10.0.0.1"), "a.weave.local").unwrap();
+    db.apply(Entry {
+        id: "c2".into(),
+        ip: ip("10.0.0.2"),
+        fqdn: "a.weave.local.".into(),
+        origin: "peer-b".into(),
+        version: 1,
+        tombstone: false,
+    })
+    .unwrap();
+    assert_eq!(db.lookup("a.weave.local").len(), 2);
+    db.set_origin_hidden("peer-b", true);
+    assert_eq!(db.lookup("a.weave.local"), vec![ip("10.0.0.1")]);
+    assert_eq!(db.len(), 2, "hidden entries are still stored");
+    db.set_origin_hidden("peer-b", false);
+    assert_eq!(db.lookup("a.weave.local").len(), 2);
+    assert_eq!(db.purge_origin("peer-b"), 1);
+    assert_eq!(db.lookup("a.weave.local"), vec![ip("10.0.0.1")]);
+    assert_eq!(db.entries().len(), 1);
+}
+
+#[test]
+fn tombstones_are_garbage_collected() {
+    let db = db();
+    db.add("c1", ip("10.0.0.1"), "a.weave.local").unwrap();
+    db.add("c2", ip("10.0.0.2"), "b.weave.local").unwrap();
+    db.remove_all("c1");
+    assert_eq!(db.gc_tombstones(Duration::from_secs(3600)), 0);
+    assert_eq!(db.gc_tombstones(Duration::ZERO), 1);
+    assert_eq!(db.entries().len(), 1);
+    // Freed slots are reused without confusing the indexes.
+    db.add("c3", ip("10.0.0.3"), "a.weave.local").unwrap();
+    assert_eq!(db.lookup("a.weave.local"), vec![ip("10.0.0.3")]);
+    assert_eq!(db.lookup("b.weave.local"), vec![ip("10.0.0.2")]);
+}
+
+#[test]
+fn changes_are_broadcast() {
+    let db = db();
+    let mut rx = db.subscribe();
+    db.add("c1", ip("10.0.0.1"), "a.weave.local").unwrap();
+    db.add("c1", ip("10.0.0.1"), "a.weave.local").unwrap();
+    db.remove_all("c1");
+    let c = rx.try_recv().unwrap();
+    assert_eq!(
+        (c.kind, c.entry.version, c.entry.origin.as_str()),
+        (ChangeKind::Added, 1, DEFAULT_ORIGIN)
+    );
+    let c = rx.try_recv().unwrap();
+    assert_eq!(
+        (c.kind, c.entry.version, c.entry.tombstone),
+        (ChangeKind::Removed, 2, true)
+    );
+    assert!(rx.try_recv().is_err(), "a no-op add publishes nothing");
+}
+
+#[test]
+fn answer_table_follows_the_db() {
+    let db = db();
+    let key = wire_of_text("a.weave.local.").unwrap();
+    let rev = reverse_wire(ip("10.0.0.1"));
+    db.add("c1", ip("10.0.0.1"), "a.weave.local").unwrap();
+    db.add("c1", ip("fd00::1"), "a.weave.local").unwrap();
+    db.answers().with(&key, |r| match r {
+        Some(Records::Name { a, aaaa }) => assert_eq!((a.len(), aaaa.len()), (16, 28)),
+        other => panic!("{other:?}"),
+    });
+    assert!(
+        db.answers()
+            .with(&rev, |r| matches!(r, Some(Records::Ptr { .. })))
+    );
+    db.remove_all("c1");
+    assert!(db.answers().with(&key, |r| r.is_none()));
+    assert!(db.answers().with(&rev, |r| r.is_none()));
+    assert_eq!(db.answers().len(), 0);
+}

@@ -1,0 +1,53 @@
+//! The one error type of `dwara-nameserver`.
+
+use std::io;
+use std::net::SocketAddr;
+
+/// What went wrong in the name server, and with which input.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A domain name could not be parsed (bad label, too long, empty…).
+    #[error("invalid domain name {name:?}: {reason}")]
+    InvalidName {
+        /// The name as given.
+        name: String,
+        /// Why it was rejected.
+        reason: String,
+    },
+    /// A name to register lies outside the served domain.
+    #[error("{name:?} is not inside the domain {domain:?}")]
+    OutsideDomain {
+        /// The name as given.
+        name: String,
+        /// The served domain.
+        domain: String,
+    },
+    /// An IP address could not be parsed.
+    #[error("invalid IP address {input:?}")]
+    InvalidAddress {
+        /// The text as given.
+        input: String,
+    },
+    /// A socket could not be bound.
+    #[error("cannot bind {what} on {addr}: {source}")]
+    Bind {
+        /// Which listener (`"DNS/UDP"`, `"DNS/TCP"`, `"HTTP"`).
+        what: &'static str,
+        /// The address asked for.
+        addr: SocketAddr,
+        /// The operating system's error.
+        source: io::Error,
+    },
+    /// Any other I/O failure, with what was being done.
+    #[error("{context}: {source}")]
+    Io {
+        /// What was being done.
+        context: String,
+        /// The operating system's error.
+        source: io::Error,
+    },
+}
+
+/// Shorthand for results of this crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

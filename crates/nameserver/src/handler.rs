@@ -1,0 +1,379 @@
+//! Turns one DNS query into a response, a decision to forward, or nothing.
+//!
+//! The fast path (see `wire`) answers ordinary queries for local names from the
+//! precomputed answer table: one lower-cased hash lookup, a copy of the question (so
+//! the owner name, a compression pointer to it, echoes the query's case), a copy of
+//! the prebuilt records, a shuffle, the ID as received. NXDOMAIN and NODATA carry a
+//! prebuilt SOA. No allocation, no logging, no task per packet.
+//!
+//! Everything unusual is decoded with hickory-proto: malformed packets get FORMERR,
+//! other opcodes NOTIMP, EDNS versions above 0 BADVERS, several questions FORMERR;
+//! a well-formed query with extra records is re-encoded in the ordinary form and
+//! answered by the same code as the fast path.
+//!
+//! Shuffling: when every record fits, the whole record set is shuffled per query
+//! (Fisher–Yates with a per-worker xorshift generator). When the answer must be
+//! truncated, a random rotation of the set is taken and then shuffled, so every
+//! address keeps a chance to be served.
+
+use std::sync::Arc;
+
+use hickory_proto::op::{Message, MessageType, OpCode};
+
+use crate::answers::{A_RR_LEN, AAAA_RR_LEN, Answers, Records};
+use crate::db::Db;
+use crate::metrics::Counters;
+use crate::wire::{
+    self, FastRng, HEADER_LEN, OPT_LEN, Parse, Query, rcode, rtype, write_bare_error, write_error,
+    write_header, write_opt,
+};
+
+/// Largest DNS message (TCP); output buffers must hold this much.
+pub(crate) const MAX_MESSAGE: usize = 65_535;
+
+/// The transport a query came over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Transport {
+    /// UDP: responses limited to 512 bytes or the EDNS size, else truncated.
+    Udp,
+    /// TCP: up to 64 KiB.
+    Tcp,
+}
+
+/// What to do with a query.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    /// Send `out[..len]`.
+    Reply(usize),
+    /// Not ours: forward to the fallback servers (the query's type for metrics).
+    Forward {
+        /// The query type.
+        qtype: u16,
+    },
+    /// Send nothing.
+    Drop,
+}
+
+/// The query handler: the answer table plus the zone's fixed records.
+#[derive(Debug)]
+pub(crate) struct Handler {
+    answers: Arc<Answers>,
+    domain: Box<[u8]>,
+    /// The zone SOA for the authority section (owner = the domain).
+    soa: Box<[u8]>,
+    /// The same SOA as an answer to an apex SOA query (owner = pointer to question).
+    soa_answer: Box<[u8]>,
+}
+
+enum Found {
+    Reply(usize),
+    Forward,
+    Absent,
+}
+
+impl Handler {
+    /// A handler answering from `db`'s table.
+    pub(crate) fn new(db: &Db) -> Self {
+        let domain: Box<[u8]> = db.domain().wire().into();
+        let ttl = db.ttl();
+        let mut rdata = Vec::new();
+        rdata.extend_from_slice(b"\x02ns");
+        rdata.extend_from_slice(&domain);
+        rdata.extend_from_slice(b"\x0ahostmaster");
+        rdata.extend_from_slice(&domain);
+        // serial, refresh, retry, expire, minimum (negative-caching TTL).
+        for v in [1u32, 3600, 600, 86_400, ttl] {
+            rdata.extend_from_slice(&v.to_be_bytes());
+        }
+        let mut fixed = Vec::new();
+        fixed.extend_from_slice(&rtype::SOA.to_be_bytes());
+        fixed.extend_from_slice(&[0, 1]);
+        fixed.extend_from_slice(&ttl.to_be_bytes());
+        // Two names of at most 255 bytes plus 20: fits u16.
+        fixed.extend_from_slice(&(rdata.len() as u16).to_be_bytes());
+        fixed.extend_from_slice(&rdata);
+        let soa = [&domain[..], &fixed].concat().into_boxed_slice();
+        let soa_answer = [&[0xc0, 0x0c][..], &fixed].concat().into_boxed_slice();
+        Self {
+            answers: db.answers().clone(),
+            domain,
+            soa,
+            soa_answer,
+        }
+    }
+
+    /// Handles one query. `out` must hold at least [`MAX_MESSAGE`] bytes.
+    #[inline]
+    pub(crate) fn handle(
+        &self,
+        packet: &[u8],
+        out: &mut [u8],
+        transport: Transport,
+        rng: &mut FastRng,
+        counters: &Counters,
+    ) -> Outcome {
+        let mut lower = [0u8; 256];
+        match wire::parse(packet, &mut lower) {
+            Parse::Fast(q) => self.answer(&q, &lower[..q.qname_len], out, transport, rng, counters),
+            Parse::Slow => self.slow(packet, out, transport, rng, counters),
+            Parse::Drop => {
+                counters.dropped();
+                Outcome::Drop
+            }
+        }
+    }
+
+    fn slow(
+        &self,
+        packet: &[u8],
+        out: &mut [u8],
+        transport: Transport,
+        rng: &mut FastRng,
+        counters: &Counters,
+    ) -> Outcome {
+        let reply_bare = |out: &mut [u8], rc: u8| match write_bare_error(packet, out, rc) {
+            Some(n) => {
+                counters.record(None, rc.into());
+                Outcome::Reply(n)
+            }
+            None => {
+                counters.dropped();
+                Outcome::Drop
+            }
+        };
+        let msg = match Message::from_vec(packet) {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::trace!(error = %e, len = packet.len(), "undecodable DNS packet");
+                return reply_bare(out, rcode::FORMERR);
+            }
+        };
+        if msg.metadata.message_type == MessageType::Response {
+            counters.dropped();
+            return Outcome::Drop;
+        }
+        if msg.metadata.op_code != OpCode::Query {
+            return reply_bare(out, rcode::NOTIMP);
+        }
+        let [query] = msg.queries.as_slice() else {
+            return reply_bare(out, rcode::FORMERR);
+        };
+        // Re-encode as an ordinary query: header, the question (original case), OPT.
+        let mut canon = Vec::with_capacity(HEADER_LEN + 260 + OPT_LEN);
+        canon.extend_from_slice(&packet[..4]);
+        canon.extend_from_slice(&[0, 1, 0, 0, 0, 0, 0, u8::from(msg.edns.is_some())]);
+        for label in query.name().iter() {
+            canon.push(label.len() as u8);
+            canon.extend_from_slice(label);
+        }
+        canon.push(0);
+        canon.extend_from_slice(&u16::from(query.query_type()).to_be_bytes());
+        canon.extend_from_slice(&u16::from(query.query_class()).to_be_bytes());
+        let bad_version = msg.edns.as_ref().is_some_and(|e| e.version() > 0);
+        if let Some(edns) = &msg.edns {
+            let p = edns.max_payload().to_be_bytes();
+            canon.extend_from_slice(&[0, 0, 41, p[0], p[1], 0, 0, 0, 0, 0, 0]);
+        }
+        let mut lower = [0u8; 256];
+        let Parse::Fast(q) = wire::parse(&canon, &mut lower) else {
+            return reply_bare(out, rcode::FORMERR);
+        };
+        if bad_version {
+            counters.record(Some(q.qtype), rcode::BADVERS);
+            return Outcome::Reply(write_error(&q, out, rcode::BADVERS));
+        }
+        self.answer(&q, &lower[..q.qname_len], out, transport, rng, counters)
+    }
+
+    /// Whether `lower` is a name strictly below the domain.
+    #[inline]
+    fn below_domain(&self, lower: &[u8]) -> bool {
+        let d = self.domain.len();
+        if lower.len() <= d || !lower.ends_with(&self.domain) {
+            return false;
+        }
+        // The suffix must start on a label boundary.
+        let mut pos = 0;
+        while pos < lower.len() - d {
+            pos += usize::from(lower[pos]) + 1;
+        }
+        pos == lower.len() - d
+    }
+
+    fn answer(
+        &self,
+        q: &Query<'_>,
+        lower: &[u8],
+        out: &mut [u8],
+        transport: Transport,
+        rng: &mut FastRng,
+        counters: &Counters,
+    ) -> Outcome {
+        let limit = match transport {
+            Transport::Udp => q.udp_limit(),
+            Transport::Tcp => MAX_MESSAGE,
+        };
+        let is_apex = lower == &self.domain[..];
+        if q.qclass != 1 && q.qclass != 255 {
+            if is_apex || self.below_domain(lower) {
+                counters.record(Some(q.qtype), rcode::REFUSED.into());
+                return Outcome::Reply(write_error(q, out, rcode::REFUSED.into()));
+            }
+            return Outcome::Forward { qtype: q.qtype };
+        }
+        let found = self.answers.with(lower, |records| match records {
+            Some(Records::Name { a, aaaa }) => Found::Reply(match q.qtype {
+                rtype::A if !a.is_empty() => self.write_fixed(q, out, limit, a, A_RR_LEN, rng),
+                rtype::AAAA if !aaaa.is_empty() => {
+                    self.write_fixed(q, out, limit, aaaa, AAAA_RR_LEN, rng)
+                }
+                _ => self.write_negative(q, out, rcode::NOERROR),
+            }),
+            Some(Records::Ptr { rrs, ends }) if q.qtype == rtype::PTR => {
+                Found::Reply(self.write_ptr(q, out, limit, rrs, ends))
+            }
+            Some(Records::Ptr { .. }) => Found::Forward,
+            None => Found::Absent,
+        });
+        let (len, rc) = match found {
+            Found::Reply(len) => (len, out[3] & 0x0f),
+            Found::Forward => return Outcome::Forward { qtype: q.qtype },
+            Found::Absent if is_apex => {
+                if q.qtype == rtype::SOA {
+                    (self.write_apex_soa(q, out), rcode::NOERROR)
+                } else {
+                    (self.write_negative(q, out, rcode::NOERROR), rcode::NOERROR)
+                }
+            }
+            Found::Absent if self.below_domain(lower) => (
+                self.write_negative(q, out, rcode::NXDOMAIN),
+                rcode::NXDOMAIN,
+            ),
+            Found::Absent => return Outcome::Forward { qtype: q.qtype },
+        };
+        counters.record(Some(q.qtype), rc.into());
+        Outcome::Reply(len)
+    }
+
+    /// Question, then as many fixed-size records as fit, shuffled; TC if not all did.
+    #[inline]
+    fn write_fixed(
+        &self,
+        q: &Query<'_>,
+        out: &mut [u8],
+        limit: usize,
+        rrs: &[u8],
+        rr_len: usize,
+        rng: &mut FastRng,
+    ) -> usize {
+        let question = q.question();
+        let mut pos = HEADER_LEN + question.len();
+        out[HEADER_LEN..pos].copy_from_slice(question);
+        let opt = if q.edns.is_some() { OPT_LEN } else { 0 };
+        let n = rrs.len() / rr_len;
+        let fit = n.min(limit.saturating_sub(pos + opt) / rr_len);
+        let bytes = fit * rr_len;
+        if fit == n {
+            out[pos..pos + bytes].copy_from_slice(rrs);
+        } else {
+            // A random rotation of the set, so truncation does not always drop the same.
+            let start = rng.below(n) * rr_len;
+            let first = (rrs.len() - start).min(bytes);
+            out[pos..pos + first].copy_from_slice(&rrs[start..start + first]);
+            out[pos + first..pos + bytes].copy_from_slice(&rrs[..bytes - first]);
+        }
+        wire::shuffle_records(&mut out[pos..pos + bytes], rr_len, rng);
+        pos += bytes;
+        if opt > 0 {
+            pos = write_opt(out, pos, 0);
+        }
+        // fit ≤ 65535 / 16.
+        write_header(
+            out,
+            q.packet,
+            true,
+            fit < n,
+            rcode::NOERROR,
+            [1, fit as u16, 0, u16::from(opt > 0)],
+        );
+        pos
+    }
+
+    /// Question, then as many PTR records as fit; TC if not all did.
+    fn write_ptr(
+        &self,
+        q: &Query<'_>,
+        out: &mut [u8],
+        limit: usize,
+        rrs: &[u8],
+        ends: &[u16],
+    ) -> usize {
+        let question = q.question();
+        let mut pos = HEADER_LEN + question.len();
+        out[HEADER_LEN..pos].copy_from_slice(question);
+        let opt = if q.edns.is_some() { OPT_LEN } else { 0 };
+        let room = limit.saturating_sub(pos + opt);
+        let fit = ends.iter().take_while(|&&e| usize::from(e) <= room).count();
+        let bytes = if fit == 0 {
+            0
+        } else {
+            usize::from(ends[fit - 1])
+        };
+        out[pos..pos + bytes].copy_from_slice(&rrs[..bytes]);
+        pos += bytes;
+        if opt > 0 {
+            pos = write_opt(out, pos, 0);
+        }
+        write_header(
+            out,
+            q.packet,
+            true,
+            fit < ends.len(),
+            rcode::NOERROR,
+            [1, fit as u16, 0, u16::from(opt > 0)],
+        );
+        pos
+    }
+
+    /// NXDOMAIN or NODATA: question, SOA in the authority section.
+    fn write_negative(&self, q: &Query<'_>, out: &mut [u8], rc: u8) -> usize {
+        let question = q.question();
+        let mut pos = HEADER_LEN + question.len();
+        out[HEADER_LEN..pos].copy_from_slice(question);
+        out[pos..pos + self.soa.len()].copy_from_slice(&self.soa);
+        pos += self.soa.len();
+        let ar = u16::from(q.edns.is_some());
+        if q.edns.is_some() {
+            pos = write_opt(out, pos, 0);
+        }
+        write_header(out, q.packet, true, false, rc, [1, 0, 1, ar]);
+        pos
+    }
+
+    fn write_apex_soa(&self, q: &Query<'_>, out: &mut [u8]) -> usize {
+        let question = q.question();
+        let mut pos = HEADER_LEN + question.len();
+        out[HEADER_LEN..pos].copy_from_slice(question);
+        out[pos..pos + self.soa_answer.len()].copy_from_slice(&self.soa_answer);
+        pos += self.soa_answer.len();
+        let ar = u16::from(q.edns.is_some());
+        if q.edns.is_some() {
+            pos = write_opt(out, pos, 0);
+        }
+        write_header(out, q.packet, true, false, rcode::NOERROR, [1, 1, 0, ar]);
+        pos
+    }
+}
+
+/// A SERVFAIL response to `packet` (question echoed when it can be), for forwarding
+/// failures. `None` when the packet has no header to answer.
+pub(crate) fn servfail(packet: &[u8], out: &mut [u8]) -> Option<usize> {
+    let mut lower = [0u8; 256];
+    match wire::parse(packet, &mut lower) {
+        Parse::Fast(q) => Some(write_error(&q, out, rcode::SERVFAIL.into())),
+        _ => write_bare_error(packet, out, rcode::SERVFAIL),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,380 @@
+//! Just enough DNS wire format for the fast path.
+//!
+//! [`parse`] reads the header and the one question of an ordinary query (with at most
+//! one EDNS OPT record) without allocating, lower-casing the name into a caller's
+//! buffer. Anything else — compression in the question, other sections, opcodes,
+//! several questions, EDNS versions — is [`Parse::Slow`] and goes through hickory-proto
+//! in `handler`. The writers below build responses in a caller's buffer.
+
+/// The largest UDP payload we answer with, whatever the client advertises.
+pub(crate) const MAX_UDP_PAYLOAD: u16 = 4096;
+/// The UDP payload without EDNS (RFC 1035).
+pub(crate) const CLASSIC_UDP_PAYLOAD: usize = 512;
+/// Length of the OPT record we append.
+pub(crate) const OPT_LEN: usize = 11;
+/// Length of the DNS header.
+pub(crate) const HEADER_LEN: usize = 12;
+
+/// Record and query types the server looks at.
+pub(crate) mod rtype {
+    pub(crate) const A: u16 = 1;
+    pub(crate) const SOA: u16 = 6;
+    pub(crate) const PTR: u16 = 12;
+    pub(crate) const AAAA: u16 = 28;
+    pub(crate) const OPT: u16 = 41;
+}
+
+/// Response codes the server produces itself.
+pub(crate) mod rcode {
+    pub(crate) const NOERROR: u8 = 0;
+    pub(crate) const FORMERR: u8 = 1;
+    pub(crate) const SERVFAIL: u8 = 2;
+    pub(crate) const NXDOMAIN: u8 = 3;
+    pub(crate) const NOTIMP: u8 = 4;
+    pub(crate) const REFUSED: u8 = 5;
+    /// Extended (EDNS) response code 16; its high bits go in the OPT record.
+    pub(crate) const BADVERS: u16 = 16;
+}
+
+/// The EDNS part of a query.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Edns {
+    /// The requestor's UDP payload size.
+    pub(crate) payload: u16,
+}
+
+/// An ordinary query, parsed in place.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Query<'a> {
+    /// The whole packet.
+    pub(crate) packet: &'a [u8],
+    /// Length of the question name in wire form.
+    pub(crate) qname_len: usize,
+    /// The query type.
+    pub(crate) qtype: u16,
+    /// The query class.
+    pub(crate) qclass: u16,
+    /// EDNS, if the query had an OPT record.
+    pub(crate) edns: Option<Edns>,
+}
+
+impl Query<'_> {
+    /// The question section as received (original case), name, type and class.
+    pub(crate) fn question(&self) -> &[u8] {
+        &self.packet[HEADER_LEN..HEADER_LEN + self.qname_len + 4]
+    }
+
+    /// The largest UDP response this query allows.
+    pub(crate) fn udp_limit(&self) -> usize {
+        match self.edns {
+            None => CLASSIC_UDP_PAYLOAD,
+            Some(e) => usize::from(e.payload.clamp(CLASSIC_UDP_PAYLOAD as u16, MAX_UDP_PAYLOAD)),
+        }
+    }
+}
+
+/// What [`parse`] made of a packet.
+#[derive(Debug)]
+pub(crate) enum Parse<'a> {
+    /// An ordinary query; its lower-cased name is in the caller's buffer.
+    Fast(Query<'a>),
+    /// Something the fast path does not handle; use hickory-proto.
+    Slow,
+    /// Not worth an answer: shorter than a header, or a response.
+    Drop,
+}
+
+#[inline]
+fn u16_at(p: &[u8], i: usize) -> u16 {
+    u16::from_be_bytes([p[i], p[i + 1]])
+}
+
+/// Parses an ordinary query, writing its lower-cased question name to `lower`.
+#[inline]
+pub(crate) fn parse<'a>(packet: &'a [u8], lower: &mut [u8; 256]) -> Parse<'a> {
+    if packet.len() < HEADER_LEN || packet[2] & 0x80 != 0 {
+        return Parse::Drop;
+    }
+    let opcode = (packet[2] >> 3) & 0x0f;
+    let (qd, an, ns, ar) = (
+        u16_at(packet, 4),
+        u16_at(packet, 6),
+        u16_at(packet, 8),
+        u16_at(packet, 10),
+    );
+    if opcode != 0 || qd != 1 || an != 0 || ns != 0 || ar > 1 {
+        return Parse::Slow;
+    }
+    let mut pos = HEADER_LEN;
+    loop {
+        let Some(&len) = packet.get(pos) else {
+            return Parse::Slow;
+        };
+        let len = usize::from(len);
+        let at = pos - HEADER_LEN;
+        if len == 0 {
+            lower[at] = 0;
+            pos += 1;
+            break;
+        }
+        // Compression pointers and extended label types: slow path. 63 is the
+        // largest label, 255 the largest name.
+        if len > 63 || at + 1 + len + 1 > 255 || pos + 1 + len > packet.len() {
+            return Parse::Slow;
+        }
+        lower[at] = len as u8;
+        for (d, s) in lower[at + 1..at + 1 + len]
+            .iter_mut()
+            .zip(&packet[pos + 1..pos + 1 + len])
+        {
+            *d = s.to_ascii_lowercase();
+        }
+        pos += 1 + len;
+    }
+    let qname_len = pos - HEADER_LEN;
+    if pos + 4 > packet.len() {
+        return Parse::Slow;
+    }
+    let qtype = u16_at(packet, pos);
+    let qclass = u16_at(packet, pos + 2);
+    pos += 4;
+    let mut edns = None;
+    if ar == 1 {
+        // Root owner, type OPT, class = payload, TTL = ext-rcode/version/flags, rdata.
+        if pos + OPT_LEN > packet.len()
+            || packet[pos] != 0
+            || u16_at(packet, pos + 1) != rtype::OPT
+            || packet[pos + 6] != 0
+        {
+            return Parse::Slow;
+        }
+        let payload = u16_at(packet, pos + 3);
+        let rdlen = usize::from(u16_at(packet, pos + 9));
+        pos += OPT_LEN + rdlen;
+        edns = Some(Edns { payload });
+    }
+    if pos != packet.len() {
+        return Parse::Slow;
+    }
+    Parse::Fast(Query {
+        packet,
+        qname_len,
+        qtype,
+        qclass,
+        edns,
+    })
+}
+
+/// Writes a response header for `query_header` (its first 4 bytes) into `out`.
+#[allow(clippy::too_many_arguments)]
+#[inline]
+pub(crate) fn write_header(
+    out: &mut [u8],
+    query_header: &[u8],
+    aa: bool,
+    tc: bool,
+    rcode: u8,
+    counts: [u16; 4],
+) {
+    out[0] = query_header[0];
+    out[1] = query_header[1];
+    // QR, the query's opcode and RD; AA and TC as asked.
+    out[2] =
+        0x80 | (query_header[2] & 0x79) | if aa { 0x04 } else { 0 } | if tc { 0x02 } else { 0 };
+    // RA (we forward), the query's CD, the low rcode bits.
+    out[3] = 0x80 | (query_header[3] & 0x10) | (rcode & 0x0f);
+    for (i, c) in counts.iter().enumerate() {
+        out[4 + 2 * i..6 + 2 * i].copy_from_slice(&c.to_be_bytes());
+    }
+}
+
+/// Writes our OPT record at `out[pos..]` and returns the new end.
+#[inline]
+pub(crate) fn write_opt(out: &mut [u8], pos: usize, ext_rcode: u8) -> usize {
+    let p = MAX_UDP_PAYLOAD.to_be_bytes();
+    out[pos..pos + OPT_LEN].copy_from_slice(&[0, 0, 41, p[0], p[1], ext_rcode, 0, 0, 0, 0, 0]);
+    pos + OPT_LEN
+}
+
+/// An error response to a parsed query: header, its question, OPT if it had one.
+pub(crate) fn write_error(q: &Query<'_>, out: &mut [u8], rcode: u16) -> usize {
+    let question = q.question();
+    let mut pos = HEADER_LEN;
+    out[pos..pos + question.len()].copy_from_slice(question);
+    pos += question.len();
+    let ar = u16::from(q.edns.is_some());
+    if q.edns.is_some() {
+        pos = write_opt(out, pos, (rcode >> 4) as u8);
+    }
+    write_header(
+        out,
+        q.packet,
+        false,
+        false,
+        (rcode & 0x0f) as u8,
+        [1, 0, 0, ar],
+    );
+    pos
+}
+
+/// A bare error response (header only) to a packet that has at least a header.
+pub(crate) fn write_bare_error(packet: &[u8], out: &mut [u8], rcode: u8) -> Option<usize> {
+    if packet.len() < HEADER_LEN {
+        return None;
+    }
+    write_header(out, packet, false, false, rcode, [0, 0, 0, 0]);
+    Some(HEADER_LEN)
+}
+
+/// The question of any packet whose question name is uncompressed:
+/// `(offset just past the question, qtype)`.
+pub(crate) fn question_span(packet: &[u8]) -> Option<(usize, u16)> {
+    if packet.len() < HEADER_LEN || u16_at(packet, 4) == 0 {
+        return None;
+    }
+    let mut pos = HEADER_LEN;
+    loop {
+        let len = usize::from(*packet.get(pos)?);
+        if len == 0 {
+            pos += 1;
+            break;
+        }
+        if len > 63 {
+            return None;
+        }
+        pos += 1 + len;
+    }
+    if pos + 4 > packet.len() {
+        return None;
+    }
+    Some((pos + 4, u16_at(packet, pos)))
+}
+
+/// A small, fast, non-cryptographic generator (xorshift64*) for answer shuffling.
+#[derive(Debug, Clone)]
+pub(crate) struct FastRng(u64);
+
+impl FastRng {
+    /// Seeds from the operating system's randomness.
+    pub(crate) fn new() -> Self {
+        Self(rand::random::<u64>() | 1)
+    }
+
+    /// Seeds from `seed` (tests).
+    #[cfg(test)]
+    pub(crate) fn seeded(seed: u64) -> Self {
+        Self(seed | 1)
+    }
+
+    #[inline]
+    fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    /// A number in `0..n` (`n > 0`).
+    #[inline]
+    pub(crate) fn below(&mut self, n: usize) -> usize {
+        (((self.next() >> 32) * n as u64) >> 32) as usize
+    }
+}
+
+/// Shuffles the `rr_len`-byte records of `buf` in place (Fisher–Yates).
+#[inline]
+pub(crate) fn shuffle_records(buf: &mut [u8], rr_len: usize, rng: &mut FastRng) {
+    let n = buf.len() / rr_len;
+    for i in (1..n).rev() {
+        let j = rng.below(i + 1);
+        if i != j {
+            let (head, tail) = buf.split_at_mut(i * rr_len);
+            head[j * rr_len..(j + 1) * rr_len].swap_with_slice(&mut tail[..rr_len]);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn query(name: &[u8], qtype: u16, opt: bool) -> Vec<u8> {
+        let mut p = vec![0x12, 0x34, 0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, u8::from(opt)];
+        p.extend_from_slice(name);
+        p.extend_from_slice(&qtype.to_be_bytes());
+        p.extend_from_slice(&[0, 1]);
+        if opt {
+            p.extend_from_slice(&[0, 0, 41, 0x10, 0, 0, 0, 0, 0, 0, 0]);
+        }
+        p
+    }
+
+    #[test]
+    fn parses_plain_and_edns_queries() {
+        let mut lower = [0u8; 256];
+        let p = query(b"\x03FoO\x05weave\x05local\x00", 1, false);
+        let Parse::Fast(q) = parse(&p, &mut lower) else {
+            panic!()
+        };
+        assert_eq!(&lower[..q.qname_len], b"\x03foo\x05weave\x05local\x00");
+        assert_eq!(q.question(), &p[12..]);
+        assert_eq!((q.qtype, q.qclass, q.edns), (1, 1, None));
+        assert_eq!(q.udp_limit(), 512);
+        let p = query(b"\x03foo\x00", 28, true);
+        let Parse::Fast(q) = parse(&p, &mut lower) else {
+            panic!()
+        };
+        assert_eq!(q.edns, Some(Edns { payload: 4096 }));
+        assert_eq!(q.udp_limit(), 4096);
+    }
+
+    #[test]
+    fn unusual_packets_go_slow_or_drop() {
+        let mut lower = [0u8; 256];
+        assert!(matches!(parse(&[1, 2, 3], &mut lower), Parse::Drop));
+        let mut resp = query(b"\x01a\x00", 1, false);
+        resp[2] |= 0x80;
+        assert!(matches!(parse(&resp, &mut lower), Parse::Drop));
+        let compressed = query(b"\x01a\xc0\x0c", 1, false);
+        assert!(matches!(parse(&compressed, &mut lower), Parse::Slow));
+        let mut trailing = query(b"\x01a\x00", 1, false);
+        trailing.push(0);
+        assert!(matches!(parse(&trailing, &mut lower), Parse::Slow));
+        let truncated = &query(b"\x01a\x00", 1, false)[..15];
+        assert!(matches!(parse(truncated, &mut lower), Parse::Slow));
+        let long = [&[63u8][..], &[b'x'; 63]].concat().repeat(4);
+        let long = query(&[&long[..], &[0]].concat(), 1, false);
+        assert!(matches!(parse(&long, &mut lower), Parse::Slow));
+    }
+
+    #[test]
+    fn any_bytes_never_panic() {
+        let mut lower = [0u8; 256];
+        let mut rng = FastRng::seeded(7);
+        for len in 0..300 {
+            for _ in 0..50 {
+                let p: Vec<u8> = (0..len).map(|_| rng.below(256) as u8).collect();
+                let _ = parse(&p, &mut lower);
+                let _ = question_span(&p);
+            }
+        }
+    }
+
+    #[test]
+    fn shuffle_keeps_the_records() {
+        let mut rng = FastRng::seeded(42);
+        let orig: Vec<u8> = (0..10u8).flat_map(|i| [i; 4]).collect();
+        let mut seen_other_first = false;
+        for _ in 0..20 {
+            let mut buf = orig.clone();
+            shuffle_records(&mut buf, 4, &mut rng);
+            let mut chunks: Vec<&[u8]> = buf.chunks(4).collect();
+            seen_other_first |= chunks[0] != [0; 4];
+            chunks.sort();
+            assert_eq!(chunks.concat(), orig);
+        }
+        assert!(seen_other_first);
+    }
+}

@@ -1,0 +1,9 @@
+//! Integration tests of `dwara-nameserver`: the server runs in-process, dig (and raw
+//! sockets) query it, a real dnsmasq is its fallback.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+mod dns;
+mod forward;
+mod http;
+mod support;

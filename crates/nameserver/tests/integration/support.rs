@@ -1,0 +1,115 @@
+//! The in-process server under test and a blocking HTTP/1.1 helper.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::Arc;
+use std::time::Duration;
+
+use dwara_nameserver::{Db, Domain, Fallback, NameServer, NameServerConfig};
+use test_support::dig::Dig;
+use test_support::dnsmasq::{Dnsmasq, DnsmasqOptions};
+
+/// A name server on its own runtime (so tests can block on dig), on free loopback
+/// ports.
+pub(crate) struct TestServer {
+    rt: tokio::runtime::Runtime,
+    server: Option<NameServer>,
+    pub(crate) dns: SocketAddr,
+    pub(crate) http: SocketAddr,
+}
+
+impl TestServer {
+    pub(crate) fn start(fallback: Vec<SocketAddr>) -> Self {
+        Self::start_with(|c| c.fallback = Fallback::Servers(fallback))
+    }
+
+    pub(crate) fn start_with(tweak: impl FnOnce(&mut NameServerConfig)) -> Self {
+        test_support::init_tracing();
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let mut config = NameServerConfig::new(Domain::new("weave.local").unwrap());
+        config.dns.listen = "127.0.0.1:0".parse().unwrap();
+        config.dns.udp_workers = 2;
+        config.http_listen = "127.0.0.1:0".parse().unwrap();
+        config.fallback = Fallback::Servers(Vec::new());
+        tweak(&mut config);
+        let server = rt.block_on(NameServer::start(config)).unwrap();
+        Self {
+            dns: server.dns_addr(),
+            http: server.http_addr(),
+            server: Some(server),
+            rt,
+        }
+    }
+
+    pub(crate) fn dig(&self) -> Dig {
+        Dig::new(self.dns)
+    }
+
+    pub(crate) fn db(&self) -> &Arc<Db> {
+        self.server.as_ref().unwrap().db()
+    }
+
+    pub(crate) fn server(&self) -> &NameServer {
+        self.server.as_ref().unwrap()
+    }
+
+    pub(crate) fn http(&self, method: &str, path: &str, body: Option<&str>) -> (u16, String) {
+        http(self.http, method, path, body)
+    }
+
+    pub(crate) fn put(&self, id: &str, ip: &str, fqdn: &str) {
+        let (status, body) = self.http(
+            "PUT",
+            &format!("/name/{id}/{ip}"),
+            Some(&format!("fqdn={fqdn}")),
+        );
+        assert_eq!(status, 204, "PUT {id} {ip} {fqdn}: {body}");
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        if let Some(server) = self.server.take() {
+            self.rt.block_on(server.shutdown());
+        }
+    }
+}
+
+/// One request with `Connection: close`; returns (status, body).
+pub(crate) fn http(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: Option<&str>,
+) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let body = body.unwrap_or_default();
+    let req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\
+         Content-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).unwrap();
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).unwrap();
+    let (head, body) = raw.split_once("\r\n\r\n").unwrap();
+    let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
+    (status, body.to_owned())
+}
+
+/// A dnsmasq fallback that knows `fallback-host.example` (127.0.0.99, also its PTR),
+/// answers NXDOMAIN for `*.nx.example`, and — as a trap — also knows
+/// `trap.weave.local` (which must never be forwarded).
+pub(crate) fn fallback_dnsmasq() -> Dnsmasq {
+    Dnsmasq::start(DnsmasqOptions {
+        hosts: "127.0.0.99 fallback-host.example\n127.0.0.98 trap.weave.local\n".to_owned(),
+        local_ttl: Some(30),
+        extra_args: vec!["--address=/nx.example/".to_owned()],
+    })
+    .unwrap()
+}
