@@ -290,12 +290,13 @@ pub async fn run(
 
         let current = lb.endpoints();
         let decision = decide(&policy, &current, &result);
+        let mut changed = false;
         match &decision {
             Decision::Publish(set) => {
                 if lb.update(set.clone()) {
                     let (added, removed) = diff(&current, set);
                     stats.updates.fetch_add(1, Ordering::Relaxed);
-                    stats.changes.send_modify(|v| *v += 1);
+                    changed = true;
                     info!(upstream = %upstream, endpoints = set.len(), ?added, ?removed, "endpoint set updated");
                 }
             }
@@ -303,7 +304,7 @@ pub async fn run(
                 if lb.clear() {
                     stats.updates.fetch_add(1, Ordering::Relaxed);
                     stats.cleared.fetch_add(1, Ordering::Relaxed);
-                    stats.changes.send_modify(|v| *v += 1);
+                    changed = true;
                     warn!(upstream = %upstream, removed = current.len(), "DNS failing and fail_open is false: endpoint set cleared until DNS recovers");
                 }
             }
@@ -336,6 +337,10 @@ pub async fn run(
             error: result.as_ref().err().map(ToString::to_string),
             next_in_ms: u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
         });
+        // Notify after `last` is recorded, so a watcher sees this resolution's outcome.
+        if changed {
+            stats.changes.send_modify(|v| *v += 1);
+        }
         stats.resolved.send_modify(|v| *v += 1);
         tokio::time::sleep(delay).await;
     }
