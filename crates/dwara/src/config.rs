@@ -54,6 +54,13 @@ pub(crate) struct UpstreamConfig {
     pub(crate) consul: Option<ConsulConfig>,
     #[serde(default)]
     pub(crate) kubernetes: Option<EndpointSliceConfig>,
+    /// Timeout of one connection attempt to an endpoint, in milliseconds.
+    #[serde(default = "default_connect_timeout_ms")]
+    pub(crate) connect_timeout_ms: u64,
+}
+
+fn default_connect_timeout_ms() -> u64 {
+    2000
 }
 
 impl Config {
@@ -88,6 +95,12 @@ impl Config {
             }
             if up.listen.port() == 0 {
                 bail!("{at}.listen: port 0 is not a fixed listen address");
+            }
+            if up.connect_timeout_ms == 0 || up.connect_timeout_ms > 600_000 {
+                bail!(
+                    "{at}.connect_timeout_ms: must be 1..=600000, got {}",
+                    up.connect_timeout_ms
+                );
             }
             if !listens.insert(up.listen) {
                 bail!("{at}.listen: {} is used by another upstream", up.listen);

@@ -7,8 +7,10 @@
 #![allow(clippy::print_stdout)]
 
 mod config;
+mod dataplane;
 mod dns_cmd;
 mod nameserver;
+mod proxy;
 mod serve;
 mod signals;
 mod watch;

@@ -4,4 +4,5 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 mod nameserver;
+mod serve;
 mod watch;

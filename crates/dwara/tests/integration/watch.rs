@@ -47,6 +47,12 @@ impl Watch {
             .await
             .expect("no line printed in time")
             .expect("watch exited");
+        // Each line reports the resolution that made the change.
+        let decision = v["decision"].as_str().unwrap_or_default();
+        assert!(
+            decision == "published" || decision == "cleared",
+            "line does not describe its change: {v}"
+        );
         v["endpoints"]
             .as_array()
             .expect("endpoints array")

@@ -1,0 +1,512 @@
+//! `dwara serve` with upstreams: real processes, real DNS (dnsmasq and the
+//! in-process test server), TCP echo backends on 127.0.0.x.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use test_support::dns_server::TestDnsServer;
+use test_support::dnsmasq::{Dnsmasq, DnsmasqOptions, signal};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::process::{Child, Command};
+
+const WAIT: Duration = Duration::from_secs(20);
+
+/// TCP echo servers on 127.0.0.2.. sharing one port; each greets with its IP.
+struct Backends {
+    port: u16,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Backends {
+    async fn start(ips: &[&str]) -> Self {
+        'retry: loop {
+            let first = TcpListener::bind((ips[0].parse::<IpAddr>().unwrap(), 0))
+                .await
+                .unwrap();
+            let port = first.local_addr().unwrap().port();
+            let mut listeners = vec![first];
+            for ip in &ips[1..] {
+                match TcpListener::bind((ip.parse::<IpAddr>().unwrap(), port)).await {
+                    Ok(l) => listeners.push(l),
+                    Err(_) => continue 'retry,
+                }
+            }
+            let tasks = listeners
+                .into_iter()
+                .map(|l| tokio::spawn(echo(l)))
+                .collect();
+            return Self { port, tasks };
+        }
+    }
+}
+
+impl Drop for Backends {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+async fn echo(listener: TcpListener) {
+    let me = listener.local_addr().unwrap().ip().to_string();
+    loop {
+        let Ok((mut sock, _)) = listener.accept().await else {
+            return;
+        };
+        let me = me.clone();
+        tokio::spawn(async move {
+            if sock.write_all(format!("{me}\n").as_bytes()).await.is_err() {
+                return;
+            }
+            let mut buf = [0u8; 1024];
+            loop {
+                match sock.read(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => {
+                        if sock.write_all(&buf[..n]).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+            }
+        });
+    }
+}
+
+/// A client connection through the proxy: the greeting names the backend.
+struct Conn {
+    reader: BufReader<TcpStream>,
+    backend: String,
+}
+
+impl Conn {
+    /// Connects through `proxy`; `None` when the proxy closed the connection without
+    /// a backend (no endpoints).
+    async fn open(proxy: SocketAddr) -> Option<Self> {
+        let stream = TcpStream::connect(proxy).await.ok()?;
+        let mut reader = BufReader::new(stream);
+        let mut line = String::new();
+        let n = tokio::time::timeout(WAIT, reader.read_line(&mut line))
+            .await
+            .ok()?
+            .ok()?;
+        (n > 0).then(|| Self {
+            reader,
+            backend: line.trim().to_owned(),
+        })
+    }
+
+    async fn echo(&mut self, msg: &str) -> String {
+        self.reader
+            .get_mut()
+            .write_all(msg.as_bytes())
+            .await
+            .unwrap();
+        let mut buf = vec![0u8; msg.len()];
+        tokio::time::timeout(WAIT, self.reader.read_exact(&mut buf))
+            .await
+            .expect("echo timed out")
+            .expect("echo failed");
+        String::from_utf8(buf).unwrap()
+    }
+}
+
+async fn backends_seen(proxy: SocketAddr, n: usize) -> Vec<String> {
+    let mut seen = Vec::new();
+    for _ in 0..n {
+        if let Some(c) = Conn::open(proxy).await {
+            seen.push(c.backend);
+        }
+    }
+    seen.sort();
+    seen.dedup();
+    seen
+}
+
+/// Minimal HTTP/1.1 client: (status, body).
+async fn http(addr: SocketAddr, method: &str, path: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(
+        format!(
+            "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        )
+        .as_bytes(),
+    )
+    .await
+    .unwrap();
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).await.unwrap();
+    let status = resp
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = resp
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    (status, body)
+}
+
+struct Serve {
+    child: Child,
+    http: SocketAddr,
+    config: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Serve {
+    fn spawn(config_yaml: &str) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("dwara.yaml");
+        std::fs::write(&config, config_yaml).unwrap();
+        let http = test_support::free_addr();
+        let child = Command::new(env!("CARGO_BIN_EXE_dwara"))
+            .args([
+                "serve",
+                "--config",
+                config.to_str().unwrap(),
+                "--http-listen",
+                &http.to_string(),
+                "--drain-timeout",
+                "5",
+            ])
+            .env("DWARA_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        Self {
+            child,
+            http,
+            config,
+            _dir: dir,
+        }
+    }
+
+    async fn status(&self) -> serde_json::Value {
+        let (code, body) = http(self.http, "GET", "/upstreams").await;
+        assert_eq!(code, 200, "{body}");
+        serde_json::from_str(&body).unwrap()
+    }
+
+    /// Endpoints of upstream 0, once the HTTP API answers.
+    async fn endpoints(&self) -> Vec<String> {
+        let v = self.status().await;
+        v["upstreams"][0]["endpoints"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .map(|e| e["addr"].as_str().unwrap().to_owned())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    async fn wait_endpoints(&self, want: &[String]) {
+        let ok = test_support::wait_until(WAIT, || async {
+            TcpStream::connect(self.http).await.is_ok() && self.endpoints().await == want
+        })
+        .await;
+        assert!(
+            ok,
+            "endpoints stayed {:?}, wanted {want:?}",
+            self.endpoints().await
+        );
+    }
+
+    fn signal(&self, name: &str) {
+        signal(self.child.id().unwrap(), name).unwrap();
+    }
+
+    fn rewrite(&self, yaml: &str) {
+        std::fs::write(&self.config, yaml).unwrap();
+    }
+}
+
+fn config(listen: SocketAddr, host: &str, port: u16, ns: SocketAddr, fail_open: bool) -> String {
+    format!(
+        "upstreams:
+  - name: api
+    listen: {listen}
+    policy: round_robin
+    connect_timeout_ms: 500
+    dns_discovery:
+      hostname: {host}
+      port: {port}
+      refresh_interval_s: 1
+      fail_open: {fail_open}
+      nameservers: [{ns}]
+"
+    )
+}
+
+fn eps(port: u16, ips: &[&str]) -> Vec<String> {
+    ips.iter().map(|ip| format!("{ip}:{port}")).collect()
+}
+
+#[tokio::test]
+async fn traffic_follows_dns_adds_and_removals_and_old_connections_survive() {
+    let backends = Backends::start(&["127.0.0.2", "127.0.0.3", "127.0.0.4"]).await;
+    let mut dnsmasq = Dnsmasq::start(DnsmasqOptions {
+        hosts: "127.0.0.2 api.test\n127.0.0.3 api.test\n".into(),
+        local_ttl: Some(1),
+        extra_args: vec![],
+    })
+    .unwrap();
+    let proxy = test_support::free_addr();
+    let serve = Serve::spawn(&config(
+        proxy,
+        "api.test",
+        backends.port,
+        dnsmasq.addr(),
+        true,
+    ));
+    serve
+        .wait_endpoints(&eps(backends.port, &["127.0.0.2", "127.0.0.3"]))
+        .await;
+
+    // Spread over both.
+    assert_eq!(
+        backends_seen(proxy, 10).await,
+        vec!["127.0.0.2", "127.0.0.3"]
+    );
+
+    // Scale up: a new backend gets connections without a restart.
+    dnsmasq
+        .set_hosts("127.0.0.2 api.test\n127.0.0.3 api.test\n127.0.0.4 api.test\n")
+        .unwrap();
+    serve
+        .wait_endpoints(&eps(
+            backends.port,
+            &["127.0.0.2", "127.0.0.3", "127.0.0.4"],
+        ))
+        .await;
+    assert_eq!(
+        backends_seen(proxy, 12).await,
+        vec!["127.0.0.2", "127.0.0.3", "127.0.0.4"]
+    );
+
+    // Scale down with a long-lived connection to the leaving backend.
+    let mut long = loop {
+        let c = Conn::open(proxy).await.unwrap();
+        if c.backend == "127.0.0.2" {
+            break c;
+        }
+    };
+    dnsmasq
+        .set_hosts("127.0.0.3 api.test\n127.0.0.4 api.test\n")
+        .unwrap();
+    serve
+        .wait_endpoints(&eps(backends.port, &["127.0.0.3", "127.0.0.4"]))
+        .await;
+    assert_eq!(
+        backends_seen(proxy, 12).await,
+        vec!["127.0.0.3", "127.0.0.4"]
+    );
+    assert_eq!(long.echo("still here").await, "still here");
+    let status = serve.status().await;
+    assert_eq!(status["upstreams"][0]["draining"], 1, "{status}");
+
+    // Metrics saw it all.
+    let (code, metrics) = http(serve.http, "GET", "/metrics").await;
+    assert_eq!(code, 200);
+    assert!(
+        metrics.contains("dwara_upstream_connections_total{upstream=\"api\"}"),
+        "{metrics}"
+    );
+    assert!(metrics.contains(&format!(
+        "dwara_upstream_picks_total{{upstream=\"api\",endpoint=\"127.0.0.4:{}\"}}",
+        backends.port
+    )));
+    drop(long);
+}
+
+#[tokio::test]
+async fn fail_closed_refuses_while_dns_is_down_and_recovers() {
+    let backends = Backends::start(&["127.0.0.2"]).await;
+    let mut dnsmasq = Dnsmasq::start(DnsmasqOptions {
+        hosts: "127.0.0.2 api.test\n".into(),
+        local_ttl: Some(1),
+        extra_args: vec![],
+    })
+    .unwrap();
+    let proxy = test_support::free_addr();
+    let serve = Serve::spawn(&config(
+        proxy,
+        "api.test",
+        backends.port,
+        dnsmasq.addr(),
+        false,
+    ));
+    serve
+        .wait_endpoints(&eps(backends.port, &["127.0.0.2"]))
+        .await;
+    assert!(Conn::open(proxy).await.is_some());
+
+    dnsmasq.stop().unwrap();
+    serve.wait_endpoints(&[]).await;
+    assert!(
+        Conn::open(proxy).await.is_none(),
+        "a connection got through with no endpoints"
+    );
+    let status = serve.status().await;
+    assert!(
+        status["upstreams"][0]["connections"]["no_endpoints"]
+            .as_u64()
+            .unwrap()
+            >= 1
+    );
+    assert_eq!(
+        status["upstreams"][0]["resolutions"]["cleared"], 1,
+        "{status}"
+    );
+    assert!(
+        status["upstreams"][0]["last_resolution"]["error"].is_string(),
+        "{status}"
+    );
+
+    dnsmasq.restart().unwrap();
+    serve
+        .wait_endpoints(&eps(backends.port, &["127.0.0.2"]))
+        .await;
+    assert_eq!(Conn::open(proxy).await.unwrap().backend, "127.0.0.2");
+}
+
+#[tokio::test]
+async fn sighup_moves_traffic_to_a_new_name_and_a_broken_file_changes_nothing() {
+    let backends = Backends::start(&["127.0.0.2", "127.0.0.3"]).await;
+    let dns = TestDnsServer::start().await.unwrap();
+    dns.set_a("old.test.", &["127.0.0.2".parse().unwrap()], 1);
+    dns.set_a("new.test.", &["127.0.0.3".parse().unwrap()], 1);
+    let proxy = test_support::free_addr();
+    let serve = Serve::spawn(&config(proxy, "old.test", backends.port, dns.addr(), true));
+    serve
+        .wait_endpoints(&eps(backends.port, &["127.0.0.2"]))
+        .await;
+    let mut long = Conn::open(proxy).await.unwrap();
+    assert_eq!(long.backend, "127.0.0.2");
+    assert_eq!(serve.status().await["generation"], 1);
+
+    serve.rewrite(&config(proxy, "new.test", backends.port, dns.addr(), true));
+    serve.signal("HUP");
+    serve
+        .wait_endpoints(&eps(backends.port, &["127.0.0.3"]))
+        .await;
+    assert_eq!(serve.status().await["generation"], 2);
+    assert_eq!(backends_seen(proxy, 6).await, vec!["127.0.0.3"]);
+    // The listener kept its socket and the old connection was not cut.
+    assert_eq!(long.echo("across a reload").await, "across a reload");
+    // The old name is not asked again.
+    let old = dns.query_count_for("old.test.");
+    let new = dns.query_count_for("new.test.");
+    assert!(
+        test_support::wait_until(WAIT, || async {
+            dns.query_count_for("new.test.") >= new + 2
+        })
+        .await
+    );
+    assert_eq!(dns.query_count_for("old.test."), old);
+
+    // A broken file: rejected, nothing changes, the process keeps serving.
+    serve.rewrite("upstreams:\n  - name: api\n    listen: [oops\n");
+    serve.signal("HUP");
+    let (code, body) = http(serve.http, "POST", "/reload").await;
+    assert_eq!(code, 400, "{body}");
+    assert!(body.contains("config file"), "{body}");
+    assert_eq!(serve.status().await["generation"], 2);
+    assert_eq!(backends_seen(proxy, 4).await, vec!["127.0.0.3"]);
+
+    // A good file through POST /reload.
+    serve.rewrite(&config(proxy, "old.test", backends.port, dns.addr(), true));
+    let (code, body) = http(serve.http, "POST", "/reload").await;
+    assert_eq!(code, 200, "{body}");
+    serve
+        .wait_endpoints(&eps(backends.port, &["127.0.0.2"]))
+        .await;
+    assert_eq!(serve.status().await["generation"], 3);
+}
+
+#[tokio::test]
+async fn sigterm_stops_accepting_and_drains_open_connections() {
+    let backends = Backends::start(&["127.0.0.2"]).await;
+    let dns = TestDnsServer::start().await.unwrap();
+    dns.set_a("api.test.", &["127.0.0.2".parse().unwrap()], 1);
+    let proxy = test_support::free_addr();
+    let mut serve = Serve::spawn(&config(proxy, "api.test", backends.port, dns.addr(), true));
+    serve
+        .wait_endpoints(&eps(backends.port, &["127.0.0.2"]))
+        .await;
+    let mut open = Conn::open(proxy).await.unwrap();
+
+    serve.signal("TERM");
+    // The listener closes at once...
+    assert!(
+        test_support::wait_until(WAIT, || async { TcpStream::connect(proxy).await.is_err() }).await,
+        "still accepting after SIGTERM"
+    );
+    // ...while the open connection still works during the drain.
+    assert_eq!(open.echo("draining").await, "draining");
+    drop(open);
+    let status = tokio::time::timeout(WAIT, serve.child.wait())
+        .await
+        .expect("no exit")
+        .unwrap();
+    assert!(status.success(), "{status}");
+}
+
+#[tokio::test]
+async fn one_file_runs_both_halves_on_one_http_listener() {
+    let backends = Backends::start(&["127.0.0.2"]).await;
+    let dns_listen = test_support::free_addr();
+    let proxy = test_support::free_addr();
+    // The upstream follows a name the name server itself answers.
+    let yaml = format!(
+        "nameserver:
+  domain: corp.local
+  dns_listen: {dns_listen}
+  ttl: 1
+  fallback: [127.0.0.1:9]
+upstreams:
+  - name: web
+    listen: {proxy}
+    dns_discovery:
+      hostname: web.corp.local
+      port: {port}
+      refresh_interval_s: 1
+      nameservers: [{dns_listen}]
+",
+        port = backends.port
+    );
+    let serve = Serve::spawn(&yaml);
+    assert!(
+        test_support::wait_until(WAIT, || async {
+            TcpStream::connect(serve.http).await.is_ok()
+        })
+        .await
+    );
+    // Register through the name server's API on the same listener as /upstreams.
+    let (code, body) = http(serve.http, "PUT", "/name/c1/127.0.0.2?fqdn=web.corp.local").await;
+    assert_eq!(code, 204, "{body}");
+    serve
+        .wait_endpoints(&eps(backends.port, &["127.0.0.2"]))
+        .await;
+    assert_eq!(Conn::open(proxy).await.unwrap().backend, "127.0.0.2");
+
+    let answer = test_support::dig::Dig::new(dns_listen)
+        .query("web.corp.local", "A")
+        .unwrap();
+    assert_eq!(answer.data("A"), vec!["127.0.0.2"]);
+    let (_, metrics) = http(serve.http, "GET", "/metrics").await;
+    assert!(metrics.contains("dwara_dns_queries_total"), "{metrics}");
+    assert!(
+        metrics.contains("dwara_upstream_connections_total{upstream=\"web\"} 1"),
+        "{metrics}"
+    );
+}
