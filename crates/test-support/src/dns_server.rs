@@ -222,8 +222,8 @@ struct Handler {
 
 impl Handler {
     fn soa(&self, zone: &Name) -> Record {
-        let minimum = u32::try_from(self.state.negative_ttl.load(Ordering::Relaxed))
-            .unwrap_or(u32::MAX);
+        let minimum =
+            u32::try_from(self.state.negative_ttl.load(Ordering::Relaxed)).unwrap_or(u32::MAX);
         let mname = Name::from_ascii("ns.test.").expect("static name");
         let rname = Name::from_ascii("hostmaster.test.").expect("static name");
         Record::from_rdata(
