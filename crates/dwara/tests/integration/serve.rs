@@ -510,3 +510,38 @@ upstreams:
         "{metrics}"
     );
 }
+
+#[tokio::test]
+async fn a_removed_upstream_stops_accepting_but_keeps_its_connections() {
+    let backends = Backends::start(&["127.0.0.2"]).await;
+    let dns = TestDnsServer::start().await.unwrap();
+    dns.set_a("api.test.", &["127.0.0.2".parse().unwrap()], 1);
+    let (keep, gone) = (test_support::free_addr(), test_support::free_addr());
+    let two = format!(
+        "{}{}",
+        config(keep, "api.test", backends.port, dns.addr(), true),
+        config(gone, "api.test", backends.port, dns.addr(), true)
+            .replace("upstreams:\n", "")
+            .replace("- name: api", "- name: other")
+    );
+    let serve = Serve::spawn(&two);
+    serve
+        .wait_endpoints(&eps(backends.port, &["127.0.0.2"]))
+        .await;
+    assert!(test_support::wait_until(WAIT, || async { Conn::open(gone).await.is_some() }).await);
+    let mut open = Conn::open(gone).await.unwrap();
+
+    serve.rewrite(&config(keep, "api.test", backends.port, dns.addr(), true));
+    let (code, body) = http(serve.http, "POST", "/reload").await;
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(
+        serve.status().await["upstreams"].as_array().unwrap().len(),
+        1
+    );
+    assert!(
+        TcpStream::connect(gone).await.is_err(),
+        "removed upstream still accepts"
+    );
+    assert!(Conn::open(keep).await.is_some());
+    assert_eq!(open.echo("still open").await, "still open");
+}
