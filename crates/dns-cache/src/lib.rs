@@ -20,7 +20,8 @@
 //!   trailing dot). [`CacheStats`] counts hits, misses, coalesced waiters, stale
 //!   answers, refreshes, evictions.
 //! - With the `hyper-util` feature (default), [`HyperResolver`] plugs the cache into
-//!   hyper-util's `HttpConnector`.
+//!   hyper-util's `HttpConnector`; with `reqwest`, `ReqwestResolver` is a
+//!   `reqwest::dns::Resolve` (see `examples/`).
 //!
 //! The [`DnsResolver`] underneath runs with hickory's cache off, so nothing is cached
 //! twice.
@@ -53,6 +54,8 @@ mod front;
 #[cfg(feature = "hyper-util")]
 mod hyper_resolver;
 mod name;
+#[cfg(feature = "reqwest")]
+mod reqwest_resolver;
 mod stats;
 
 use std::net::{IpAddr, SocketAddr};
@@ -71,6 +74,8 @@ pub use config::{DnsCacheConfig, LookupFamily};
 pub use error::DnsCacheError;
 #[cfg(feature = "hyper-util")]
 pub use hyper_resolver::HyperResolver;
+#[cfg(feature = "reqwest")]
+pub use reqwest_resolver::ReqwestResolver;
 pub use stats::CacheStats;
 
 use entry::{Answer, Entry};

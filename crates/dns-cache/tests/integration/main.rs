@@ -7,6 +7,8 @@
 
 #[cfg(feature = "hyper-util")]
 mod hyper_adapter;
+#[cfg(feature = "reqwest")]
+mod reqwest_adapter;
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
