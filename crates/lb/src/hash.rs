@@ -8,7 +8,7 @@
 //! measured 1.6× the ideal remapping at N = 100 and 7× at N = 1,000 (its table
 //! population shuffles slots between the stayers), and bringing that near 1/N takes
 //! a table of millions of entries. The usual cost of a ring, a binary search, is
-//! avoided with a bucket index over the top bits of the hash (about two points per
+//! avoided with a bucket index over the top bits of the hash (4–8 points per
 //! bucket) and entries that pack the point and its owner into one `u64`, so a lookup
 //! is one index read plus a short scan within a cache line: O(1), like Maglev. The
 //! price is balance: with 160 points per endpoint the shares vary by a few percent
@@ -101,7 +101,7 @@ const OWNER_MASK: u64 = (1 << OWNER_BITS) - 1;
 pub(crate) struct Ring {
     /// Sorted entries: point hash in the high 40 bits, owner index in the low 24.
     entries: Box<[u64]>,
-    /// `index[b]`: the first entry whose top bits are `>= b` (about 2 entries per
+    /// `index[b]`: the first entry whose top bits are `>= b` (4–8 entries per
     /// bucket).
     index: Box<[u32]>,
     shift: u32,
@@ -145,8 +145,9 @@ impl Ring {
             }
         }
         entries.sort_unstable();
-        // about two entries per bucket: the scan stays within a cache line
-        let bits = (usize::BITS - 1 - entries.len().max(4).leading_zeros()).saturating_sub(1);
+        // 4–8 entries per bucket: a scan of a cache line or so is cheaper than the
+        // cache misses a bigger index costs once the ring outgrows the caches
+        let bits = (usize::BITS - 1 - entries.len().max(16).leading_zeros()).saturating_sub(3);
         let shift = 64 - bits;
         let mut index = Vec::with_capacity((1usize << bits) + 1);
         let mut p = 0usize;
@@ -168,17 +169,24 @@ impl Ring {
     #[inline]
     pub(crate) fn point(&self, hash: u64) -> usize {
         let h = hash & !OWNER_MASK;
-        let mut i = self.index[(hash >> self.shift) as usize] as usize;
-        while i < self.entries.len() && self.entries[i] < h {
-            i += 1;
-        }
+        let b = (hash >> self.shift) as usize;
+        let (lo, hi) = (self.index[b] as usize, self.index[b + 1] as usize);
+        // within the bucket (branch-free binary search); the entry after the bucket,
+        // if any, is in a later bucket and so `>= h`
+        let i = lo + self.entries[lo..hi].partition_point(|&e| e < h);
         if i == self.entries.len() { 0 } else { i }
     }
 
     /// The owner of the entry `offset` entries after `point` (wrapping).
     #[inline]
     pub(crate) fn owner(&self, point: usize, offset: usize) -> usize {
-        (self.entries[(point + offset) % self.entries.len()] & OWNER_MASK) as usize
+        let len = self.entries.len();
+        let i = if offset == 0 {
+            point
+        } else {
+            (point + offset) % len
+        };
+        (self.entries[i] & OWNER_MASK) as usize
     }
 }
 

@@ -110,6 +110,26 @@ impl Default for EjectionConfig {
 pub(crate) struct Shared {
     pub(crate) ejection: Option<EjectionConfig>,
     pub(crate) clock: Arc<dyn Clock>,
+    /// Endpoint states with an ejection pending (never less than the true number):
+    /// while it is zero a pick skips the per-endpoint check and never touches the
+    /// state's second cache line.
+    pub(crate) ejected: AtomicUsize,
+}
+
+impl Shared {
+    pub(crate) fn new(ejection: Option<EjectionConfig>, clock: Arc<dyn Clock>) -> Self {
+        Self {
+            ejection,
+            clock,
+            ejected: AtomicUsize::new(0),
+        }
+    }
+
+    /// Whether any endpoint may be ejected.
+    #[inline]
+    pub(crate) fn any_ejected(&self) -> bool {
+        self.ejected.load(Ordering::Acquire) != 0
+    }
 }
 
 /// Per-address state: outlives set updates while the address stays in the set, and
@@ -167,7 +187,7 @@ impl EndpointState {
     /// ejection is pending, so the common case is one relaxed load.
     #[inline]
     pub(crate) fn is_ejected(&self) -> bool {
-        let until = self.ejected_until.load(Ordering::Relaxed);
+        let until = self.ejected_until.load(Ordering::Acquire);
         until != 0 && self.ejected_slow(until)
     }
 
@@ -177,9 +197,13 @@ impl EndpointState {
             return true;
         }
         // cool-down over: back in rotation (a racing new ejection wins)
-        let _ = self
+        if self
             .ejected_until
-            .compare_exchange(until, 0, Ordering::Relaxed, Ordering::Relaxed);
+            .compare_exchange(until, 0, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+        {
+            self.shared.ejected.fetch_sub(1, Ordering::AcqRel);
+        }
         false
     }
 
@@ -191,14 +215,22 @@ impl EndpointState {
             .saturating_add(duration_nanos(cool_down))
             .max(1);
         self.failures.store(0, Ordering::Relaxed);
-        self.ejected_until.store(until, Ordering::Relaxed);
+        // count first, so the count never reads lower than the truth
+        self.shared.ejected.fetch_add(1, Ordering::AcqRel);
+        if self.ejected_until.swap(until, Ordering::AcqRel) != 0 {
+            self.shared.ejected.fetch_sub(1, Ordering::AcqRel);
+        }
         tracing::warn!(endpoint = %self.addr, cool_down_ms = cool_down.as_millis() as u64, "endpoint ejected");
         true
     }
 
     pub(crate) fn uneject(&self) -> bool {
         self.failures.store(0, Ordering::Relaxed);
-        self.ejected_until.swap(0, Ordering::Relaxed) != 0
+        let was = self.ejected_until.swap(0, Ordering::AcqRel) != 0;
+        if was {
+            self.shared.ejected.fetch_sub(1, Ordering::AcqRel);
+        }
+        was
     }
 
     pub(crate) fn consecutive_failures(&self) -> u32 {
@@ -224,6 +256,14 @@ impl EndpointState {
                     self.eject_for(cfg.cool_down);
                 }
             }
+        }
+    }
+}
+
+impl Drop for EndpointState {
+    fn drop(&mut self) {
+        if *self.ejected_until.get_mut() != 0 {
+            self.shared.ejected.fetch_sub(1, Ordering::AcqRel);
         }
     }
 }

@@ -103,12 +103,11 @@ impl UpstreamLbBuilder {
 
     /// The load balancer.
     pub fn build(self) -> UpstreamLb {
-        let shared = Arc::new(Shared {
-            ejection: self.ejection,
-            clock: self
-                .clock
+        let shared = Arc::new(Shared::new(
+            self.ejection,
+            self.clock
                 .unwrap_or_else(|| Arc::new(MonotonicClock::new())),
-        });
+        ));
         let empty = Snapshot {
             set: EndpointSet::empty(),
             states: Box::new([]),
@@ -240,9 +239,11 @@ impl UpstreamLb {
         if eps.is_empty() {
             return Err(NoEndpoints);
         }
-        let in_flight = |i: usize| snap.states[i].in_flight(0);
+        // P2C compares raw reference counts: every current endpoint carries the same
+        // snapshot references except for an instant during an update
+        let in_flight = |i: usize| Arc::strong_count(&snap.states[i]);
         let i = snap.picker.pick(eps, in_flight, &self.ticket, key, 0);
-        let i = if snap.states[i].is_ejected() {
+        let i = if self.shared.any_ejected() && snap.states[i].is_ejected() {
             self.avoid_ejected(&snap, key, i)
         } else {
             i

@@ -488,3 +488,26 @@ fn lb_and_guard_are_send_sync_static() {
     assert_send_sync::<UpstreamLb>();
     assert_send_sync::<PickGuard>();
 }
+
+#[test]
+fn ejection_count_returns_to_zero() {
+    let (lb, clock) = ejecting_lb(Policy::RoundRobin, uniform(3));
+    let count = || lb.shared.ejected.load(Ordering::SeqCst);
+    assert!(lb.eject(addr(0), Duration::from_secs(1)));
+    assert!(
+        lb.eject(addr(0), Duration::from_secs(1)),
+        "re-ejecting extends"
+    );
+    assert_eq!(count(), 1);
+    assert!(lb.uneject(addr(0)));
+    assert_eq!(count(), 0);
+    // expiry, seen by a pick
+    lb.eject(addr(1), Duration::from_secs(1));
+    clock.advance(Duration::from_secs(2));
+    let _ = histogram(&lb, 3);
+    assert_eq!(count(), 0);
+    // an ejected endpoint that leaves the set and has no guards
+    lb.eject(addr(2), Duration::from_secs(1));
+    lb.update(uniform(2));
+    assert_eq!(count(), 0);
+}
