@@ -91,10 +91,10 @@ mod tests {
 
     #[test]
     fn parses_nameserver_lines() {
-        let text = "# comment\nsearch example\nnameserver 10.0.0.1\nnameserver ::1 # v6\n\
+        let text = "# comment\nsearch example\nnameserver 127.0.0.53\nnameserver ::1 # v6\n\
                     nameserver 127.0.0.1:5353\nnameserver [::1]:5354\nnameserver bogus\noptions ndots:2\n";
         let got = parse_resolv_conf(text);
-        let want: Vec<SocketAddr> = ["10.0.0.1:53", "[::1]:53", "127.0.0.1:5353", "[::1]:5354"]
+        let want: Vec<SocketAddr> = ["127.0.0.53:53", "[::1]:53", "127.0.0.1:5353", "[::1]:5354"]
             .iter()
             .map(|s| s.parse().unwrap())
             .collect();
@@ -109,7 +109,7 @@ mod tests {
         let any: SocketAddr = "0.0.0.0:53".parse().unwrap();
         assert!(is_own_address("127.0.0.1:53".parse().unwrap(), any));
         assert!(!is_own_address(
-            "10.0.0.1:53".parse().unwrap(),
+            "127.0.0.2:53".parse().unwrap(),
             "127.0.0.1:53".parse().unwrap()
         ));
     }
