@@ -30,8 +30,8 @@ pub(crate) enum Picker {
     SmoothWeighted(Box<[u32]>),
     /// Uniform random (equal weights).
     Random,
-    /// Weighted random: running weight sums, binary-searched.
-    WeightedRandom(Box<[u64]>),
+    /// Weighted random: Walker/Vose alias table, O(1) per pick.
+    WeightedRandom(AliasTable),
     /// Power of two choices; `true` when weights differ.
     P2c(bool),
     /// RFC 2782 priority groups, lowest priority first.
@@ -130,6 +130,62 @@ fn srv_groups(eps: &[Endpoint]) -> Box<[SrvGroup]> {
         .collect()
 }
 
+/// One column of an alias table: keep `own` with probability `keep / total`, else
+/// take `alias`.
+#[derive(Debug, Clone, Copy)]
+struct AliasColumn {
+    keep: u64,
+    alias: u32,
+}
+
+/// Walker's alias method (Vose's construction, in exact integer arithmetic): a
+/// weighted pick is one uniform column and one biased coin, whatever the weights.
+#[derive(Debug)]
+pub(crate) struct AliasTable {
+    columns: Box<[AliasColumn]>,
+    total: u64,
+}
+
+impl AliasTable {
+    fn build(eps: &[Endpoint]) -> Self {
+        let n = eps.len() as u64;
+        let total: u64 = eps.iter().map(weight).sum();
+        // column i holds mass w_i·n out of `total` per column
+        let mut mass: Vec<u64> = eps.iter().map(|e| weight(e) * n).collect();
+        let mut columns: Vec<AliasColumn> = (0..eps.len() as u32)
+            .map(|i| AliasColumn {
+                keep: total,
+                alias: i,
+            })
+            .collect();
+        let (mut small, mut large): (Vec<usize>, Vec<usize>) =
+            (0..eps.len()).partition(|&i| mass[i] < total);
+        while let (Some(s), Some(&l)) = (small.pop(), large.last()) {
+            columns[s] = AliasColumn {
+                keep: mass[s],
+                alias: l as u32,
+            };
+            mass[l] -= total - mass[s];
+            if mass[l] < total {
+                large.pop();
+                small.push(l);
+            }
+        }
+        Self {
+            columns: columns.into(),
+            total,
+        }
+    }
+
+    #[inline]
+    fn pick(&self, x: u64) -> usize {
+        let i = below(x, self.columns.len());
+        let c = self.columns[i];
+        let r = below(x.rotate_left(32), self.total as usize) as u64;
+        if r < c.keep { i } else { c.alias as usize }
+    }
+}
+
 impl SrvGroup {
     /// RFC 2782 selection within the group: `R` uniform in `0..=total`, the first
     /// member whose running sum is `>= R`. `R = 0` goes to a uniformly chosen
@@ -165,7 +221,7 @@ impl Picker {
             Policy::RoundRobin if equal_weights(eps) => Picker::RoundRobin,
             Policy::RoundRobin => Picker::SmoothWeighted(smooth_sequence(&sequence_weights(eps))),
             Policy::Random if equal_weights(eps) => Picker::Random,
-            Policy::Random => Picker::WeightedRandom(running_sums(eps.iter().map(weight))),
+            Policy::Random => Picker::WeightedRandom(AliasTable::build(eps)),
             Policy::P2c => Picker::P2c(!equal_weights(eps)),
             Policy::Srv => Picker::Srv(srv_groups(eps)),
             Policy::ConsistentHash => Picker::Ring(Ring::build(eps)),
@@ -188,11 +244,7 @@ impl Picker {
             Picker::RoundRobin => ticket.next() % n,
             Picker::SmoothWeighted(seq) => seq[ticket.next() % seq.len()] as usize,
             Picker::Random => below(ticket.random(), n),
-            Picker::WeightedRandom(running) => {
-                let total = running[n - 1];
-                let r = below(ticket.random(), total as usize) as u64;
-                running.partition_point(|&s| s <= r)
-            }
+            Picker::WeightedRandom(table) => table.pick(ticket.random()),
             Picker::P2c(weighted) => {
                 if n == 1 {
                     return 0;
@@ -225,6 +277,21 @@ impl Picker {
             Picker::Srv(groups) => Some(groups),
             _ => None,
         }
+    }
+
+    /// The probability mass (in units of 1/(total·n)) each endpoint gets from the
+    /// alias table, for tests.
+    #[cfg(test)]
+    pub(crate) fn alias_mass(&self) -> Option<Vec<u64>> {
+        let Picker::WeightedRandom(t) = self else {
+            return None;
+        };
+        let mut mass = vec![0u64; t.columns.len()];
+        for (i, c) in t.columns.iter().enumerate() {
+            mass[i] += c.keep;
+            mass[c.alias as usize] += t.total - c.keep;
+        }
+        Some(mass)
     }
 
     /// Weighted pick within one SRV group.

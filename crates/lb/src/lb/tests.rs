@@ -4,6 +4,7 @@ use std::collections::HashMap;
 
 use super::*;
 use crate::ManualClock;
+use crate::picker::Picker;
 
 fn addr(i: usize) -> SocketAddr {
     SocketAddr::from(([10, 0, (i >> 8) as u8, i as u8], 8080))
@@ -510,4 +511,29 @@ fn ejection_count_returns_to_zero() {
     lb.eject(addr(2), Duration::from_secs(1));
     lb.update(uniform(2));
     assert_eq!(count(), 0);
+}
+
+#[test]
+fn alias_table_is_exact() {
+    for weights in [
+        vec![1u16, 3, 6],
+        vec![7, 1, 1, 1, 1, 1, 1, 1],
+        vec![65_535, 1, 2, 0],
+        vec![5],
+    ] {
+        let eps: Vec<Endpoint> = weights
+            .iter()
+            .enumerate()
+            .map(|(i, &w)| Endpoint::new(addr(i)).with_weight(w))
+            .collect();
+        let mass = Picker::build(Policy::Random, &eps).alias_mass();
+        let Some(mass) = mass else {
+            assert!(weights.len() == 1, "uniform sets use the plain picker");
+            continue;
+        };
+        let n = eps.len() as u64;
+        for (e, m) in eps.iter().zip(mass) {
+            assert_eq!(m, u64::from(e.weight.max(1)) * n, "{weights:?}");
+        }
+    }
 }
