@@ -1,183 +1,268 @@
-//! The precomputed answer table the DNS fast path reads.
+//! The tables the DNS fast path reads, which are also where the records live.
 //!
-//! For every registered name the table holds its A and AAAA resource records already
-//! in wire form (owner name as a compression pointer to the question, class IN, the
-//! configured TTL); for every registered address it holds the PTR records of its
-//! reverse name. Keys are lower-cased wire names, so a query is answered by one hash
-//! lookup on the lower-cased question name and a copy.
+//! - `names`: lower-cased wire name → that name's records ([`Rec`]), each flagged
+//!   `serve` when it is live, visible (its origin is not hidden) and the first such
+//!   record of its address under that name. An A/AAAA answer is the `serve` records of
+//!   the family written out as resource records whose owner is a compression pointer
+//!   to the question — so the owner echoes the query's case — then shuffled.
+//! - `v4` / `v6`: address → the names registered for it ([`PtrRef`]), flagged `serve`
+//!   when the name has a servable record of that address. A PTR query is answered by
+//!   parsing the reverse name into an address and writing those names out.
 //!
-//! The database rebuilds the entry of exactly the names and addresses a change touches,
-//! so a registration costs O(addresses of that name), never O(table). Readers take a
-//! shard's read lock for the duration of one lookup and copy; writers hold the write
-//! lock of one shard for one map insert.
+//! Names are shared (`Arc<[u8]>`) between the tables and the writer's id index, so a
+//! name is stored once. Readers take one shard's read lock for one lookup and copy;
+//! the writer (serialised by the database's mutex) takes one shard's write lock per
+//! change. Memory per record is what bounds a 100,000-name node (see
+//! `docs/PERFORMANCE.md`), hence boxed slices rather than vectors, and no second copy
+//! of the answers in wire form: writing 16 or 28 bytes per record at query time costs
+//! the same as copying them from a prebuilt buffer.
 
+use std::borrow::Borrow;
 use std::collections::HashMap;
-use std::hash::{BuildHasher, Hasher};
+use std::hash::{BuildHasher, Hash};
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use parking_lot::RwLock;
+
+/// A name in lower-cased wire form, shared.
+pub(crate) type NameRef = Arc<[u8]>;
 
 /// Size of one A record in wire form (pointer, type, class, TTL, length, address).
 pub(crate) const A_RR_LEN: usize = 16;
 /// Size of one AAAA record in wire form.
 pub(crate) const AAAA_RR_LEN: usize = 28;
 
+/// One record of a name (an entry of the database minus its name).
+#[derive(Debug, Clone)]
+pub(crate) struct Rec {
+    pub(crate) id: Arc<str>,
+    pub(crate) ip: IpAddr,
+    /// Index into the database's origin table.
+    pub(crate) origin: u32,
+    pub(crate) version: u64,
+    /// Seconds since the database was created, at the last change.
+    pub(crate) changed: u32,
+    pub(crate) tombstone: bool,
+    /// Live, visible, first of its address under this name: goes in answers.
+    pub(crate) serve: bool,
+}
+
+/// One name registered for an address.
+#[derive(Debug, Clone)]
+pub(crate) struct PtrRef {
+    pub(crate) name: NameRef,
+    /// The name has a servable record of this address: goes in PTR answers.
+    pub(crate) serve: bool,
+}
+
+type Hasher = foldhash::fast::FixedState;
+
 const SHARDS: usize = 16;
 
-/// The records served for one key.
+/// A hash map split into independently locked shards.
 #[derive(Debug)]
-pub(crate) enum Records {
-    /// A registered name: its A and AAAA records back to back.
-    Name {
-        /// `A_RR_LEN`-byte A records.
-        a: Box<[u8]>,
-        /// `AAAA_RR_LEN`-byte AAAA records.
-        aaaa: Box<[u8]>,
-    },
-    /// A registered address's reverse name: its PTR records back to back, with the
-    /// end offset of each (PTR records differ in size).
-    Ptr {
-        /// PTR records back to back.
-        rrs: Box<[u8]>,
-        /// End offset of each record in `rrs`.
-        ends: Box<[u16]>,
-    },
+pub(crate) struct Shards<K, V> {
+    shards: Box<[RwLock<HashMap<K, V, Hasher>>]>,
+    hasher: Hasher,
 }
 
-type Map = HashMap<Box<[u8]>, Records, foldhash::fast::FixedState>;
-
-/// The table: lower-cased wire name → records.
-#[derive(Debug)]
-pub(crate) struct Answers {
-    shards: Box<[RwLock<Map>]>,
-    ttl: u32,
-    shard_hasher: foldhash::fast::FixedState,
-}
-
-impl Answers {
-    /// An empty table whose records carry `ttl`.
-    pub(crate) fn new(ttl: u32) -> Self {
+impl<K: Hash + Eq, V> Shards<K, V> {
+    fn new() -> Self {
         Self {
             shards: (0..SHARDS)
-                .map(|_| {
-                    RwLock::new(Map::with_hasher(foldhash::fast::FixedState::with_seed(
-                        0x5eed,
-                    )))
-                })
+                .map(|_| RwLock::new(HashMap::with_hasher(Hasher::with_seed(0x5eed))))
                 .collect(),
-            ttl,
-            shard_hasher: foldhash::fast::FixedState::with_seed(0xd4a4),
+            hasher: Hasher::with_seed(0xd4a4),
         }
     }
 
-    fn shard(&self, key: &[u8]) -> &RwLock<Map> {
-        let mut h = self.shard_hasher.build_hasher();
-        h.write(key);
-        // SHARDS is a power of two; the cast keeps the low bits, which is all we use.
-        &self.shards[(h.finish() as usize) & (SHARDS - 1)]
+    fn shard<Q: Hash + ?Sized>(&self, key: &Q) -> &RwLock<HashMap<K, V, Hasher>> {
+        // SHARDS is a power of two; the cast keeps the low bits, all we use.
+        &self.shards[(self.hasher.hash_one(key) as usize) & (SHARDS - 1)]
     }
 
-    /// Runs `f` on the records of `key` (a lower-cased wire name) under a read lock.
+    /// Runs `f` on the value of `key` under the shard's read lock.
     #[inline]
-    pub(crate) fn with<R>(&self, key: &[u8], f: impl FnOnce(Option<&Records>) -> R) -> R {
+    pub(crate) fn read<Q, R>(&self, key: &Q, f: impl FnOnce(Option<&V>) -> R) -> R
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
         let shard = self.shard(key).read();
         f(shard.get(key))
     }
 
-    /// Sets the addresses of the name `wire`; an empty list removes the name.
-    pub(crate) fn set_name(&self, wire: &[u8], addrs: &[IpAddr]) {
-        if addrs.is_empty() {
-            self.shard(wire).write().remove(wire);
-            return;
-        }
-        let mut a = Vec::new();
-        let mut aaaa = Vec::new();
-        for addr in addrs {
-            match addr {
-                IpAddr::V4(v4) => {
-                    a.extend_from_slice(&rr_head(1, self.ttl, 4));
-                    a.extend_from_slice(&v4.octets());
-                }
-                IpAddr::V6(v6) => {
-                    aaaa.extend_from_slice(&rr_head(28, self.ttl, 16));
-                    aaaa.extend_from_slice(&v6.octets());
-                }
-            }
-        }
-        let records = Records::Name {
-            a: a.into_boxed_slice(),
-            aaaa: aaaa.into_boxed_slice(),
-        };
-        self.shard(wire).write().insert(wire.into(), records);
+    /// The stored key equal to `key` (to share its allocation).
+    pub(crate) fn key<Q>(&self, key: &Q) -> Option<K>
+    where
+        K: Borrow<Q> + Clone,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.shard(key)
+            .read()
+            .get_key_value(key)
+            .map(|(k, _)| k.clone())
     }
 
-    /// Sets the names (lower-cased wire forms) a reverse name `wire` points to; an
-    /// empty list removes it.
-    pub(crate) fn set_ptr(&self, wire: &[u8], names: &[&[u8]]) {
-        if names.is_empty() {
-            self.shard(wire).write().remove(wire);
-            return;
-        }
-        let mut rrs = Vec::new();
-        let mut ends = Vec::with_capacity(names.len());
-        for name in names {
-            // A name is at most 255 bytes, so the length fits in u16; and the whole
-            // record set of one address must fit a 64 KiB message to be served at all.
-            let Ok(rdlen) = u16::try_from(name.len()) else {
-                continue;
-            };
-            if rrs.len() + 12 + name.len() > 65_000 {
-                break;
-            }
-            rrs.extend_from_slice(&rr_head(12, self.ttl, rdlen));
-            rrs.extend_from_slice(name);
-            ends.push(rrs.len() as u16);
-        }
-        let records = Records::Ptr {
-            rrs: rrs.into_boxed_slice(),
-            ends: ends.into_boxed_slice(),
-        };
-        self.shard(wire).write().insert(wire.into(), records);
+    /// Runs `f` on the shard holding `key`, under its write lock.
+    pub(crate) fn write<Q, R>(&self, key: &Q, f: impl FnOnce(&mut HashMap<K, V, Hasher>) -> R) -> R
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        f(&mut self.shard(key).write())
     }
 
-    /// Number of keys (names plus reverse names).
+    /// Visits every entry, one shard (read-locked) at a time.
+    pub(crate) fn for_each(&self, mut f: impl FnMut(&K, &V)) {
+        for shard in self.shards.iter() {
+            for (k, v) in shard.read().iter() {
+                f(k, v);
+            }
+        }
+    }
+
+    /// Number of keys.
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.shards.iter().map(|s| s.read().len()).sum()
     }
 }
 
-/// The fixed part of a record whose owner is the question name (pointer to offset 12).
-fn rr_head(rtype: u16, ttl: u32, rdlen: u16) -> [u8; 12] {
+/// The records, as the DNS server reads them.
+#[derive(Debug)]
+pub(crate) struct Tables {
+    pub(crate) names: Shards<NameRef, Box<[Rec]>>,
+    pub(crate) v4: Shards<u32, Box<[PtrRef]>>,
+    pub(crate) v6: Shards<u128, Box<[PtrRef]>>,
+}
+
+impl Tables {
+    pub(crate) fn new() -> Self {
+        Self {
+            names: Shards::new(),
+            v4: Shards::new(),
+            v6: Shards::new(),
+        }
+    }
+
+    /// Runs `f` on the names registered for `ip` under a read lock.
+    #[inline]
+    pub(crate) fn read_addr<R>(&self, ip: IpAddr, f: impl FnOnce(Option<&[PtrRef]>) -> R) -> R {
+        match ip {
+            IpAddr::V4(v4) => self.v4.read(&u32::from(v4), |v| f(v.map(|b| &b[..]))),
+            IpAddr::V6(v6) => self.v6.read(&u128::from(v6), |v| f(v.map(|b| &b[..]))),
+        }
+    }
+
+    /// Replaces the names registered for `ip` (an empty list removes the address).
+    pub(crate) fn set_addr(&self, ip: IpAddr, refs: Vec<PtrRef>) {
+        fn put<K: Hash + Eq + Copy>(s: &Shards<K, Box<[PtrRef]>>, k: K, refs: Vec<PtrRef>) {
+            s.write(&k, |m| {
+                if refs.is_empty() {
+                    m.remove(&k);
+                } else {
+                    m.insert(k, refs.into_boxed_slice());
+                }
+            });
+        }
+        match ip {
+            IpAddr::V4(v4) => put(&self.v4, u32::from(v4), refs),
+            IpAddr::V6(v6) => put(&self.v6, u128::from(v6), refs),
+        }
+    }
+
+    /// The names registered for `ip` (a copy).
+    pub(crate) fn addr_refs(&self, ip: IpAddr) -> Vec<PtrRef> {
+        self.read_addr(ip, |r| r.map(<[PtrRef]>::to_vec).unwrap_or_default())
+    }
+}
+
+/// Writes the fixed part of a record whose owner is the question (pointer to 12).
+#[inline]
+pub(crate) fn write_rr_head(out: &mut [u8], rtype: u16, ttl: u32, rdlen: u16) {
     let t = rtype.to_be_bytes();
     let ttl = ttl.to_be_bytes();
     let l = rdlen.to_be_bytes();
-    [
+    out[..12].copy_from_slice(&[
         0xc0, 0x0c, t[0], t[1], 0, 1, ttl[0], ttl[1], ttl[2], ttl[3], l[0], l[1],
-    ]
+    ]);
+}
+
+/// Parses a lower-cased wire reverse name (`d.c.b.a.in-addr.arpa.`, 32 nibbles
+/// `.ip6.arpa.`) into its address; `None` for anything else (partial or
+/// non-canonical names are not ours).
+pub(crate) fn parse_reverse(wire: &[u8]) -> Option<IpAddr> {
+    const V4_SUFFIX: &[u8] = b"\x07in-addr\x04arpa\x00";
+    const V6_SUFFIX: &[u8] = b"\x03ip6\x04arpa\x00";
+    if let Some(head) = wire.strip_suffix(V4_SUFFIX) {
+        let mut octets = [0u8; 4];
+        let mut pos = 0;
+        for i in (0..4).rev() {
+            let len = usize::from(*head.get(pos)?);
+            let label = head.get(pos + 1..pos + 1 + len)?;
+            if len == 0
+                || len > 3
+                || (len > 1 && label[0] == b'0')
+                || !label.iter().all(u8::is_ascii_digit)
+            {
+                return None;
+            }
+            let v = label
+                .iter()
+                .fold(0u16, |acc, d| acc * 10 + u16::from(d - b'0'));
+            octets[i] = u8::try_from(v).ok()?;
+            pos += 1 + len;
+        }
+        return (pos == head.len()).then(|| IpAddr::from(octets));
+    }
+    let head = wire.strip_suffix(V6_SUFFIX)?;
+    if head.len() != 64 {
+        return None;
+    }
+    let mut v: u128 = 0;
+    for pair in head.chunks_exact(2).rev() {
+        if pair[0] != 1 {
+            return None;
+        }
+        let nibble = match pair[1] {
+            d @ b'0'..=b'9' => d - b'0',
+            h @ b'a'..=b'f' => h - b'a' + 10,
+            _ => return None,
+        };
+        v = (v << 4) | u128::from(nibble);
+    }
+    Some(IpAddr::from(v.to_be_bytes()))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::name::reverse_wire;
 
     #[test]
-    fn names_are_built_in_wire_form() {
-        let t = Answers::new(7);
-        let key = b"\x03foo\x05weave\x05local\x00";
-        t.set_name(key, &["10.0.0.1".parse().unwrap(), "::1".parse().unwrap()]);
-        t.with(key, |r| match r {
-            Some(Records::Name { a, aaaa }) => {
-                assert_eq!(
-                    &a[..],
-                    &[0xc0, 0x0c, 0, 1, 0, 1, 0, 0, 0, 7, 0, 4, 10, 0, 0, 1]
-                );
-                assert_eq!(aaaa.len(), AAAA_RR_LEN);
-            }
-            other => panic!("{other:?}"),
-        });
-        t.set_name(key, &[]);
-        assert!(t.with(key, |r| r.is_none()));
-        assert_eq!(t.len(), 0);
+    fn reverse_names_round_trip() {
+        for ip in [
+            "10.1.2.3",
+            "0.0.0.0",
+            "255.255.255.255",
+            "::1",
+            "2001:db8::ff00:42:8329",
+        ] {
+            let ip: IpAddr = ip.parse().unwrap();
+            assert_eq!(parse_reverse(&reverse_wire(ip)), Some(ip), "{ip}");
+        }
+        for bad in [
+            &b"\x013\x012\x0110\x07in-addr\x04arpa\x00"[..],
+            b"\x0201\x012\x011\x0110\x07in-addr\x04arpa\x00",
+            b"\x03256\x012\x011\x0110\x07in-addr\x04arpa\x00",
+            b"\x01a\x012\x011\x0110\x07in-addr\x04arpa\x00",
+            b"\x07in-addr\x04arpa\x00",
+            b"\x011\x03ip6\x04arpa\x00",
+            b"\x03foo\x00",
+        ] {
+            assert_eq!(parse_reverse(bad), None, "{bad:?}");
+        }
     }
 }

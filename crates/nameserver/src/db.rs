@@ -1,9 +1,10 @@
 //! The records database: who registered which address under which name.
 //!
 //! An [`Entry`] is (container id, address, fqdn, origin node, version, tombstone).
-//! The database indexes entries by id, by lower-cased name and by address, and keeps
-//! the DNS answer table (see `answers`) in step with every change, rebuilding only
-//! the names and addresses the change touches.
+//! Entries live in the tables the DNS server reads (see `answers`): by lower-cased
+//! wire name, with an address index for PTR and, on the writer's side, an id index.
+//! A change rewrites only the name and the addresses it touches: O(records of that
+//! name), never O(database), so 100,000 registrations stay linear.
 //!
 //! # Change API
 //!
@@ -22,8 +23,8 @@
 //!   that lags (`RecvError::Lagged`) must resynchronise from [`Db::entries`].
 //! - [`Db::generation`]: a counter bumped by every change.
 //!
-//! Writers are serialised by one mutex; DNS reads never take it (they read the answer
-//! table), so registrations and queries do not block each other beyond one shard lock.
+//! Writers are serialised by one mutex; DNS reads never take it (they read the sharded
+//! tables), so registrations and queries do not block each other beyond one shard lock.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -34,9 +35,11 @@ use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use tokio::sync::broadcast;
 
-use crate::answers::Answers;
+use hickory_proto::rr::Name;
+
+use crate::answers::{NameRef, PtrRef, Rec, Tables};
 use crate::error::Result;
-use crate::name::{Domain, parse_name, reverse_wire, wire_lower, wire_of_text};
+use crate::name::{Domain, parse_name, wire_lower};
 
 /// The default origin of entries made on this node when none is configured.
 pub const DEFAULT_ORIGIN: &str = "local";
@@ -101,139 +104,66 @@ pub struct Change {
     pub entry: Entry,
 }
 
-#[derive(Debug)]
-struct Slot {
-    id: Arc<str>,
-    ip: IpAddr,
-    fqdn: Arc<str>,
-    origin: Arc<str>,
-    version: u64,
-    tombstone: bool,
-    changed: Instant,
-}
-
-impl Slot {
-    fn to_entry(&self) -> Entry {
-        Entry {
-            id: self.id.to_string(),
-            ip: self.ip,
-            fqdn: self.fqdn.to_string(),
-            origin: self.origin.to_string(),
-            version: self.version,
-            tombstone: self.tombstone,
-        }
-    }
-}
-
+/// What the writer keeps beside the tables.
 #[derive(Debug, Default)]
-struct State {
-    slots: Vec<Option<Slot>>,
-    free: Vec<u32>,
-    by_id: HashMap<Arc<str>, Vec<u32>, foldhash::fast::RandomState>,
-    by_name: HashMap<Arc<str>, Vec<u32>, foldhash::fast::RandomState>,
-    by_addr: HashMap<IpAddr, Vec<u32>, foldhash::fast::RandomState>,
-    /// Interned origin names, and whether their entries are hidden.
-    origins: HashMap<Arc<str>, bool, foldhash::fast::RandomState>,
+struct Writer {
+    /// Names that have records of an id (any origin, any state).
+    by_id: HashMap<Arc<str>, Box<[NameRef]>, foldhash::fast::RandomState>,
+    /// Interned origin names and whether their records are hidden.
+    origins: Vec<(Arc<str>, bool)>,
     live: usize,
     generation: u64,
 }
 
-impl State {
-    fn slot(&self, idx: u32) -> Option<&Slot> {
-        self.slots.get(idx as usize).and_then(Option::as_ref)
-    }
-
-    fn visible(&self, slot: &Slot) -> bool {
-        !slot.tombstone && !self.origins.get(&*slot.origin).copied().unwrap_or(false)
-    }
-
-    fn find(&self, origin: &str, id: &str, ip: IpAddr, fqdn: &str) -> Option<u32> {
-        self.by_id.get(id)?.iter().copied().find(|&i| {
-            self.slot(i)
-                .is_some_and(|s| s.ip == ip && &*s.fqdn == fqdn && &*s.origin == origin)
-        })
-    }
-
-    fn intern_origin(&mut self, origin: &str) -> Arc<str> {
-        if let Some((k, _)) = self.origins.get_key_value(origin) {
-            return k.clone();
+impl Writer {
+    fn origin_index(&mut self, origin: &str) -> u32 {
+        if let Some(i) = self.origins.iter().position(|(o, _)| &**o == origin) {
+            return i as u32;
         }
-        let k: Arc<str> = origin.into();
-        self.origins.insert(k.clone(), false);
-        k
+        self.origins.push((origin.into(), false));
+        (self.origins.len() - 1) as u32
     }
 
-    fn insert(
-        &mut self,
-        id: &str,
-        ip: IpAddr,
-        fqdn: &str,
-        origin: &str,
-        version: u64,
-        tombstone: bool,
-    ) -> u32 {
-        let origin = self.intern_origin(origin);
-        let id: Arc<str> = match self.by_id.get_key_value(id) {
+    fn find_origin(&self, origin: &str) -> Option<u32> {
+        self.origins
+            .iter()
+            .position(|(o, _)| &**o == origin)
+            .map(|i| i as u32)
+    }
+
+    fn hidden(&self, origin: u32) -> bool {
+        self.origins.get(origin as usize).is_some_and(|(_, h)| *h)
+    }
+
+    fn origin_name(&self, origin: u32) -> &str {
+        self.origins.get(origin as usize).map_or("", |(o, _)| o)
+    }
+
+    fn intern_id(&self, id: &str) -> Arc<str> {
+        match self.by_id.get_key_value(id) {
             Some((k, _)) => k.clone(),
             None => id.into(),
-        };
-        let fqdn: Arc<str> = match self.by_name.get_key_value(fqdn) {
-            Some((k, _)) => k.clone(),
-            None => fqdn.into(),
-        };
-        let slot = Slot {
-            id: id.clone(),
-            ip,
-            fqdn: fqdn.clone(),
-            origin,
-            version,
-            tombstone,
-            changed: Instant::now(),
-        };
-        let idx = match self.free.pop() {
-            Some(i) => {
-                self.slots[i as usize] = Some(slot);
-                i
-            }
-            None => {
-                self.slots.push(Some(slot));
-                (self.slots.len() - 1) as u32
-            }
-        };
-        self.by_id.entry(id).or_default().push(idx);
-        self.by_name.entry(fqdn).or_default().push(idx);
-        self.by_addr.entry(ip).or_default().push(idx);
-        if !tombstone {
-            self.live += 1;
         }
-        idx
     }
 
-    fn forget(&mut self, idx: u32) -> Option<Slot> {
-        let slot = self.slots.get_mut(idx as usize)?.take()?;
-        fn unlink<K, Q>(
-            map: &mut HashMap<K, Vec<u32>, foldhash::fast::RandomState>,
-            key: &Q,
-            idx: u32,
-        ) where
-            K: std::hash::Hash + Eq + std::borrow::Borrow<Q>,
-            Q: std::hash::Hash + Eq + ?Sized,
-        {
-            if let Some(v) = map.get_mut(key) {
-                v.retain(|&i| i != idx);
-                if v.is_empty() {
-                    map.remove(key);
-                }
+    fn link_id(&mut self, id: &Arc<str>, name: &NameRef) {
+        let names = self.by_id.entry(id.clone()).or_default();
+        if !names.iter().any(|n| n == name) {
+            let mut v = names.to_vec();
+            v.push(name.clone());
+            *names = v.into_boxed_slice();
+        }
+    }
+
+    fn unlink_id(&mut self, id: &str, name: &NameRef) {
+        if let Some(names) = self.by_id.get_mut(id) {
+            let v: Vec<NameRef> = names.iter().filter(|n| *n != name).cloned().collect();
+            if v.is_empty() {
+                self.by_id.remove(id);
+            } else {
+                *names = v.into_boxed_slice();
             }
         }
-        unlink(&mut self.by_id, &*slot.id, idx);
-        unlink(&mut self.by_name, &*slot.fqdn, idx);
-        unlink(&mut self.by_addr, &slot.ip, idx);
-        self.free.push(idx);
-        if !slot.tombstone {
-            self.live -= 1;
-        }
-        Some(slot)
     }
 }
 
@@ -241,45 +171,46 @@ impl State {
 #[derive(Debug)]
 pub struct Db {
     config: DbConfig,
-    answers: Arc<Answers>,
-    state: Mutex<State>,
+    tables: Arc<Tables>,
+    writer: Mutex<Writer>,
     changes: broadcast::Sender<Change>,
+    epoch: Instant,
 }
 
-/// Names and addresses whose answers a change invalidated.
-#[derive(Default)]
-struct Dirty {
-    names: Vec<Arc<str>>,
-    addrs: Vec<IpAddr>,
-    changes: Vec<Change>,
-}
-
-impl Dirty {
-    fn touch(&mut self, slot: &Slot, kind: ChangeKind, want_changes: bool) {
-        if !self.names.contains(&slot.fqdn) {
-            self.names.push(slot.fqdn.clone());
-        }
-        if !self.addrs.contains(&slot.ip) {
-            self.addrs.push(slot.ip);
-        }
-        if want_changes {
-            self.changes.push(Change {
-                kind,
-                entry: slot.to_entry(),
-            });
-        }
-    }
+/// What to do to the records of one name.
+enum Edit<'a> {
+    /// Add or revive (local origin) / merge (`apply`) one record.
+    Upsert {
+        id: &'a str,
+        ip: IpAddr,
+        origin: u32,
+        /// `None`: a local add (version bumped as needed); `Some`: a merge.
+        remote: Option<(u64, bool)>,
+    },
+    /// Tombstone the live local records of `id` (narrowed to `ip`).
+    Tombstone {
+        id: &'a str,
+        ip: Option<IpAddr>,
+        origin: u32,
+    },
+    /// Forget the records matching a predicate.
+    Forget(&'a dyn Fn(&Rec) -> bool),
+    /// Only recompute what is served (visibility changed).
+    Refresh,
 }
 
 impl Db {
     /// An empty database.
     pub fn new(config: DbConfig) -> Self {
         let (changes, _) = broadcast::channel(1024);
+        let mut writer = Writer::default();
+        writer.origin_index(&config.origin);
         Self {
-            answers: Arc::new(Answers::new(config.ttl)),
+            tables: Arc::new(Tables::new()),
             config,
-            state: Mutex::new(State::default()),
+            writer: Mutex::new(writer),
             changes,
+            epoch: Instant::now(),
         }
     }
 
@@ -298,8 +229,17 @@ impl Db {
         self.config.ttl
     }
 
-    pub(crate) fn answers(&self) -> &Arc<Answers> {
-        &self.answers
+    pub(crate) fn tables(&self) -> &Arc<Tables> {
+        &self.tables
+    }
+
+    fn now(&self) -> u32 {
+        u32::try_from(self.epoch.elapsed().as_secs()).unwrap_or(u32::MAX)
+    }
+
+    /// The shared wire name for `wire` (the table's key when the name exists).
+    fn name_ref(&self, wire: &[u8]) -> NameRef {
+        self.tables.names.key(wire).unwrap_or_else(|| wire.into())
     }
 
     /// Registers `ip` under `fqdn` for container `id`, owned by this node.
@@ -308,80 +248,41 @@ impl Db {
     /// live). Re-adding a removed entry revives its tombstone with a higher version.
     /// Fails if `fqdn` is not a valid name strictly inside the domain.
     pub fn add(&self, id: &str, ip: IpAddr, fqdn: &str) -> Result<bool> {
-        let fqdn = self.config.domain.normalize_member(fqdn)?;
-        let origin = self.config.origin.as_str();
-        let mut dirty = Dirty::default();
-        let want = self.changes.receiver_count() > 0;
-        let mut st = self.state.lock();
-        match st.find(origin, id, ip, &fqdn) {
-            Some(idx) => {
-                let Some(slot) = st.slots[idx as usize].as_mut() else {
-                    return Ok(false);
-                };
-                if !slot.tombstone {
-                    return Ok(false);
-                }
-                slot.tombstone = false;
-                slot.version += 1;
-                slot.changed = Instant::now();
-                st.live += 1;
-                if let Some(slot) = st.slot(idx) {
-                    dirty.touch(slot, ChangeKind::Added, want);
-                }
-            }
-            None => {
-                let idx = st.insert(id, ip, &fqdn, origin, 1, false);
-                if let Some(slot) = st.slot(idx) {
-                    dirty.touch(slot, ChangeKind::Added, want);
-                }
-            }
-        }
-        self.finish(&mut st, dirty);
-        Ok(true)
+        let wire = self.config.domain.member_wire(fqdn)?;
+        let mut w = self.writer.lock();
+        let name = self.name_ref(&wire);
+        Ok(self.edit(
+            &mut w,
+            &name,
+            Edit::Upsert {
+                id,
+                ip,
+                origin: 0,
+                remote: None,
+            },
+        ) > 0)
     }
 
     /// Tombstones this node's live entries of container `id`, narrowed to one address
     /// and/or one name when given. Returns how many entries were removed (0 is fine).
     pub fn remove(&self, id: &str, ip: Option<IpAddr>, fqdn: Option<&str>) -> usize {
-        let fqdn = match fqdn {
+        let only = match fqdn {
             Some(f) => match parse_name(f) {
-                Ok(n) => Some(n.to_ascii()),
+                Ok(n) => Some(wire_lower(&n)),
                 // An unparsable name matches nothing.
                 Err(_) => return 0,
             },
             None => None,
         };
-        let origin = self.config.origin.as_str();
-        let want = self.changes.receiver_count() > 0;
-        let mut dirty = Dirty::default();
-        let mut st = self.state.lock();
-        let Some(candidates) = st.by_id.get(id).cloned() else {
+        let mut w = self.writer.lock();
+        let Some(names) = w.by_id.get(id).cloned() else {
             return 0;
         };
-        let now = Instant::now();
-        let mut removed = 0;
-        for idx in candidates {
-            let Some(slot) = st.slots.get_mut(idx as usize).and_then(Option::as_mut) else {
-                continue;
-            };
-            if slot.tombstone
-                || &*slot.origin != origin
-                || ip.is_some_and(|ip| ip != slot.ip)
-                || fqdn.as_deref().is_some_and(|f| f != &*slot.fqdn)
-            {
-                continue;
-            }
-            slot.tombstone = true;
-            slot.version += 1;
-            slot.changed = now;
-            removed += 1;
-            st.live -= 1;
-            if let Some(slot) = st.slot(idx) {
-                dirty.touch(slot, ChangeKind::Removed, want);
-            }
-        }
-        self.finish(&mut st, dirty);
-        removed
+        names
+            .iter()
+            .filter(|n| only.as_deref().is_none_or(|o| &n[..] == o))
+            .map(|name| self.edit(&mut w, name, Edit::Tombstone { id, ip, origin: 0 }))
+            .sum()
     }
 
     /// Tombstones every live entry of container `id` owned by this node.
@@ -393,125 +294,61 @@ impl Db {
     /// replaces the known one when its version is higher, ignored otherwise.
     /// Returns whether anything changed. Fails if the name is not inside the domain.
     pub fn apply(&self, entry: Entry) -> Result<bool> {
-        let fqdn = self.config.domain.normalize_member(&entry.fqdn)?;
-        let want = self.changes.receiver_count() > 0;
-        let mut dirty = Dirty::default();
-        let mut st = self.state.lock();
-        match st.find(&entry.origin, &entry.id, entry.ip, &fqdn) {
-            Some(idx) => {
-                let Some(slot) = st.slots[idx as usize].as_mut() else {
-                    return Ok(false);
-                };
-                if entry.version <= slot.version {
-                    return Ok(false);
-                }
-                let was_tombstone = slot.tombstone;
-                slot.version = entry.version;
-                slot.tombstone = entry.tombstone;
-                slot.changed = Instant::now();
-                match (was_tombstone, entry.tombstone) {
-                    (true, false) => st.live += 1,
-                    (false, true) => st.live -= 1,
-                    _ => {}
-                }
-                let kind = if entry.tombstone {
-                    ChangeKind::Removed
-                } else {
-                    ChangeKind::Added
-                };
-                if let Some(slot) = st.slot(idx) {
-                    dirty.touch(slot, kind, want);
-                }
-            }
-            None => {
-                let idx = st.insert(
-                    &entry.id,
-                    entry.ip,
-                    &fqdn,
-                    &entry.origin,
-                    entry.version,
-                    entry.tombstone,
-                );
-                let kind = if entry.tombstone {
-                    ChangeKind::Removed
-                } else {
-                    ChangeKind::Added
-                };
-                if let Some(slot) = st.slot(idx) {
-                    dirty.touch(slot, kind, want);
-                }
-            }
-        }
-        self.finish(&mut st, dirty);
-        Ok(true)
+        let wire = self.config.domain.member_wire(&entry.fqdn)?;
+        let mut w = self.writer.lock();
+        let origin = w.origin_index(&entry.origin);
+        let name = self.name_ref(&wire);
+        let edit = Edit::Upsert {
+            id: &entry.id,
+            ip: entry.ip,
+            origin,
+            remote: Some((entry.version, entry.tombstone)),
+        };
+        Ok(self.edit(&mut w, &name, edit) > 0)
     }
 
     /// Forgets every entry (live or tombstone) owned by `origin`. Returns how many.
     pub fn purge_origin(&self, origin: &str) -> usize {
-        let want = self.changes.receiver_count() > 0;
-        let mut dirty = Dirty::default();
-        let mut st = self.state.lock();
-        let victims: Vec<u32> = st
-            .slots
+        let mut w = self.writer.lock();
+        let Some(o) = w.find_origin(origin) else {
+            return 0;
+        };
+        let pred = move |r: &Rec| r.origin == o;
+        let names = self.names_where(&pred);
+        names
             .iter()
-            .enumerate()
-            .filter(|(_, s)| s.as_ref().is_some_and(|s| &*s.origin == origin))
-            .map(|(i, _)| i as u32)
-            .collect();
-        for &idx in &victims {
-            if let Some(slot) = st.forget(idx) {
-                dirty.touch(&slot, ChangeKind::Purged, want);
-            }
-        }
-        st.origins.remove(origin);
-        self.finish(&mut st, dirty);
-        victims.len()
+            .map(|n| self.edit(&mut w, n, Edit::Forget(&pred)))
+            .sum()
     }
 
     /// Forgets tombstones that have not changed for `max_age`. Returns how many.
     pub fn gc_tombstones(&self, max_age: Duration) -> usize {
-        let want = self.changes.receiver_count() > 0;
-        let mut dirty = Dirty::default();
-        let mut st = self.state.lock();
-        let now = Instant::now();
-        let victims: Vec<u32> = st
-            .slots
+        let mut w = self.writer.lock();
+        let now = self.now();
+        let max_age = u32::try_from(max_age.as_secs()).unwrap_or(u32::MAX);
+        // Ages are whole seconds since the database started.
+        let pred = move |r: &Rec| r.tombstone && now.saturating_sub(r.changed) >= max_age;
+        let names = self.names_where(&pred);
+        names
             .iter()
-            .enumerate()
-            .filter(|(_, s)| {
-                s.as_ref().is_some_and(|s| {
-                    s.tombstone && now.saturating_duration_since(s.changed) >= max_age
-                })
-            })
-            .map(|(i, _)| i as u32)
-            .collect();
-        for &idx in &victims {
-            if let Some(slot) = st.forget(idx) {
-                dirty.touch(&slot, ChangeKind::Purged, want);
-            }
-        }
-        // Tombstones serve no answers: only the change events matter.
-        dirty.names.clear();
-        dirty.addrs.clear();
-        self.finish(&mut st, dirty);
-        victims.len()
+            .map(|n| self.edit(&mut w, n, Edit::Forget(&pred)))
+            .sum()
     }
 
     /// Hides (or shows again) the entries of `origin` in DNS answers and lookups,
     /// keeping them stored. Used for peers that are down.
     pub fn set_origin_hidden(&self, origin: &str, hidden: bool) {
-        let mut dirty = Dirty::default();
-        let mut st = self.state.lock();
-        let key = st.intern_origin(origin);
-        if st.origins.insert(key, hidden) == Some(hidden) {
+        let mut w = self.writer.lock();
+        let o = w.origin_index(origin);
+        if w.origins[o as usize].1 == hidden {
             return;
         }
-        for slot in st.slots.iter().flatten() {
-            if &*slot.origin == origin {
-                dirty.touch(slot, ChangeKind::Added, false);
-            }
+        w.origins[o as usize].1 = hidden;
+        let pred = move |r: &Rec| r.origin == o;
+        for name in self.names_where(&pred) {
+            self.edit(&mut w, &name, Edit::Refresh);
         }
-        self.finish(&mut st, dirty);
+        w.generation += 1;
     }
 
     /// The visible addresses registered under `fqdn` (any case, dot optional),
@@ -520,28 +357,37 @@ impl Db {
         let Ok(name) = parse_name(fqdn) else {
             return Vec::new();
         };
-        let st = self.state.lock();
-        addrs_of(&st, &name.to_ascii())
+        let wire = wire_lower(&name);
+        self.tables.names.read(&wire[..], |recs| {
+            recs.map(|r| r.iter().filter(|r| r.serve).map(|r| r.ip).collect())
+                .unwrap_or_default()
+        })
     }
 
     /// The visible names registered for `ip`, without duplicates.
     pub fn lookup_addr(&self, ip: IpAddr) -> Vec<String> {
-        let st = self.state.lock();
-        names_of(&st, ip)
-            .into_iter()
-            .map(|n| n.to_string())
+        self.tables
+            .addr_refs(ip)
+            .iter()
+            .filter(|p| p.serve)
+            .map(|p| text_of_wire(&p.name))
             .collect()
     }
 
     /// Every stored entry, tombstones included, in no particular order.
     pub fn entries(&self) -> Vec<Entry> {
-        let st = self.state.lock();
-        st.slots.iter().flatten().map(Slot::to_entry).collect()
+        let w = self.writer.lock();
+        let mut out = Vec::new();
+        self.tables.names.for_each(|name, recs| {
+            let fqdn = text_of_wire(name);
+            out.extend(recs.iter().map(|r| entry_of(&w, &fqdn, r)));
+        });
+        out
     }
 
     /// Number of live (not tombstoned) entries, hidden ones included.
     pub fn len(&self) -> usize {
-        self.state.lock().live
+        self.writer.lock().live
     }
 
     /// Whether there is no live entry.
@@ -551,7 +397,7 @@ impl Db {
 
     /// Bumped by every change; two equal readings mean nothing changed in between.
     pub fn generation(&self) -> u64 {
-        self.state.lock().generation
+        self.writer.lock().generation
     }
 
     /// Subscribes to every future change. See the module docs for lagging receivers.
@@ -559,66 +405,212 @@ impl Db {
         self.changes.subscribe()
     }
 
-    /// Rebuilds the answers of everything `dirty` touched and publishes its changes.
-    fn finish(&self, st: &mut State, dirty: Dirty) {
-        if dirty.names.is_empty() && dirty.addrs.is_empty() && dirty.changes.is_empty() {
-            return;
+    /// Names having a record that matches `pred`.
+    fn names_where(&self, pred: &dyn Fn(&Rec) -> bool) -> Vec<NameRef> {
+        let mut names = Vec::new();
+        self.tables.names.for_each(|name, recs| {
+            if recs.iter().any(pred) {
+                names.push(name.clone());
+            }
+        });
+        names
+    }
+
+    /// Applies `edit` to the records of `name`, recomputes what is served, keeps the
+    /// address and id indexes in step and publishes the changes. Returns how many
+    /// records changed.
+    fn edit(&self, w: &mut Writer, name: &NameRef, edit: Edit<'_>) -> usize {
+        let now = self.now();
+        let want = self.changes.receiver_count() > 0;
+        let mut events: Vec<(ChangeKind, Rec)> = Vec::new();
+        let mut touched: Vec<IpAddr> = Vec::new();
+        let mut unlinked: Vec<Arc<str>> = Vec::new();
+        let mut live_delta: isize = 0;
+        let mut changed = 0;
+        let is_upsert = matches!(edit, Edit::Upsert { .. });
+        let after: Vec<Rec> = self.tables.names.write(&name[..], |map| {
+            let mut recs: Vec<Rec> = map.get(&name[..]).map(|b| b.to_vec()).unwrap_or_default();
+            match edit {
+                Edit::Upsert {
+                    id,
+                    ip,
+                    origin,
+                    remote,
+                } => {
+                    let pos = recs
+                        .iter()
+                        .position(|r| r.origin == origin && r.ip == ip && &*r.id == id);
+                    let (version, tombstone) = match (pos.map(|p| &recs[p]), remote) {
+                        (Some(r), None) if !r.tombstone => return recs,
+                        (Some(r), None) => (r.version + 1, false),
+                        (None, None) => (1, false),
+                        (Some(r), Some((v, _))) if v <= r.version => return recs,
+                        (_, Some((v, t))) => (v, t),
+                    };
+                    let rec = match pos {
+                        Some(p) => {
+                            let r = &mut recs[p];
+                            live_delta += isize::from(r.tombstone) - isize::from(tombstone);
+                            r.version = version;
+                            r.tombstone = tombstone;
+                            r.changed = now;
+                            r.clone()
+                        }
+                        None => {
+                            live_delta += isize::from(!tombstone);
+                            let r = Rec {
+                                id: w.intern_id(id),
+                                ip,
+                                origin,
+                                version,
+                                changed: now,
+                                tombstone,
+                                serve: false,
+                            };
+                            recs.push(r.clone());
+                            r
+                        }
+                    };
+                    touched.push(ip);
+                    changed += 1;
+                    let kind = if tombstone {
+                        ChangeKind::Removed
+                    } else {
+                        ChangeKind::Added
+                    };
+                    events.push((kind, rec));
+                }
+                Edit::Tombstone { id, ip, origin } => {
+                    for r in recs.iter_mut().filter(|r| {
+                        !r.tombstone
+                            && r.origin == origin
+                            && &*r.id == id
+                            && ip.is_none_or(|ip| ip == r.ip)
+                    }) {
+                        r.tombstone = true;
+                        r.version += 1;
+                        r.changed = now;
+                        live_delta -= 1;
+                        changed += 1;
+                        touched.push(r.ip);
+                        events.push((ChangeKind::Removed, r.clone()));
+                    }
+                }
+                Edit::Forget(pred) => {
+                    recs.retain(|r| {
+                        if !pred(r) {
+                            return true;
+                        }
+                        live_delta -= isize::from(!r.tombstone);
+                        changed += 1;
+                        touched.push(r.ip);
+                        unlinked.push(r.id.clone());
+                        events.push((ChangeKind::Purged, r.clone()));
+                        false
+                    });
+                }
+                Edit::Refresh => touched.extend(recs.iter().map(|r| r.ip)),
+            }
+            // What is served: live, visible, first of its address.
+            for i in 0..recs.len() {
+                let r = &recs[i];
+                let servable = !r.tombstone && !w.hidden(r.origin);
+                let first = !recs[..i].iter().any(|p| p.serve && p.ip == r.ip);
+                recs[i].serve = servable && first;
+            }
+            if recs.is_empty() {
+                map.remove(&name[..]);
+            } else {
+                map.insert(name.clone(), recs.clone().into_boxed_slice());
+            }
+            recs
+        });
+        if changed == 0 && touched.is_empty() {
+            return 0;
         }
-        st.generation += 1;
-        for name in &dirty.names {
-            let Some(wire) = wire_of_text(name) else {
-                continue;
-            };
-            self.answers.set_name(&wire, &addrs_of(st, name));
+        // Address index: this name's membership and servability for every touched ip.
+        touched.sort_unstable();
+        touched.dedup();
+        for ip in touched {
+            let has = after.iter().any(|r| r.ip == ip);
+            let serve = after.iter().any(|r| r.ip == ip && r.serve);
+            let mut refs = self.tables.addr_refs(ip);
+            match refs.iter().position(|p| p.name == *name) {
+                Some(i) if has => refs[i].serve = serve,
+                Some(i) => {
+                    refs.remove(i);
+                }
+                None if has => refs.push(PtrRef {
+                    name: name.clone(),
+                    serve,
+                }),
+                None => {}
+            }
+            self.tables.set_addr(ip, refs);
         }
-        for &ip in &dirty.addrs {
-            let names: Vec<Vec<u8>> = names_of(st, ip)
-                .iter()
-                .filter_map(|n| parse_name(n).ok().map(|n| wire_lower(&n)))
-                .collect();
-            let refs: Vec<&[u8]> = names.iter().map(Vec::as_slice).collect();
-            self.answers.set_ptr(&reverse_wire(ip), &refs);
+        // Id index.
+        if is_upsert {
+            for (_, r) in &events {
+                w.link_id(&r.id, name);
+            }
         }
-        for change in dirty.changes {
-            tracing::debug!(
-                kind = ?change.kind,
-                id = %change.entry.id,
-                ip = %change.entry.ip,
-                fqdn = %change.entry.fqdn,
-                origin = %change.entry.origin,
-                version = change.entry.version,
-                "records db change"
-            );
-            // No receiver is fine: nobody is listening.
-            let _ = self.changes.send(change);
+        for id in unlinked {
+            if !after.iter().any(|r| r.id == id) {
+                w.unlink_id(&id, name);
+            }
         }
+        w.live = w.live.saturating_add_signed(live_delta);
+        if changed > 0 {
+            w.generation += 1;
+        }
+        if want || tracing::enabled!(tracing::Level::DEBUG) {
+            let fqdn = text_of_wire(name);
+            for (kind, r) in events {
+                let entry = entry_of(w, &fqdn, &r);
+                tracing::debug!(
+                    kind = ?kind,
+                    id = %entry.id,
+                    ip = %entry.ip,
+                    fqdn = %entry.fqdn,
+                    origin = %entry.origin,
+                    version = entry.version,
+                    "records db change"
+                );
+                // No receiver is fine: nobody is listening.
+                let _ = self.changes.send(Change { kind, entry });
+            }
+        }
+        changed
     }
 }
 
-fn addrs_of(st: &State, fqdn: &str) -> Vec<IpAddr> {
-    let mut out = Vec::new();
-    for &idx in st.by_name.get(fqdn).map(Vec::as_slice).unwrap_or_default() {
-        if let Some(slot) = st.slot(idx)
-            && st.visible(slot)
-            && !out.contains(&slot.ip)
-        {
-            out.push(slot.ip);
-        }
+fn entry_of(w: &Writer, fqdn: &str, r: &Rec) -> Entry {
+    Entry {
+        id: r.id.to_string(),
+        ip: r.ip,
+        fqdn: fqdn.to_owned(),
+        origin: w.origin_name(r.origin).to_owned(),
+        version: r.version,
+        tombstone: r.tombstone,
     }
-    out
 }
 
-fn names_of(st: &State, ip: IpAddr) -> Vec<Arc<str>> {
-    let mut out: Vec<Arc<str>> = Vec::new();
-    for &idx in st.by_addr.get(&ip).map(Vec::as_slice).unwrap_or_default() {
-        if let Some(slot) = st.slot(idx)
-            && st.visible(slot)
-            && !out.contains(&slot.fqdn)
-        {
-            out.push(slot.fqdn.clone());
+/// The text form (lower-case, trailing dot, escaped where needed) of a wire name.
+fn text_of_wire(wire: &[u8]) -> String {
+    let mut labels = Vec::new();
+    let mut pos = 0;
+    while let Some(&len) = wire.get(pos) {
+        if len == 0 {
+            break;
         }
+        let end = (pos + 1 + usize::from(len)).min(wire.len());
+        labels.push(&wire[pos + 1..end]);
+        pos = end;
     }
-    out
+    match Name::from_labels(labels) {
+        Ok(n) => n.to_ascii(),
+        Err(_) => String::from_utf8_lossy(wire).into_owned(),
+    }
 }
 
 #[cfg(test)]

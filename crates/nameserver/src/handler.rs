@@ -1,26 +1,27 @@
 //! Turns one DNS query into a response, a decision to forward, or nothing.
 //!
 //! The fast path (see `wire`) answers ordinary queries for local names from the
-//! precomputed answer table: one lower-cased hash lookup, a copy of the question (so
-//! the owner name, a compression pointer to it, echoes the query's case), a copy of
-//! the prebuilt records, a shuffle, the ID as received. NXDOMAIN and NODATA carry a
-//! prebuilt SOA. No allocation, no logging, no task per packet.
+//! record tables: one lower-cased hash lookup, a copy of the question (so the owner
+//! name, a compression pointer to it, echoes the query's case), 16 or 28 bytes per
+//! address, a shuffle, the ID as received. NXDOMAIN and NODATA carry a prebuilt SOA.
+//! No allocation, no logging, no task per packet.
 //!
 //! Everything unusual is decoded with hickory-proto: malformed packets get FORMERR,
 //! other opcodes NOTIMP, EDNS versions above 0 BADVERS, several questions FORMERR;
 //! a well-formed query with extra records is re-encoded in the ordinary form and
 //! answered by the same code as the fast path.
 //!
-//! Shuffling: when every record fits, the whole record set is shuffled per query
-//! (Fisher–Yates with a per-worker xorshift generator). When the answer must be
-//! truncated, a random rotation of the set is taken and then shuffled, so every
-//! address keeps a chance to be served.
+//! Shuffling: the whole record set is shuffled per query (Fisher–Yates with a
+//! per-worker xorshift generator) and, when it does not fit, cut after the shuffle,
+//! so a truncated answer is a random subset.
 
 use std::sync::Arc;
 
 use hickory_proto::op::{Message, MessageType, OpCode};
 
-use crate::answers::{A_RR_LEN, AAAA_RR_LEN, Answers, Records};
+use std::net::IpAddr;
+
+use crate::answers::{A_RR_LEN, AAAA_RR_LEN, PtrRef, Rec, Tables, parse_reverse, write_rr_head};
 use crate::db::Db;
 use crate::metrics::Counters;
 use crate::wire::{
@@ -57,7 +58,8 @@ pub(crate) enum Outcome {
 /// The query handler: the answer table plus the zone's fixed records.
 #[derive(Debug)]
 pub(crate) struct Handler {
-    answers: Arc<Answers>,
+    tables: Arc<Tables>,
+    ttl: u32,
     domain: Box<[u8]>,
     /// The zone SOA for the authority section (owner = the domain).
     soa: Box<[u8]>,
@@ -95,7 +97,8 @@ impl Handler {
         let soa = [&domain[..], &fixed].concat().into_boxed_slice();
         let soa_answer = [&[0xc0, 0x0c][..], &fixed].concat().into_boxed_slice();
         Self {
-            answers: db.answers().clone(),
+            tables: db.tables().clone(),
+            ttl,
             domain,
             soa,
             soa_answer,
@@ -221,20 +224,30 @@ impl Handler {
             }
             return Outcome::Forward { qtype: q.qtype };
         }
-        let found = self.answers.with(lower, |records| match records {
-            Some(Records::Name { a, aaaa }) => Found::Reply(match q.qtype {
-                rtype::A if !a.is_empty() => self.write_fixed(q, out, limit, a, A_RR_LEN, rng),
-                rtype::AAAA if !aaaa.is_empty() => {
-                    self.write_fixed(q, out, limit, aaaa, AAAA_RR_LEN, rng)
+        let found = self.tables.names.read(lower, |recs| match recs {
+            Some(recs) if recs.iter().any(|r| r.serve) => Found::Reply(
+                match q.qtype {
+                    rtype::A => self.write_addrs(q, out, limit, recs, false, rng),
+                    rtype::AAAA => self.write_addrs(q, out, limit, recs, true, rng),
+                    _ => None,
                 }
-                _ => self.write_negative(q, out, rcode::NOERROR),
-            }),
-            Some(Records::Ptr { rrs, ends }) if q.qtype == rtype::PTR => {
-                Found::Reply(self.write_ptr(q, out, limit, rrs, ends))
-            }
-            Some(Records::Ptr { .. }) => Found::Forward,
-            None => Found::Absent,
+                .unwrap_or_else(|| self.write_negative(q, out, rcode::NOERROR)),
+            ),
+            // Unknown, or only tombstoned or hidden records: no such name.
+            _ => Found::Absent,
         });
+        let found = match found {
+            Found::Absent if q.qtype == rtype::PTR => match parse_reverse(lower) {
+                Some(ip) => self.tables.read_addr(ip, |refs| {
+                    match refs.and_then(|refs| self.write_ptr(q, out, limit, refs)) {
+                        Some(len) => Found::Reply(len),
+                        None => Found::Forward,
+                    }
+                }),
+                None => Found::Absent,
+            },
+            other => other,
+        };
         let (len, rc) = match found {
             Found::Reply(len) => (len, out[3] & 0x0f),
             Found::Forward => return Outcome::Forward { qtype: q.qtype },
@@ -255,35 +268,51 @@ impl Handler {
         Outcome::Reply(len)
     }
 
-    /// Question, then as many fixed-size records as fit, shuffled; TC if not all did.
+    /// Question, then the servable addresses of one family, shuffled, as many as fit
+    /// (a random subset when not all do, with TC). `None` when the name has no address
+    /// of that family.
     #[inline]
-    fn write_fixed(
+    fn write_addrs(
         &self,
         q: &Query<'_>,
         out: &mut [u8],
         limit: usize,
-        rrs: &[u8],
-        rr_len: usize,
+        recs: &[Rec],
+        v6: bool,
         rng: &mut FastRng,
-    ) -> usize {
+    ) -> Option<usize> {
         let question = q.question();
-        let mut pos = HEADER_LEN + question.len();
-        out[HEADER_LEN..pos].copy_from_slice(question);
-        let opt = if q.edns.is_some() { OPT_LEN } else { 0 };
-        let n = rrs.len() / rr_len;
-        let fit = n.min(limit.saturating_sub(pos + opt) / rr_len);
-        let bytes = fit * rr_len;
-        if fit == n {
-            out[pos..pos + bytes].copy_from_slice(rrs);
-        } else {
-            // A random rotation of the set, so truncation does not always drop the same.
-            let start = rng.below(n) * rr_len;
-            let first = (rrs.len() - start).min(bytes);
-            out[pos..pos + first].copy_from_slice(&rrs[start..start + first]);
-            out[pos + first..pos + bytes].copy_from_slice(&rrs[..bytes - first]);
+        let start = HEADER_LEN + question.len();
+        out[HEADER_LEN..start].copy_from_slice(question);
+        let rr_len = if v6 { AAAA_RR_LEN } else { A_RR_LEN };
+        // Never write past the buffer, whatever the number of records.
+        let cap = (out.len() - start - OPT_LEN) / rr_len;
+        let mut n = 0;
+        for r in recs.iter().filter(|r| r.serve) {
+            if n == cap {
+                break;
+            }
+            let at = start + n * rr_len;
+            match (r.ip, v6) {
+                (IpAddr::V4(a), false) => {
+                    write_rr_head(&mut out[at..], rtype::A, self.ttl, 4);
+                    out[at + 12..at + 16].copy_from_slice(&a.octets());
+                }
+                (IpAddr::V6(a), true) => {
+                    write_rr_head(&mut out[at..], rtype::AAAA, self.ttl, 16);
+                    out[at + 12..at + 28].copy_from_slice(&a.octets());
+                }
+                _ => continue,
+            }
+            n += 1;
         }
-        wire::shuffle_records(&mut out[pos..pos + bytes], rr_len, rng);
-        pos += bytes;
+        if n == 0 {
+            return None;
+        }
+        wire::shuffle_records(&mut out[start..start + n * rr_len], rr_len, rng);
+        let opt = if q.edns.is_some() { OPT_LEN } else { 0 };
+        let fit = n.min(limit.saturating_sub(start + opt) / rr_len);
+        let mut pos = start + fit * rr_len;
         if opt > 0 {
             pos = write_opt(out, pos, 0);
         }
@@ -296,31 +325,40 @@ impl Handler {
             rcode::NOERROR,
             [1, fit as u16, 0, u16::from(opt > 0)],
         );
-        pos
+        Some(pos)
     }
 
-    /// Question, then as many PTR records as fit; TC if not all did.
+    /// Question, then the servable names of an address, as many as fit (TC if not
+    /// all do). `None` when none is servable.
     fn write_ptr(
         &self,
         q: &Query<'_>,
         out: &mut [u8],
         limit: usize,
-        rrs: &[u8],
-        ends: &[u16],
-    ) -> usize {
+        refs: &[PtrRef],
+    ) -> Option<usize> {
         let question = q.question();
         let mut pos = HEADER_LEN + question.len();
         out[HEADER_LEN..pos].copy_from_slice(question);
         let opt = if q.edns.is_some() { OPT_LEN } else { 0 };
-        let room = limit.saturating_sub(pos + opt);
-        let fit = ends.iter().take_while(|&&e| usize::from(e) <= room).count();
-        let bytes = if fit == 0 {
-            0
-        } else {
-            usize::from(ends[fit - 1])
-        };
-        out[pos..pos + bytes].copy_from_slice(&rrs[..bytes]);
-        pos += bytes;
+        let room = limit.min(out.len()).saturating_sub(opt);
+        let (mut an, mut any, mut tc) = (0u16, false, false);
+        for p in refs.iter().filter(|p| p.serve) {
+            any = true;
+            let len = 12 + p.name.len();
+            if pos + len > room || an == u16::MAX {
+                tc = true;
+                break;
+            }
+            // A wire name is at most 255 bytes.
+            write_rr_head(&mut out[pos..], rtype::PTR, self.ttl, p.name.len() as u16);
+            out[pos + 12..pos + len].copy_from_slice(&p.name);
+            pos += len;
+            an += 1;
+        }
+        if !any {
+            return None;
+        }
         if opt > 0 {
             pos = write_opt(out, pos, 0);
         }
@@ -328,11 +366,11 @@ impl Handler {
             out,
             q.packet,
             true,
-            fit < ends.len(),
+            tc,
             rcode::NOERROR,
-            [1, fit as u16, 0, u16::from(opt > 0)],
+            [1, an, 0, u16::from(opt > 0)],
         );
-        pos
+        Some(pos)
     }
 
     /// NXDOMAIN or NODATA: question, SOA in the authority section.

@@ -8,7 +8,7 @@
 //!
 //! - [`Db`]: the records database and its change API (what replication and the Docker
 //!   updater build on).
-//! - [`DnsServer`]: UDP and TCP listeners answering from precomputed wire answers.
+//! - [`DnsServer`]: UDP and TCP listeners answering from in-memory record tables.
 //! - [`Forwarder`]: forwarding to fallback servers, following resolv.conf if asked.
 //! - [`http`]: the HTTP API on axum.
 //! - [`NameServer`]: all of the above wired together, as `dwara serve` runs it.

@@ -56,6 +56,15 @@ impl Domain {
     ///
     /// Returns the lower-case, fully qualified text form.
     pub fn normalize_member(&self, fqdn: &str) -> Result<String> {
+        self.member(fqdn).map(|n| n.to_ascii())
+    }
+
+    /// Like [`Domain::normalize_member`], in lower-cased wire form.
+    pub(crate) fn member_wire(&self, fqdn: &str) -> Result<Vec<u8>> {
+        self.member(fqdn).map(|n| wire_lower(&n))
+    }
+
+    fn member(&self, fqdn: &str) -> Result<Name> {
         let name = parse_name(fqdn)?;
         if name.num_labels() <= self.name.num_labels() || !self.name.zone_of(&name) {
             return Err(Error::OutsideDomain {
@@ -63,7 +72,7 @@ impl Domain {
                 domain: self.text.clone(),
             });
         }
-        Ok(name.to_ascii())
+        Ok(name)
     }
 }
 
@@ -114,7 +123,8 @@ pub(crate) fn wire_lower(name: &Name) -> Vec<u8> {
     out
 }
 
-/// The lower-cased wire form of a normalised text name (as stored in the database).
+/// The lower-cased wire form of a text name.
+#[cfg(test)]
 pub(crate) fn wire_of_text(fqdn: &str) -> Option<Vec<u8>> {
     parse_name(fqdn).ok().map(|n| wire_lower(&n))
 }
@@ -139,6 +149,7 @@ pub fn reverse_name(addr: IpAddr) -> String {
 }
 
 /// The lower-cased wire form of the reverse-lookup name of an address.
+#[cfg(test)]
 pub(crate) fn reverse_wire(addr: IpAddr) -> Vec<u8> {
     let mut out = Vec::with_capacity(74);
     match addr {

@@ -4,7 +4,7 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use super::*;
-use crate::answers::Records;
+use crate::name::wire_of_text;
 
 fn db() -> Db {
     Db::new(DbConfig::new(Domain::new("weave.local").unwrap()))
@@ -189,22 +189,43 @@ fn changes_are_broadcast() {
 }
 
 #[test]
-fn answer_table_follows_the_db() {
+fn tables_follow_the_db() {
     let db = db();
     let key = wire_of_text("a.weave.local.").unwrap();
-    let rev = reverse_wire(ip("10.0.0.1"));
+    let served = |db: &Db| -> Vec<IpAddr> {
+        db.tables().names.read(&key[..], |r| {
+            r.map(|r| r.iter().filter(|r| r.serve).map(|r| r.ip).collect())
+                .unwrap_or_default()
+        })
+    };
     db.add("c1", ip("10.0.0.1"), "a.weave.local").unwrap();
+    db.add("c2", ip("10.0.0.1"), "a.weave.local").unwrap();
     db.add("c1", ip("fd00::1"), "a.weave.local").unwrap();
-    db.answers().with(&key, |r| match r {
-        Some(Records::Name { a, aaaa }) => assert_eq!((a.len(), aaaa.len()), (16, 28)),
-        other => panic!("{other:?}"),
-    });
-    assert!(
-        db.answers()
-            .with(&rev, |r| matches!(r, Some(Records::Ptr { .. })))
+    assert_eq!(
+        served(&db),
+        vec![ip("10.0.0.1"), ip("fd00::1")],
+        "duplicates served once"
     );
+    assert_eq!(db.tables().addr_refs(ip("10.0.0.1")).len(), 1);
+    db.remove("c1", Some(ip("10.0.0.1")), None);
+    assert_eq!(
+        served(&db),
+        vec![ip("10.0.0.1"), ip("fd00::1")],
+        "c2 still has it"
+    );
+    db.remove_all("c2");
     db.remove_all("c1");
-    assert!(db.answers().with(&key, |r| r.is_none()));
-    assert!(db.answers().with(&rev, |r| r.is_none()));
-    assert_eq!(db.answers().len(), 0);
+    assert!(served(&db).is_empty());
+    let refs = db.tables().addr_refs(ip("10.0.0.1"));
+    assert!(
+        refs.iter().all(|p| !p.serve),
+        "tombstones keep the name, not served"
+    );
+    assert_eq!(db.gc_tombstones(Duration::ZERO), 3);
+    assert!(db.tables().addr_refs(ip("10.0.0.1")).is_empty());
+    assert_eq!(
+        db.tables().names.len() + db.tables().v4.len() + db.tables().v6.len(),
+        0
+    );
+    assert!(db.entries().is_empty());
 }
