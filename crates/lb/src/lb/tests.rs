@@ -357,6 +357,36 @@ fn consistent_hash_remaps_about_one_nth() {
     }
 }
 
+#[test]
+fn consistent_hash_weighted_remaps_close_to_the_departed_share() {
+    let n = 50;
+    let set = |skip: Option<usize>| -> EndpointSet {
+        (0..n)
+            .filter(|&i| Some(i) != skip)
+            .map(|i| Endpoint::new(addr(i)).with_weight(1 + (i % 5) as u16))
+            .collect()
+    };
+    let lb = lb(Policy::ConsistentHash, set(None));
+    let keys: Vec<String> = (0..50_000).map(|k| format!("k{k}")).collect();
+    let before: Vec<SocketAddr> = keys
+        .iter()
+        .map(|k| lb.pick_by_key(k.as_bytes()).unwrap().addr())
+        .collect();
+    let gone = addr(7); // weight 3, the average
+    let own = before.iter().filter(|&&a| a == gone).count();
+    lb.update(set(Some(7)));
+    let moved = keys
+        .iter()
+        .zip(&before)
+        .filter(|(k, b)| lb.pick_by_key(k.as_bytes()).unwrap().addr() != **b)
+        .count();
+    // the departed endpoint's keys, plus a little churn from rescaled stayers
+    assert!(
+        moved >= own && moved <= own + own / 2,
+        "moved {moved}, own {own}"
+    );
+}
+
 fn ejecting_lb(policy: Policy, set: EndpointSet) -> (UpstreamLb, Arc<ManualClock>) {
     let clock = Arc::new(ManualClock::new());
     let lb = UpstreamLb::builder(policy)
