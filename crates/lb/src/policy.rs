@@ -77,6 +77,14 @@ mod tests {
             assert_eq!(p.to_string().parse::<Policy>().unwrap(), p);
         }
         assert_eq!(Policy::default(), Policy::RoundRobin);
+        let yaml = "- round_robin\n- random\n- p2c\n- srv\n- consistent_hash\n";
+        let parsed: Vec<Policy> = serde_yaml_ng::from_str(yaml).unwrap();
+        assert_eq!(parsed, Policy::ALL);
+        assert_eq!(
+            serde_yaml_ng::to_string(&Policy::P2c).unwrap().trim(),
+            "p2c"
+        );
+        assert!(serde_yaml_ng::from_str::<Policy>("RoundRobin").is_err());
         let err = "least_conn".parse::<Policy>().unwrap_err();
         assert!(err.to_string().contains("least_conn"), "{err}");
     }
