@@ -57,6 +57,66 @@ pub use name::{Domain, reverse_name};
 pub use resolv::{is_own_address, load_resolv_conf, parse_resolv_conf, spawn_resolv_conf_watcher};
 pub use server::{DnsServer, DnsServerConfig};
 
+/// The per-packet work of the DNS server without sockets: for benchmarks, fuzzing
+/// and embedding.
+///
+/// ```
+/// use dwara_nameserver::{Db, DbConfig, Domain, QueryHandler};
+///
+/// let db = Db::new(DbConfig::new(Domain::new("weave.local").unwrap()));
+/// db.add("c1", "10.32.0.1".parse().unwrap(), "web.weave.local").unwrap();
+/// let mut handler = QueryHandler::new(&db);
+/// // A query for web.weave.local A (id 0x1234, RD).
+/// let mut q = vec![0x12, 0x34, 1, 0, 0, 1, 0, 0, 0, 0, 0, 0];
+/// q.extend_from_slice(b"\x03web\x05weave\x05local\x00\x00\x01\x00\x01");
+/// let answer = handler.answer_udp(&q).unwrap();
+/// assert_eq!(&answer[..2], &[0x12, 0x34]);
+/// assert_eq!(&answer[answer.len() - 4..], &[10, 32, 0, 1]);
+/// ```
+#[derive(Debug)]
+pub struct QueryHandler {
+    handler: handler::Handler,
+    rng: wire::FastRng,
+    counters: metrics::Counters,
+    out: Vec<u8>,
+}
+
+impl QueryHandler {
+    /// A handler answering from `db`'s records.
+    pub fn new(db: &Db) -> Self {
+        Self {
+            handler: handler::Handler::new(db),
+            rng: wire::FastRng::new(),
+            counters: metrics::Counters::default(),
+            out: vec![0; handler::MAX_MESSAGE],
+        }
+    }
+
+    /// The response to `packet` as the UDP server would send it, or `None` when the
+    /// server would forward the query or send nothing.
+    pub fn answer_udp(&mut self, packet: &[u8]) -> Option<&[u8]> {
+        self.answer(packet, handler::Transport::Udp)
+    }
+
+    /// The same over TCP (no truncation below 64 KiB).
+    pub fn answer_tcp(&mut self, packet: &[u8]) -> Option<&[u8]> {
+        self.answer(packet, handler::Transport::Tcp)
+    }
+
+    fn answer(&mut self, packet: &[u8], transport: handler::Transport) -> Option<&[u8]> {
+        match self.handler.handle(
+            packet,
+            &mut self.out,
+            transport,
+            &mut self.rng,
+            &self.counters,
+        ) {
+            handler::Outcome::Reply(n) => Some(&self.out[..n]),
+            handler::Outcome::Forward { .. } | handler::Outcome::Drop => None,
+        }
+    }
+}
+
 /// Where forwarded queries go.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Fallback {
