@@ -328,6 +328,55 @@ fn print_ratios(out: &std::path::Path) {
     }
 }
 
+/// Criterion's means move with whatever else the (shared, 2-core) machine runs. This
+/// interleaves the subjects in short rounds and keeps each one's fastest and median
+/// round, so the ratios compare them under the same load.
+fn interleaved(fx: &Fixture) {
+    const ROUNDS: usize = 150;
+    const OPS: u64 = 20_000;
+    let subjects = Subject::ALL;
+    for threads in [1usize, 2] {
+        let mut per: Vec<Vec<f64>> = vec![Vec::new(); subjects.len()];
+        for round in 0..ROUNDS {
+            for (i, s) in subjects.iter().enumerate() {
+                let ops = if matches!(s, Subject::Hickory) {
+                    OPS / 10
+                } else {
+                    OPS
+                };
+                let start = (round * 977) % ACCESSES;
+                let t = if threads == 1 {
+                    s.run(fx, ops, start)
+                } else {
+                    std::thread::scope(|scope| {
+                        let a = scope.spawn(|| s.run(fx, ops, start));
+                        let b = scope.spawn(|| s.run(fx, ops, (start + ACCESSES / 2) % ACCESSES));
+                        a.join().unwrap().max(b.join().unwrap())
+                    })
+                };
+                per[i].push(t.as_nanos() as f64 / ops as f64);
+            }
+        }
+        let stat = |v: &mut Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            (v[0], v[v.len() / 2])
+        };
+        let stats: Vec<(f64, f64)> = per.iter_mut().map(stat).collect();
+        let (ours_min, ours_med) = stats[0];
+        println!(
+            "interleaved, {threads} thread(s), {ROUNDS} rounds: ns/op per thread (fastest round / median round)"
+        );
+        for (s, (min, med)) in subjects.iter().zip(&stats) {
+            println!(
+                "  {:<26} {min:>8.1} / {med:>8.1}   ours/this = {:.2}x / {:.2}x",
+                s.id(),
+                ours_min / min,
+                ours_med / med
+            );
+        }
+    }
+}
+
 fn main() {
     let out = target_dir().join("criterion");
     let mut c = Criterion::default()
@@ -338,4 +387,5 @@ fn main() {
     misses(&mut c, &fx);
     c.final_summary();
     print_ratios(&out);
+    interleaved(&fx);
 }

@@ -1,4 +1,5 @@
-//! The cache's notion of "now": the system clock, or a manual clock for tests.
+//! The cache's notion of "now": the system clock (coarse by default, see [`Clock`]),
+//! or a manual clock for tests.
 //!
 //! Every freshness decision (TTL, negative TTL, serve-stale window, refresh-ahead)
 //! compares against [`Clock::now`], so tests drive expiry by advancing a
@@ -6,28 +7,99 @@
 //! reclaims memory; it is set long enough never to drop an entry the cache still
 //! considers usable.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock, Once};
 use std::time::{Duration, Instant};
 
-/// Where the cache reads the time. Cheap to clone. The default is the system clock.
-#[derive(Debug, Clone, Default)]
+use tracing::warn;
+
+/// How often the coarse clock's ticker thread reads the system clock.
+pub const COARSE_TICK: Duration = Duration::from_millis(5);
+
+/// Where the cache reads the time. Cheap to clone.
+///
+/// The default is [`Clock::coarse`]: reading the system clock costs tens to hundreds
+/// of nanoseconds on virtual machines, more than the rest of a cache hit, so a
+/// ticker thread reads it every [`COARSE_TICK`] and a hit reads an atomic. DNS TTLs
+/// are whole seconds; a few milliseconds of imprecision do not matter.
+#[derive(Debug, Clone)]
 pub struct Clock {
-    manual: Option<ManualClock>,
+    kind: Kind,
+}
+
+#[derive(Debug, Clone)]
+enum Kind {
+    Coarse(&'static Coarse),
+    Precise,
+    Manual(ManualClock),
+}
+
+impl Default for Clock {
+    fn default() -> Self {
+        Self::coarse()
+    }
+}
+
+#[derive(Debug)]
+struct Coarse {
+    base: Instant,
+    nanos: AtomicU64,
+    ticking: AtomicBool,
+}
+
+static COARSE: LazyLock<Coarse> = LazyLock::new(|| Coarse {
+    base: Instant::now(),
+    nanos: AtomicU64::new(0),
+    ticking: AtomicBool::new(false),
+});
+static START_TICKER: Once = Once::new();
+
+fn elapsed_nanos(base: Instant) -> u64 {
+    u64::try_from(base.elapsed().as_nanos()).unwrap_or(u64::MAX)
 }
 
 impl Clock {
-    /// The system's monotonic clock.
-    pub fn system() -> Self {
-        Self::default()
+    /// The system's monotonic clock, read through a shared ticker thread (one per
+    /// process, started on first use). Falls back to [`Clock::precise`] if the
+    /// thread cannot be started.
+    pub fn coarse() -> Self {
+        let coarse: &'static Coarse = &COARSE;
+        START_TICKER.call_once(|| {
+            coarse.nanos.store(elapsed_nanos(coarse.base), Ordering::Relaxed);
+            let spawned = std::thread::Builder::new()
+                .name("dwara-dns-clock".to_owned())
+                .spawn(move || {
+                    loop {
+                        std::thread::sleep(COARSE_TICK);
+                        coarse.nanos.store(elapsed_nanos(coarse.base), Ordering::Relaxed);
+                    }
+                });
+            match spawned {
+                Ok(_) => coarse.ticking.store(true, Ordering::Release),
+                Err(e) => warn!(error = %e, "cannot start the DNS cache clock thread; reading the system clock on every hit"),
+            }
+        });
+        Self {
+            kind: Kind::Coarse(coarse),
+        }
+    }
+
+    /// The system's monotonic clock, read on every call.
+    pub fn precise() -> Self {
+        Self {
+            kind: Kind::Precise,
+        }
     }
 
     /// The current instant.
     #[inline]
     pub fn now(&self) -> Instant {
-        match &self.manual {
-            None => Instant::now(),
-            Some(m) => m.now(),
+        match &self.kind {
+            Kind::Coarse(c) if c.ticking.load(Ordering::Relaxed) => {
+                c.base + Duration::from_nanos(c.nanos.load(Ordering::Relaxed))
+            }
+            Kind::Coarse(_) | Kind::Precise => Instant::now(),
+            Kind::Manual(m) => m.now(),
         }
     }
 }
@@ -35,7 +107,7 @@ impl Clock {
 impl From<ManualClock> for Clock {
     fn from(manual: ManualClock) -> Self {
         Self {
-            manual: Some(manual),
+            kind: Kind::Manual(manual),
         }
     }
 }
@@ -84,6 +156,17 @@ impl ManualClock {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn coarse_clock_moves() {
+        let clock = Clock::coarse();
+        let t0 = clock.now();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while clock.now() <= t0 && Instant::now() < deadline {
+            std::thread::sleep(COARSE_TICK);
+        }
+        assert!(clock.now() > t0, "the coarse clock did not move in 10 s");
+    }
 
     #[test]
     fn manual_clock_moves_only_when_advanced() {

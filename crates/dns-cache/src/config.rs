@@ -41,7 +41,9 @@ pub struct DnsCacheConfig {
     pub refresh_ahead: f64,
     /// Address families to look up.
     pub family: LookupFamily,
-    /// Time source for every freshness decision (tests inject a manual clock).
+    /// Time source for every freshness decision: [`Clock::coarse`] by default
+    /// ([`Clock::precise`] reads the system clock on every hit; tests inject a
+    /// [`ManualClock`](crate::ManualClock)).
     pub clock: Clock,
 }
 
@@ -57,7 +59,7 @@ impl Default for DnsCacheConfig {
             stale_answer_ttl: Duration::from_secs(10),
             refresh_ahead: 0.2,
             family: LookupFamily::Both,
-            clock: Clock::system(),
+            clock: Clock::coarse(),
         }
     }
 }

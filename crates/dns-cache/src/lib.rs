@@ -69,7 +69,7 @@ use moka::ops::compute::Op;
 use moka::policy::EvictionPolicy;
 use tracing::{debug, warn};
 
-pub use clock::{Clock, ManualClock};
+pub use clock::{COARSE_TICK, Clock, ManualClock};
 pub use config::{DnsCacheConfig, LookupFamily};
 pub use error::DnsCacheError;
 #[cfg(feature = "hyper-util")]
@@ -170,8 +170,15 @@ impl DnsCache {
     /// An IP literal or `localhost` is answered without DNS. A cached NXDOMAIN/NODATA
     /// is returned as an error for which [`DnsCacheError::is_no_records`] holds.
     pub async fn resolve(&self, host: &str) -> Addrs {
+        // Keys are normalised, so a raw name that matches is already normalised: try
+        // it as given first and only pay for normalising when that misses.
+        if let Some(answer) = self.hit(host) {
+            return answer;
+        }
         let key = name::normalise(host);
-        if let Some(answer) = self.hit(&key) {
+        if let std::borrow::Cow::Owned(key) = &key
+            && let Some(answer) = self.hit(key)
+        {
             return answer;
         }
         if let Some(ips) = name::bypass(&key) {
@@ -230,19 +237,22 @@ impl DnsCache {
         let now = inner.config.clock.now();
         inner
             .front
-            .with(key, |entry| {
-                if !entry.is_fresh(now) {
+            .with(key, |hot| {
+                if now >= hot.fresh_until {
                     return None;
                 }
-                if entry.refresh_at.is_some_and(|at| now >= at) {
-                    self.refresh_ahead(key, entry);
+                if hot.refresh_at.is_some_and(|at| now >= at) {
+                    self.refresh_ahead(key, &hot.entry);
                 }
-                if entry.stale {
+                if hot.stale {
                     inner.stats.stale_served();
                 } else {
                     inner.stats.hit();
                 }
-                Some(answer_of(key, entry))
+                Some(match &hot.addrs {
+                    Some(addrs) => Ok(addrs.clone()),
+                    None => answer_of(key, &hot.entry),
+                })
             })
             .flatten()
     }

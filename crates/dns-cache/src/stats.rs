@@ -4,6 +4,7 @@
 //! Hit-path counters are striped over cache-line-padded slots picked per thread, so
 //! two threads hitting the cache do not write the same cache line.
 
+use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 const STRIPES: usize = 16;
@@ -18,12 +19,21 @@ struct Stripe {
 static NEXT_SLOT: AtomicUsize = AtomicUsize::new(0);
 
 thread_local! {
-    static SLOT: usize = NEXT_SLOT.fetch_add(1, Ordering::Relaxed) % STRIPES;
+    static SLOT: Cell<usize> = const { Cell::new(usize::MAX) };
 }
 
 #[inline]
 fn slot() -> usize {
-    SLOT.try_with(|s| *s).unwrap_or(0)
+    SLOT.try_with(|s| {
+        let v = s.get();
+        if v != usize::MAX {
+            return v;
+        }
+        let v = NEXT_SLOT.fetch_add(1, Ordering::Relaxed) % STRIPES;
+        s.set(v);
+        v
+    })
+    .unwrap_or(0)
 }
 
 /// The live counters of one cache.
