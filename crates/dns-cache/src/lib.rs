@@ -185,7 +185,9 @@ impl DnsCache {
             Stats::bump(&self.inner.stats.bypassed);
             return Ok(ips);
         }
-        self.miss(key.into_owned()).await
+        // Boxed: the miss path's state (moka, the resolver) is kilobytes, and an
+        // unboxed `resolve` future would copy all of it on every hit.
+        Box::pin(self.miss(key.into_owned())).await
     }
 
     /// [`resolve`](Self::resolve), paired with `port`: ready to dial.

@@ -419,6 +419,15 @@ async fn capacity_bound_holds() {
 }
 
 #[tokio::test]
+async fn the_resolve_future_is_small() {
+    // A hit must not move the miss path's kilobytes of state around.
+    let server = start().await;
+    let cache = DnsCache::new(resolver_for(server.addr()), manual(&ManualClock::new())).unwrap();
+    let size = size_of_val(&cache.resolve("api.test"));
+    assert!(size <= 256, "resolve() future is {size} bytes");
+}
+
+#[tokio::test]
 async fn invalidate_forgets_a_name() {
     let server = start().await;
     server.set_a("api.test.", &["10.0.0.1".parse().unwrap()], 300);
