@@ -398,6 +398,166 @@ fn report(dir: &Path, since: SystemTime) {
     }
 }
 
+/// Criterion measures one benchmark after another, so on a shared, loaded machine the
+/// floor and a policy can see different loads. This pass interleaves them: in each
+/// round every picker runs one batch, and the per-pick time of each picker is taken
+/// as the minimum (and the median) over rounds, so the ratios compare like with like.
+fn interleaved() {
+    const ROUNDS: usize = 25;
+    const BATCH: usize = 100_000;
+    let time_batch = |case: &Case| {
+        let start = Instant::now();
+        for i in 0..BATCH {
+            (case.pick)(i);
+        }
+        start.elapsed().as_secs_f64() * 1e9 / BATCH as f64
+    };
+    let stats = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        (v[0], v[v.len() / 2])
+    };
+    println!(
+        "\ninterleaved (1 thread, {ROUNDS} rounds of {BATCH} picks): min ns [ratio to floor_atomic_rr / to floor_swap_guard], median ns\n"
+    );
+    println!("| picker | 10 | 100 | 1000 |\n|---|---|---|---|");
+    let mut columns: Vec<Vec<(&'static str, (f64, f64))>> = Vec::new();
+    for n in SIZES {
+        let cases = cases(n);
+        let mut samples: Vec<Vec<f64>> = vec![Vec::new(); cases.len()];
+        for _ in 0..ROUNDS {
+            for (case, s) in cases.iter().zip(&mut samples) {
+                s.push(time_batch(case));
+            }
+        }
+        columns.push(
+            cases
+                .iter()
+                .zip(samples)
+                .map(|(c, s)| (c.name, stats(s)))
+                .collect(),
+        );
+    }
+    let rows = columns.first().map_or(0, Vec::len);
+    for r in 0..rows {
+        let cells: Vec<String> = columns
+            .iter()
+            .map(|col| {
+                let (floor, guard) = (col[0].1.0, col[1].1.0);
+                let (min, median) = col[r].1;
+                format!(
+                    "{min:.1} [{:.1}× / {:.1}×], {median:.1}",
+                    min / floor,
+                    min / guard
+                )
+            })
+            .collect();
+        println!("| {} | {} |", columns[0][r].0, cells.join(" | "));
+    }
+
+    // pick latency with and without a writer swapping sets, rounds alternating
+    println!(
+        "\ninterleaved swap (100 endpoints, {ROUNDS} rounds): min ns quiet → swapping [ratio], medians\n"
+    );
+    println!("| policy | quiet | swapping | ratio (min) | ratio (median) |\n|---|---|---|---|---|");
+    let n = 100;
+    for (name, policy) in [
+        ("round_robin", Policy::RoundRobin),
+        ("p2c", Policy::P2c),
+        ("consistent_hash", Policy::ConsistentHash),
+    ] {
+        let lb = Arc::new(
+            UpstreamLb::builder(policy)
+                .seed(1)
+                .endpoints(uniform(n))
+                .build(),
+        );
+        let keys = keys();
+        let pick = |i: usize| {
+            let _ = black_box(lb.pick_by_key(&keys[i % keys.len()]));
+        };
+        let active = Arc::new(AtomicBool::new(false));
+        let stop = Arc::new(AtomicBool::new(false));
+        let swaps = Arc::new(AtomicUsize::new(0));
+        let writer = {
+            let (lb, active, stop, swaps) =
+                (lb.clone(), active.clone(), stop.clone(), swaps.clone());
+            let a = uniform(n);
+            let b: EndpointSet = (1..=n).map(addr).collect();
+            thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    if active.load(Ordering::Relaxed) {
+                        lb.update(a.clone());
+                        lb.update(b.clone());
+                        swaps.fetch_add(2, Ordering::Relaxed);
+                    } else {
+                        thread::sleep(Duration::from_micros(200));
+                    }
+                }
+            })
+        };
+        let (mut quiet, mut busy) = (Vec::new(), Vec::new());
+        for _ in 0..ROUNDS {
+            active.store(false, Ordering::Relaxed);
+            thread::sleep(Duration::from_millis(1));
+            let start = Instant::now();
+            for i in 0..BATCH {
+                pick(i);
+            }
+            quiet.push(start.elapsed().as_secs_f64() * 1e9 / BATCH as f64);
+            let before = swaps.load(Ordering::Relaxed);
+            active.store(true, Ordering::Relaxed);
+            while swaps.load(Ordering::Relaxed) == before {
+                thread::yield_now();
+            }
+            let start = Instant::now();
+            for i in 0..BATCH {
+                pick(i);
+            }
+            busy.push(start.elapsed().as_secs_f64() * 1e9 / BATCH as f64);
+        }
+        stop.store(true, Ordering::Relaxed);
+        let _ = writer.join();
+        let ((qmin, qmed), (bmin, bmed)) = (stats(quiet), stats(busy));
+        println!(
+            "| {name} | {qmin:.1} ({qmed:.1}) | {bmin:.1} ({bmed:.1}) | {:.2}× | {:.2}× |",
+            bmin / qmin,
+            bmed / qmed
+        );
+    }
+}
+
+/// The name filter given on the command line, if any (criterion's own flags and
+/// their values skipped).
+fn filter_arg() -> Option<String> {
+    const WITH_VALUE: [&str; 16] = [
+        "--warm-up-time",
+        "--measurement-time",
+        "--sample-size",
+        "--save-baseline",
+        "--baseline",
+        "--baseline-lenient",
+        "--load-baseline",
+        "--noise-threshold",
+        "--confidence-level",
+        "--significance-level",
+        "--nresamples",
+        "--output-format",
+        "--profile-time",
+        "--plotting-backend",
+        "--color",
+        "--format",
+    ];
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        if WITH_VALUE.contains(&a.as_str()) {
+            args.next();
+        } else if !a.starts_with('-') {
+            return Some(a);
+        }
+    }
+    None
+}
+
 fn main() {
     let since = SystemTime::now()
         .checked_sub(Duration::from_secs(1))
@@ -412,4 +572,9 @@ fn main() {
     bench_update(&mut c);
     c.final_summary();
     report(&dir, since);
+    // `--list`, `--test` and filters that do not ask for it skip the interleaved pass
+    let listing = std::env::args().any(|a| a == "--list" || a == "--test");
+    if !listing && filter_arg().is_none_or(|f| f.contains("interleaved")) {
+        interleaved();
+    }
 }

@@ -264,10 +264,7 @@ impl Picker {
                 if b_wins { b } else { a }
             }
             Picker::Srv(groups) => groups[0].pick(ticket.random()),
-            Picker::Ring(ring) => {
-                let h = key.unwrap_or_else(|| ticket.random());
-                ring.owner(ring.point(h), attempt)
-            }
+            Picker::Ring(ring) => ring.lookup(key.unwrap_or_else(|| ticket.random()), attempt),
         }
     }
 

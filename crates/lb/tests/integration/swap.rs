@@ -37,9 +37,11 @@ fn run(policy: Policy) {
     // the newest generation whose update() has returned
     let published = Arc::new(AtomicU64::new(0));
     let done = Arc::new(AtomicBool::new(false));
+    let started = Arc::new(AtomicU64::new(0));
     let pickers: Vec<_> = (0..2)
         .map(|t| {
-            let (lb, published, done) = (lb.clone(), published.clone(), done.clone());
+            let (lb, published, done, started) =
+                (lb.clone(), published.clone(), done.clone(), started.clone());
             thread::spawn(move || {
                 let mut picks = 0u64;
                 let mut key = t as u64;
@@ -71,11 +73,18 @@ fn run(policy: Policy) {
                         }
                     }
                     picks += 1;
+                    if picks == 1 {
+                        started.fetch_add(1, Ordering::Release);
+                    }
                 }
                 picks
             })
         })
         .collect();
+    // swaps start once both pickers are picking, so they overlap
+    while started.load(Ordering::Acquire) < 2 {
+        thread::yield_now();
+    }
     for g in 1..=SWAPS {
         assert!(lb.update(generation(g)));
         published.store(g, Ordering::Release);
