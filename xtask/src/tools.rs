@@ -22,7 +22,10 @@ fn on_path(program: &str) -> bool {
         return false;
     };
     std::env::split_paths(&path)
-        .chain([Path::new("/usr/sbin").to_path_buf(), Path::new("/sbin").to_path_buf()])
+        .chain([
+            Path::new("/usr/sbin").to_path_buf(),
+            Path::new("/sbin").to_path_buf(),
+        ])
         .any(|dir| dir.join(program).is_file())
 }
 
@@ -70,7 +73,9 @@ pub(crate) fn ensure() -> anyhow::Result<()> {
 }
 
 fn run_quiet(cmd: &mut Command) -> anyhow::Result<()> {
-    let out = cmd.output().with_context(|| format!("cannot run {cmd:?}"))?;
+    let out = cmd
+        .output()
+        .with_context(|| format!("cannot run {cmd:?}"))?;
     if !out.status.success() {
         bail!(
             "{cmd:?} failed ({}): {}",
