@@ -2,7 +2,7 @@
 //! path) and published together with the set.
 
 use crate::hash::Ring;
-use crate::rng::{Ticket, below, mix64};
+use crate::rng::{Ticket, below};
 use crate::{Endpoint, Policy};
 
 /// Longest precomputed smooth-weighted sequence (entries).
@@ -13,12 +13,10 @@ const MAX_SEQUENCE_WORK: u64 = 1 << 24;
 /// One RFC 2782 priority group.
 #[derive(Debug)]
 pub(crate) struct SrvGroup {
-    /// Indices into the set; the zero-weight ones first.
+    /// Indices into the set.
     members: Box<[u32]>,
-    /// Running weight sums, parallel to `members`.
-    running: Box<[u64]>,
-    zero_weight: usize,
-    total: u64,
+    /// Weighted choice among `members` (see [`srv_weights`]).
+    alias: AliasTable,
 }
 
 /// The pick state of one policy for one endpoint set.
@@ -34,7 +32,7 @@ pub(crate) enum Picker {
     WeightedRandom(AliasTable),
     /// Power of two choices; `true` when weights differ.
     P2c(bool),
-    /// RFC 2782 priority groups, lowest priority first.
+    /// RFC 2782 priority groups, lowest priority first, each with an alias table.
     Srv(Box<[SrvGroup]>),
     /// Consistent-hash ring.
     Ring(Ring),
@@ -97,34 +95,37 @@ pub(crate) fn smooth_sequence(weights: &[u64]) -> Box<[u32]> {
     seq.into_boxed_slice()
 }
 
-fn running_sums(weights: impl Iterator<Item = u64>) -> Box<[u64]> {
+/// The selection weights of one priority group, giving RFC 2782's distribution.
+///
+/// RFC 2782 draws `R` uniform in `0..=S` (`S` the sum of weights) over a running
+/// sum with the weight-0 targets first: a target of weight `w` is chosen with
+/// probability `w / (S + 1)` and the weight-0 targets share the remaining
+/// `1 / (S + 1)`, "a very small chance". We give that share to them evenly (the
+/// RFC's list order would give it all to the first), and without weight-0 targets
+/// use `w / S`, exactly proportional. Scaled to integers: with `k` weight-0
+/// targets, `w·k` each and 1 per weight-0 target.
+fn srv_weights(weights: &[u16]) -> Vec<u64> {
+    let k = weights.iter().filter(|&&w| w == 0).count() as u64;
     weights
-        .scan(0u64, |acc, w| {
-            *acc += w;
-            Some(*acc)
+        .iter()
+        .map(|&w| match (w, k) {
+            (0, _) => 1,
+            (w, 0) => u64::from(w),
+            (w, k) => u64::from(w) * k,
         })
         .collect()
 }
 
 fn srv_groups(eps: &[Endpoint]) -> Box<[SrvGroup]> {
     let mut order: Vec<u32> = (0..eps.len() as u32).collect();
-    // by priority, zero weights first within a priority (RFC 2782)
-    order.sort_by_key(|&i| {
-        let e = &eps[i as usize];
-        (e.priority, e.weight != 0, i)
-    });
+    order.sort_by_key(|&i| (eps[i as usize].priority, i));
     order
         .chunk_by(|&a, &b| eps[a as usize].priority == eps[b as usize].priority)
         .map(|members| {
-            let running = running_sums(members.iter().map(|&i| u64::from(eps[i as usize].weight)));
+            let weights: Vec<u16> = members.iter().map(|&i| eps[i as usize].weight).collect();
             SrvGroup {
-                zero_weight: members
-                    .iter()
-                    .take_while(|&&i| eps[i as usize].weight == 0)
-                    .count(),
-                total: running.last().copied().unwrap_or(0),
                 members: members.into(),
-                running,
+                alias: AliasTable::from_weights(&srv_weights(&weights)),
             }
         })
         .collect()
@@ -147,19 +148,20 @@ pub(crate) struct AliasTable {
 }
 
 impl AliasTable {
-    fn build(eps: &[Endpoint]) -> Self {
-        let n = eps.len() as u64;
-        let total: u64 = eps.iter().map(weight).sum();
+    /// The table for `weights` (each > 0, at least one).
+    fn from_weights(weights: &[u64]) -> Self {
+        let n = weights.len() as u64;
+        let total: u64 = weights.iter().sum();
         // column i holds mass w_i·n out of `total` per column
-        let mut mass: Vec<u64> = eps.iter().map(|e| weight(e) * n).collect();
-        let mut columns: Vec<AliasColumn> = (0..eps.len() as u32)
+        let mut mass: Vec<u64> = weights.iter().map(|w| w * n).collect();
+        let mut columns: Vec<AliasColumn> = (0..weights.len() as u32)
             .map(|i| AliasColumn {
                 keep: total,
                 alias: i,
             })
             .collect();
         let (mut small, mut large): (Vec<usize>, Vec<usize>) =
-            (0..eps.len()).partition(|&i| mass[i] < total);
+            (0..weights.len()).partition(|&i| mass[i] < total);
         while let (Some(s), Some(&l)) = (small.pop(), large.last()) {
             columns[s] = AliasColumn {
                 keep: mass[s],
@@ -187,27 +189,9 @@ impl AliasTable {
 }
 
 impl SrvGroup {
-    /// RFC 2782 selection within the group: `R` uniform in `0..=total`, the first
-    /// member whose running sum is `>= R`. `R = 0` goes to a uniformly chosen
-    /// zero-weight member when there are any; without them `R` is drawn from
-    /// `1..=total` so that shares are exactly proportional to weight.
     #[inline]
     fn pick(&self, x: u64) -> usize {
-        let len = self.members.len();
-        if self.total == 0 {
-            return self.members[below(x, len)] as usize;
-        }
-        let r = if self.zero_weight > 0 {
-            let r = below(x, self.total as usize + 1) as u64;
-            if r == 0 {
-                return self.members[below(mix64(x), self.zero_weight)] as usize;
-            }
-            r
-        } else {
-            below(x, self.total as usize) as u64 + 1
-        };
-        let k = self.running.partition_point(|&s| s < r);
-        self.members[k.min(len - 1)] as usize
+        self.members[self.alias.pick(x)] as usize
     }
 
     pub(crate) fn members(&self) -> &[u32] {
@@ -221,7 +205,9 @@ impl Picker {
             Policy::RoundRobin if equal_weights(eps) => Picker::RoundRobin,
             Policy::RoundRobin => Picker::SmoothWeighted(smooth_sequence(&sequence_weights(eps))),
             Policy::Random if equal_weights(eps) => Picker::Random,
-            Policy::Random => Picker::WeightedRandom(AliasTable::build(eps)),
+            Policy::Random => Picker::WeightedRandom(AliasTable::from_weights(
+                &eps.iter().map(weight).collect::<Vec<_>>(),
+            )),
             Policy::P2c => Picker::P2c(!equal_weights(eps)),
             Policy::Srv => Picker::Srv(srv_groups(eps)),
             Policy::ConsistentHash => Picker::Ring(Ring::build(eps)),
@@ -294,5 +280,26 @@ impl Picker {
     /// Weighted pick within one SRV group.
     pub(crate) fn srv_pick_in(group: &SrvGroup, ticket: &Ticket) -> usize {
         group.pick(ticket.random())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn srv_weights_follow_rfc_2782() {
+        // weight 0 shares one unit out of S + 1
+        assert_eq!(srv_weights(&[0, 99]), [1, 99]);
+        assert_eq!(srv_weights(&[2, 0, 0, 3]), [4, 1, 1, 6]);
+        // all zero: uniform; none zero: proportional
+        assert_eq!(srv_weights(&[0, 0, 0]), [1, 1, 1]);
+        assert_eq!(srv_weights(&[10, 30]), [10, 30]);
+    }
+
+    #[test]
+    fn smooth_sequence_spreads_heavy_weights() {
+        assert_eq!(&*smooth_sequence(&[5, 1, 1]), &[0, 0, 1, 0, 2, 0, 0]);
+        assert_eq!(&*smooth_sequence(&[1, 1]), &[0, 1]);
     }
 }
