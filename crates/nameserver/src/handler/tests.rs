@@ -330,3 +330,39 @@ fn random_bytes_never_panic() {
         let _ = servfail(&p, &mut f.out);
     }
 }
+
+#[test]
+fn hidden_and_removed_records_are_not_served() {
+    let mut f = fixture();
+    f.db.apply(crate::db::Entry {
+        id: "r1".into(),
+        ip: "10.9.0.1".parse().unwrap(),
+        fqdn: "remote.weave.local.".into(),
+        origin: "peer-b".into(),
+        version: 1,
+        tombstone: false,
+    })
+    .unwrap();
+    let q = query("remote.weave.local.", RecordType::A, None);
+    assert_eq!(f.answer(&q, Transport::Udp).answers.len(), 1);
+    f.db.set_origin_hidden("peer-b", true);
+    let m = f.answer(&q, Transport::Udp);
+    assert_eq!(
+        m.metadata.response_code,
+        ResponseCode::NXDomain,
+        "a hidden peer's name is unknown"
+    );
+    // Its PTR is not ours any more either: forwarded.
+    let ptr = query("1.0.9.10.in-addr.arpa.", RecordType::PTR, None);
+    assert_eq!(f.ask(&ptr, Transport::Udp), Outcome::Forward { qtype: 12 });
+    f.db.set_origin_hidden("peer-b", false);
+    assert_eq!(f.answer(&q, Transport::Udp).answers.len(), 1);
+    assert_eq!(f.answer(&ptr, Transport::Udp).answers.len(), 1);
+    // Removing one of three addresses removes it from answers at once.
+    f.db.remove_all("c2");
+    let m = f.answer(
+        &query("web.weave.local.", RecordType::A, None),
+        Transport::Udp,
+    );
+    assert_eq!(addrs(&m).len(), 2);
+}
