@@ -427,3 +427,83 @@ fn answer_of(key: &str, entry: &Entry) -> Addrs {
         }),
     }
 }
+
+#[cfg(test)]
+mod timing {
+    //! Rough, ignored: the whole hit path vs its parts (`cargo test --release -- --ignored`).
+    #![allow(clippy::print_stdout, clippy::unwrap_used)]
+    use super::*;
+    use std::future::Future;
+    use std::hint::black_box;
+    use std::pin::pin;
+    use std::task::{Context, Poll, Waker};
+    use std::time::Instant;
+
+    fn ready<F: Future>(f: F) -> F::Output {
+        let mut f = pin!(f);
+        match f.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+            Poll::Ready(o) => o,
+            Poll::Pending => panic!("pending"),
+        }
+    }
+
+    #[tokio::test]
+    #[ignore = "timing experiment, not a test"]
+    async fn resolve_vs_parts() {
+        let resolver = DnsResolver::new(dwara_resolver::ResolverConfig {
+            nameservers: vec!["127.0.0.1:9".parse().unwrap()],
+            ..Default::default()
+        })
+        .unwrap();
+        let cache = DnsCache::new(resolver, DnsCacheConfig::default()).unwrap();
+        let names: Vec<String> = (0..10_000).map(|i| format!("host-{i}.svc.test")).collect();
+        let now = cache.inner.config.clock.now();
+        for n in &names {
+            let e = Arc::new(Entry::positive(
+                &[("10.0.0.1".parse().unwrap(), 3600)],
+                now,
+                &cache.inner.config,
+            ));
+            cache.inner.store.insert(n.clone(), e.clone()).await;
+            cache.publish(n, &e).await;
+        }
+        let mut x = 12345u64;
+        let order: Vec<usize> = (0..65536)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                (x % 10_000) as usize
+            })
+            .collect();
+        let n = 1_000_000usize;
+        for _ in 0..3 {
+            let t = Instant::now();
+            for i in 0..n {
+                black_box(ready(cache.resolve(&names[order[i & 65535]])).unwrap());
+            }
+            let resolve_ns = t.elapsed().as_nanos() as f64 / n as f64;
+            let t = Instant::now();
+            for i in 0..n {
+                black_box(cache.hit(&names[order[i & 65535]]).unwrap().unwrap());
+            }
+            let hit_ns = t.elapsed().as_nanos() as f64 / n as f64;
+            let t = Instant::now();
+            for i in 0..n {
+                let now = cache.inner.config.clock.now();
+                black_box(cache.inner.front.with(&names[order[i & 65535]], |h| {
+                    (now < h.fresh_until).then(|| h.addrs.clone())
+                }));
+            }
+            let parts_ns = t.elapsed().as_nanos() as f64 / n as f64;
+            let t = Instant::now();
+            for _ in 0..n {
+                cache.inner.stats.hit();
+            }
+            let stat_ns = t.elapsed().as_nanos() as f64 / n as f64;
+            println!(
+                "resolve {resolve_ns:.1}  hit() {hit_ns:.1}  clock+front {parts_ns:.1}  stats.hit {stat_ns:.1}"
+            );
+        }
+    }
+}
