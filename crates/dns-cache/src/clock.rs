@@ -53,6 +53,7 @@ static COARSE: LazyLock<Coarse> = LazyLock::new(|| Coarse {
     ticking: AtomicBool::new(false),
 });
 static START_TICKER: Once = Once::new();
+static PRECISE_BASE: LazyLock<Instant> = LazyLock::new(Instant::now);
 
 fn elapsed_nanos(base: Instant) -> u64 {
     u64::try_from(base.elapsed().as_nanos()).unwrap_or(u64::MAX)
@@ -86,9 +87,33 @@ impl Clock {
 
     /// The system's monotonic clock, read on every call.
     pub fn precise() -> Self {
+        // Fix the base before any instant this clock hands out.
+        LazyLock::force(&PRECISE_BASE);
         Self {
             kind: Kind::Precise,
         }
+    }
+
+    /// `now()` as nanoseconds since the clock's base: what the hit path compares
+    /// (a `u64` keeps the front map's buckets small).
+    #[inline]
+    pub(crate) fn ticks(&self) -> u64 {
+        match &self.kind {
+            Kind::Coarse(c) if c.ticking.load(Ordering::Relaxed) => c.nanos.load(Ordering::Relaxed),
+            Kind::Coarse(c) => elapsed_nanos(c.base),
+            Kind::Precise => elapsed_nanos(*PRECISE_BASE),
+            Kind::Manual(m) => m.inner.offset_nanos.load(Ordering::SeqCst),
+        }
+    }
+
+    /// `at` in [`ticks`](Self::ticks).
+    pub(crate) fn ticks_of(&self, at: Instant) -> u64 {
+        let base = match &self.kind {
+            Kind::Coarse(c) => c.base,
+            Kind::Precise => *PRECISE_BASE,
+            Kind::Manual(m) => m.inner.base,
+        };
+        u64::try_from(at.saturating_duration_since(base).as_nanos()).unwrap_or(u64::MAX)
     }
 
     /// The current instant.
@@ -166,6 +191,25 @@ mod tests {
             std::thread::sleep(COARSE_TICK);
         }
         assert!(clock.now() > t0, "the coarse clock did not move in 10 s");
+    }
+
+    #[test]
+    fn ticks_agree_with_instants() {
+        let manual = ManualClock::new();
+        for clock in [
+            Clock::coarse(),
+            Clock::precise(),
+            Clock::from(manual.clone()),
+        ] {
+            let now = clock.now();
+            let later = now + Duration::from_secs(3);
+            assert_eq!(clock.ticks_of(later) - clock.ticks_of(now), 3_000_000_000);
+            assert!(clock.ticks() >= clock.ticks_of(now) || matches!(clock.kind, Kind::Coarse(_)));
+        }
+        let clock = Clock::from(manual.clone());
+        manual.advance(Duration::from_millis(1500));
+        assert_eq!(clock.ticks(), 1_500_000_000);
+        assert_eq!(clock.ticks_of(clock.now()), clock.ticks());
     }
 
     #[test]

@@ -15,19 +15,21 @@ use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::net::IpAddr;
 use std::sync::Arc;
-use std::time::Instant;
 
 use arc_swap::ArcSwap;
 use foldhash::fast::RandomState;
 
+use crate::clock::Clock;
 use crate::entry::{Answer, Entry};
 
 /// What a hit needs, inline in the map's bucket: one probe, then only the answer's
 /// reference count is touched (the `Entry` itself is a pointer chase away).
 #[derive(Debug, Clone)]
 pub(crate) struct Hot {
-    pub(crate) fresh_until: Instant,
-    pub(crate) refresh_at: Option<Instant>,
+    /// [`Clock::ticks`] until which the answer is fresh.
+    pub(crate) fresh_until: u64,
+    /// Ticks from which a hit starts refresh-ahead (`u64::MAX`: never).
+    pub(crate) refresh_at: u64,
     pub(crate) stale: bool,
     /// The addresses; `None` for a negative answer (the error is in `entry`).
     pub(crate) addrs: Option<Arc<[IpAddr]>>,
@@ -35,10 +37,10 @@ pub(crate) struct Hot {
 }
 
 impl Hot {
-    fn of(entry: &Arc<Entry>) -> Self {
+    fn of(entry: &Arc<Entry>, clock: &Clock) -> Self {
         Self {
-            fresh_until: entry.fresh_until,
-            refresh_at: entry.refresh_at,
+            fresh_until: clock.ticks_of(entry.fresh_until),
+            refresh_at: entry.refresh_at.map_or(u64::MAX, |at| clock.ticks_of(at)),
             stale: entry.stale,
             addrs: match &entry.answer {
                 Answer::Addrs(a) => Some(a.clone()),
@@ -55,6 +57,7 @@ pub(crate) struct FrontMap {
     shards: Box<[ArcSwap<Shard>]>,
     mask: usize,
     hasher: RandomState,
+    clock: Clock,
 }
 
 impl std::fmt::Debug for FrontMap {
@@ -67,7 +70,7 @@ impl std::fmt::Debug for FrontMap {
 
 impl FrontMap {
     /// A map sized for about `capacity` entries (~32 per shard).
-    pub(crate) fn new(capacity: u64) -> Self {
+    pub(crate) fn new(capacity: u64, clock: Clock) -> Self {
         let per_shard = usize::try_from(capacity / 32).unwrap_or(usize::MAX);
         let n = per_shard.clamp(16, 8192).next_power_of_two();
         let hasher = RandomState::default();
@@ -78,6 +81,7 @@ impl FrontMap {
             shards,
             mask: n - 1,
             hasher,
+            clock,
         }
     }
 
@@ -106,7 +110,7 @@ impl FrontMap {
     pub(crate) fn insert(&self, key: &str, entry: &Arc<Entry>) {
         self.shard(key).rcu(|cur| {
             let mut next = Shard::clone(cur);
-            next.insert(Box::from(key), Hot::of(entry));
+            next.insert(Box::from(key), Hot::of(entry, &self.clock));
             next
         });
     }
@@ -163,7 +167,7 @@ mod tests {
 
     #[test]
     fn insert_get_and_remove_by_identity() {
-        let m = FrontMap::new(100);
+        let m = FrontMap::new(100, Clock::precise());
         let (a, b) = (entry(), entry());
         m.insert("a.test", &a);
         assert!(m.holds("a.test", &a));
@@ -189,12 +193,13 @@ mod timing {
     use crate::config::DnsCacheConfig;
     use std::hint::black_box;
     use std::sync::RwLock;
+    use std::time::Instant;
 
     #[test]
     #[ignore = "timing experiment, not a test"]
     fn hit_path_parts() {
         let names: Vec<String> = (0..10_000).map(|i| format!("host-{i}.svc.test")).collect();
-        let m = FrontMap::new(20_000);
+        let m = FrontMap::new(20_000, Clock::precise());
         let plain = RwLock::new(HashMap::new());
         for n in &names {
             let e = Arc::new(Entry::positive(
@@ -237,7 +242,7 @@ mod timing {
             let front_ns = t.elapsed().as_nanos() as f64 / n as f64;
             let t = Instant::now();
             for i in 0..n {
-                let now = Instant::now();
+                let now = m.clock.ticks();
                 black_box(m.with(&names[order[i & 65535]], |h| {
                     (now < h.fresh_until).then(|| h.addrs.clone())
                 }));
@@ -248,10 +253,10 @@ mod timing {
                 black_box(m.hasher.hash_one(names[order[i & 65535]].as_str()));
             }
             let hash_ns = t.elapsed().as_nanos() as f64 / n as f64;
-            let coarse = crate::Clock::coarse();
+            let coarse = Clock::coarse();
             let t = Instant::now();
             for i in 0..n {
-                let now = coarse.now();
+                let now = coarse.ticks();
                 black_box(m.with(&names[order[i & 65535]], |h| {
                     (now < h.fresh_until).then(|| h.addrs.clone())
                 }));

@@ -137,7 +137,7 @@ impl DnsCache {
     /// [`DnsResolver`] does).
     pub fn new(resolver: DnsResolver, config: DnsCacheConfig) -> Result<Self, DnsCacheError> {
         config.validate()?;
-        let front = Arc::new(FrontMap::new(config.capacity));
+        let front = Arc::new(FrontMap::new(config.capacity, config.clock.clone()));
         let stats = Arc::new(Stats::default());
         let (listener_front, listener_stats) = (front.clone(), stats.clone());
         let store = moka::future::Cache::builder()
@@ -236,14 +236,14 @@ impl DnsCache {
     #[inline]
     fn hit(&self, key: &str) -> Option<Addrs> {
         let inner = &*self.inner;
-        let now = inner.config.clock.now();
+        let now = inner.config.clock.ticks();
         inner
             .front
             .with(key, |hot| {
                 if now >= hot.fresh_until {
                     return None;
                 }
-                if hot.refresh_at.is_some_and(|at| now >= at) {
+                if now >= hot.refresh_at {
                     self.refresh_ahead(key, &hot.entry);
                 }
                 if hot.stale {
@@ -490,7 +490,7 @@ mod timing {
             let hit_ns = t.elapsed().as_nanos() as f64 / n as f64;
             let t = Instant::now();
             for i in 0..n {
-                let now = cache.inner.config.clock.now();
+                let now = cache.inner.config.clock.ticks();
                 black_box(cache.inner.front.with(&names[order[i & 65535]], |h| {
                     (now < h.fresh_until).then(|| h.addrs.clone())
                 }));
