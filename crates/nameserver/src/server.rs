@@ -163,10 +163,10 @@ impl DnsServer {
     }
 
     /// Stops both listeners and waits for the UDP workers to finish.
-    pub async fn shutdown(self) {
+    pub async fn shutdown(mut self) {
         self.stop.store(true, Ordering::Relaxed);
         self.tcp.abort();
-        let workers = self.workers;
+        let workers = std::mem::take(&mut self.workers);
         let _ = tokio::task::spawn_blocking(move || {
             for w in workers {
                 let _ = w.join();
@@ -174,6 +174,15 @@ impl DnsServer {
         })
         .await;
         tracing::debug!(addr = %self.addr, "DNS server stopped");
+    }
+}
+
+impl Drop for DnsServer {
+    /// A server dropped without [`DnsServer::shutdown`] still stops: the UDP workers
+    /// see the flag within their poll interval and exit on their own.
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        self.tcp.abort();
     }
 }
 

@@ -258,3 +258,43 @@ fn metrics_count_queries_by_type_and_rcode() {
         "{m}"
     );
 }
+
+#[test]
+fn a_dropped_server_stops_answering() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut config = dwara_nameserver::NameServerConfig::new(
+        dwara_nameserver::Domain::new("weave.local").unwrap(),
+    );
+    config.dns.listen = "127.0.0.1:0".parse().unwrap();
+    config.http_listen = "127.0.0.1:0".parse().unwrap();
+    config.fallback = dwara_nameserver::Fallback::Servers(Vec::new());
+    let server = rt
+        .block_on(dwara_nameserver::NameServer::start(config))
+        .unwrap();
+    let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
+    sock.connect(server.dns_addr()).unwrap();
+    sock.set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    let query = b"\x00\x01\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00\x01x\x05weave\x05local\x00\x00\x01\x00\x01";
+    let mut buf = [0u8; 512];
+    sock.send(query).unwrap();
+    assert!(sock.recv(&mut buf).is_ok(), "answers while running");
+    drop(server);
+    // The workers notice within their poll interval and close the socket: the port
+    // then refuses (ICMP port unreachable on the connected socket).
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let _ = sock.send(query);
+        match sock.recv(&mut buf) {
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => break,
+            _ => assert!(
+                std::time::Instant::now() < deadline,
+                "still answering after drop"
+            ),
+        }
+    }
+}
