@@ -6,22 +6,7 @@
 //! A change rewrites only the name and the addresses it touches: O(records of that
 //! name), never O(database), so 100,000 registrations stay linear.
 //!
-//! # Change API
-//!
-//! This is what replication (cluster) and the Docker updater build on:
-//!
-//! - [`Db::add`], [`Db::remove`], [`Db::remove_all`]: changes made on this node; the
-//!   entries carry [`Db::origin`]. A removal does not forget the entry: it becomes a
-//!   *tombstone* with a higher version, so the removal can be replicated.
-//! - [`Db::apply`]: merge an entry learnt from elsewhere (another node's entry, or a
-//!   tombstone for one of ours). The higher version wins; equal versions keep what
-//!   is there.
-//! - [`Db::purge_origin`], [`Db::gc_tombstones`]: forget entries for good.
-//! - [`Db::set_origin_hidden`]: hide (or show again) every entry of one origin from
-//!   DNS answers and lookups without forgetting them (a peer that is down).
-//! - [`Db::subscribe`]: a `tokio::sync::broadcast` of every [`Change`]. A receiver
-//!   that lags (`RecvError::Lagged`) must resynchronise from [`Db::entries`].
-//! - [`Db::generation`]: a counter bumped by every change.
+//! The change API is documented on [`Db`].
 //!
 //! Writers are serialised by one mutex; DNS reads never take it (they read the sharded
 //! tables), so registrations and queries do not block each other beyond one shard lock.
@@ -168,6 +153,24 @@ impl Writer {
 }
 
 /// The records database. Cheap to share behind an `Arc`; every method takes `&self`.
+///
+/// # Change API (what replication and the Docker updater build on)
+///
+/// - [`Db::add`], [`Db::remove`], [`Db::remove_all`]: changes made on this node; the
+///   entries carry [`Db::origin`]. A removal does not forget the entry: it becomes a
+///   *tombstone* with a higher version, so the removal can be replicated.
+/// - [`Db::apply`]: merge an entry learnt from elsewhere (another node's entry, or a
+///   tombstone for one of ours). The higher version wins; equal versions keep what
+///   is there.
+/// - [`Db::purge_origin`], [`Db::gc_tombstones`]: forget entries for good.
+/// - [`Db::set_origin_hidden`]: hide (or show again) every entry of one origin from
+///   DNS answers and lookups without forgetting them (a peer that is down).
+/// - [`Db::subscribe`]: a `tokio::sync::broadcast` of every [`Change`]. A receiver
+///   that lags (`RecvError::Lagged`) must resynchronise from [`Db::entries`].
+/// - [`Db::generation`]: a counter bumped by every change.
+///
+/// Changes to one entry are broadcast in the order they happen. A subscriber that
+/// replicates this node's own entries filters on `entry.origin == db.origin()`.
 #[derive(Debug)]
 pub struct Db {
     config: DbConfig,
@@ -400,7 +403,8 @@ impl Db {
         self.writer.lock().generation
     }
 
-    /// Subscribes to every future change. See the module docs for lagging receivers.
+    /// Subscribes to every future change. A receiver that lags resynchronises from
+    /// [`Db::entries`].
     pub fn subscribe(&self) -> broadcast::Receiver<Change> {
         self.changes.subscribe()
     }
