@@ -458,7 +458,9 @@ fn interleaved() {
     println!(
         "\ninterleaved swap (100 endpoints, {ROUNDS} rounds): min ns quiet → swapping [ratio], medians\n"
     );
-    println!("| policy | quiet | swapping | ratio (min) | ratio (median) |\n|---|---|---|---|---|");
+    println!(
+        "| policy | quiet | swapping | ratio (min) | ratio (median) | sets published per batch |\n|---|---|---|---|---|---|"
+    );
     let n = 100;
     for (name, policy) in [
         ("round_robin", Policy::RoundRobin),
@@ -496,6 +498,7 @@ fn interleaved() {
             })
         };
         let (mut quiet, mut busy) = (Vec::new(), Vec::new());
+        let mut swapped_during = 0usize;
         for _ in 0..ROUNDS {
             active.store(false, Ordering::Relaxed);
             thread::sleep(Duration::from_millis(1));
@@ -509,19 +512,21 @@ fn interleaved() {
             while swaps.load(Ordering::Relaxed) == before {
                 thread::yield_now();
             }
-            let start = Instant::now();
+            let (start, at) = (Instant::now(), swaps.load(Ordering::Relaxed));
             for i in 0..BATCH {
                 pick(i);
             }
             busy.push(start.elapsed().as_secs_f64() * 1e9 / BATCH as f64);
+            swapped_during += swaps.load(Ordering::Relaxed) - at;
         }
         stop.store(true, Ordering::Relaxed);
         let _ = writer.join();
         let ((qmin, qmed), (bmin, bmed)) = (stats(quiet), stats(busy));
         println!(
-            "| {name} | {qmin:.1} ({qmed:.1}) | {bmin:.1} ({bmed:.1}) | {:.2}× | {:.2}× |",
+            "| {name} | {qmin:.1} ({qmed:.1}) | {bmin:.1} ({bmed:.1}) | {:.2}× | {:.2}× | {:.0} |",
             bmin / qmin,
-            bmed / qmed
+            bmed / qmed,
+            swapped_during as f64 / ROUNDS as f64
         );
     }
 }

@@ -135,17 +135,17 @@ impl Shared {
 /// Per-address state: outlives set updates while the address stays in the set, and
 /// outlives the address's removal while guards on it are alive.
 ///
-/// The in-flight count is the `Arc`'s strong count minus the published snapshots that
-/// hold the state: every other strong reference is a [`PickGuard`](crate::PickGuard).
-/// So a pick pays one reference-count increment and its drop one decrement, and no
-/// separate counter. The count is exact whenever no update is in progress; during one
+/// The in-flight count is the `Arc`'s strong count minus the current snapshot's
+/// reference (none once the endpoint has left the set): every other strong reference
+/// is a [`PickGuard`](crate::PickGuard). So a pick pays one reference-count increment
+/// and its drop one decrement, and no separate counter, and an update touches only
+/// the reference counts of the states it carries over. The count is exact whenever
+/// no update is in progress; during one (while an old snapshot is still referenced)
 /// it may be off by one for an instant.
 #[derive(Debug)]
 #[repr(align(128))] // one cache line per endpoint: no false sharing between picks
 pub(crate) struct EndpointState {
     pub(crate) addr: SocketAddr,
-    /// Snapshots (current or still referenced) that hold this state.
-    snapshots: AtomicUsize,
     failures: AtomicU32,
     /// Clock nanos until which the endpoint is ejected; 0: not ejected.
     ejected_until: AtomicU64,
@@ -158,7 +158,6 @@ impl EndpointState {
     pub(crate) fn new(addr: SocketAddr, shared: &Arc<Shared>) -> Self {
         Self {
             addr,
-            snapshots: AtomicUsize::new(0),
             failures: AtomicU32::new(0),
             ejected_until: AtomicU64::new(0),
             removed: AtomicBool::new(false),
@@ -170,17 +169,8 @@ impl EndpointState {
     /// holds besides those (e.g. an upgraded `Weak`).
     #[inline]
     pub(crate) fn in_flight(self: &Arc<Self>, own_refs: usize) -> usize {
-        Arc::strong_count(self).saturating_sub(self.snapshots.load(Ordering::Acquire) + own_refs)
-    }
-
-    /// A snapshot is about to hold a reference.
-    pub(crate) fn enter_snapshot(&self) {
-        self.snapshots.fetch_add(1, Ordering::AcqRel);
-    }
-
-    /// A snapshot is about to let its reference go.
-    pub(crate) fn leave_snapshot(&self) {
-        self.snapshots.fetch_sub(1, Ordering::AcqRel);
+        let published = usize::from(!self.removed.load(Ordering::Acquire));
+        Arc::strong_count(self).saturating_sub(published + own_refs)
     }
 
     /// Whether picks should skip this endpoint now. Reads the clock only when an

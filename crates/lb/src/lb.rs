@@ -27,14 +27,6 @@ struct Snapshot {
     picker: Picker,
 }
 
-impl Drop for Snapshot {
-    fn drop(&mut self) {
-        for s in self.states.iter() {
-            s.leave_snapshot();
-        }
-    }
-}
-
 impl Snapshot {
     fn state_of(&self, addr: SocketAddr) -> Option<&Arc<EndpointState>> {
         self.set.position(addr).map(|i| &self.states[i])
@@ -167,7 +159,6 @@ impl UpstreamLb {
             .iter()
             .map(|e| {
                 if let Some(s) = prev.state_of(e.addr) {
-                    s.enter_snapshot();
                     return Arc::clone(s);
                 }
                 added += 1;
@@ -179,8 +170,7 @@ impl UpstreamLb {
                     .and_then(|i| writer.draining.swap_remove(i).upgrade());
                 let s =
                     revived.unwrap_or_else(|| Arc::new(EndpointState::new(e.addr, &self.shared)));
-                s.removed.store(false, Ordering::Relaxed);
-                s.enter_snapshot();
+                s.removed.store(false, Ordering::Release);
                 s
             })
             .collect();
@@ -188,7 +178,7 @@ impl UpstreamLb {
         for (e, s) in prev.set.iter().zip(prev.states.iter()) {
             if !set.contains(e.addr) {
                 removed += 1;
-                s.removed.store(true, Ordering::Relaxed);
+                s.removed.store(true, Ordering::Release);
                 writer.draining.push(Arc::downgrade(s));
             }
         }
