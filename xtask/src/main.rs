@@ -4,10 +4,12 @@
 //!   `cargo fmt --check`, `cargo clippy --all-targets -- -D warnings` and `cargo test`.
 //! - `cargo xtask bench [ARGS]` runs the criterion benchmarks.
 //! - `cargo xtask perf dns [--names N]` compares the name server with dnsmasq and unbound.
+//! - `cargo xtask fuzz [TARGET] [--seconds N]` runs the cargo-fuzz targets (nightly).
 
 #![forbid(unsafe_code)]
 #![allow(clippy::print_stdout)]
 
+mod fuzz;
 mod perf_dns;
 mod tidy;
 mod tools;
@@ -26,6 +28,7 @@ fn main() -> anyhow::Result<()> {
         "ci" => ci(),
         "tools" => tools::ensure(),
         "bench" => cargo(&[&["bench", "-p", "dwara-benches"], &as_strs(rest)[..]].concat()),
+        "fuzz" => fuzz::run(rest),
         "perf" => match rest.split_first() {
             Some((what, rest)) if what == "dns" => {
                 tools::ensure()?;
@@ -34,7 +37,7 @@ fn main() -> anyhow::Result<()> {
             _ => bail!("usage: cargo xtask perf dns [--names N] [--rounds R]"),
         },
         _ => {
-            println!("usage: cargo xtask <ci|tools|bench|perf dns>");
+            println!("usage: cargo xtask <ci|tools|bench|fuzz|perf dns>");
             Ok(())
         }
     }

@@ -18,45 +18,57 @@ use serde::Deserialize;
 /// The whole file.
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct Config {
+pub struct Config {
     /// The name-server half; absent: `dwara serve` runs it only if no upstreams are given.
     #[serde(default)]
-    pub(crate) nameserver: Option<NameServerSection>,
+    pub nameserver: Option<NameServerSection>,
     /// L4 upstreams that follow discovery.
     #[serde(default)]
-    pub(crate) upstreams: Vec<UpstreamConfig>,
+    pub upstreams: Vec<UpstreamConfig>,
 }
 
 /// `nameserver:` — every key optional; command-line flags override them.
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct NameServerSection {
-    pub(crate) domain: Option<String>,
-    pub(crate) dns_listen: Option<SocketAddr>,
-    pub(crate) http_listen: Option<SocketAddr>,
-    pub(crate) ttl: Option<u32>,
+pub struct NameServerSection {
+    /// The served domain (`--domain`).
+    pub domain: Option<String>,
+    /// DNS listen address (`--dns-listen`).
+    pub dns_listen: Option<SocketAddr>,
+    /// HTTP listen address (`--http-listen`).
+    pub http_listen: Option<SocketAddr>,
+    /// TTL of the domain's answers (`--ttl`).
+    pub ttl: Option<u32>,
+    /// Fallback servers (`--fallback`).
     #[serde(default)]
-    pub(crate) fallback: Vec<SocketAddr>,
-    pub(crate) resolv_conf: Option<PathBuf>,
+    pub fallback: Vec<SocketAddr>,
+    /// resolv.conf naming the fallback servers (`--resolv-conf`).
+    pub resolv_conf: Option<PathBuf>,
 }
 
 /// One entry of `upstreams:`.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct UpstreamConfig {
-    pub(crate) name: String,
-    pub(crate) listen: SocketAddr,
+pub struct UpstreamConfig {
+    /// Unique name (logs, metrics, status).
+    pub name: String,
+    /// TCP listen address.
+    pub listen: SocketAddr,
+    /// Load-balancing policy.
     #[serde(default)]
-    pub(crate) policy: Policy,
+    pub policy: Policy,
+    /// DNS discovery.
     #[serde(default)]
-    pub(crate) dns_discovery: Option<DiscoveryConfig>,
+    pub dns_discovery: Option<DiscoveryConfig>,
+    /// Consul discovery (not supported yet: rejected by validation).
     #[serde(default)]
-    pub(crate) consul: Option<ConsulConfig>,
+    pub consul: Option<ConsulConfig>,
+    /// Kubernetes EndpointSlice discovery (not supported yet: rejected by validation).
     #[serde(default)]
-    pub(crate) kubernetes: Option<EndpointSliceConfig>,
+    pub kubernetes: Option<EndpointSliceConfig>,
     /// Timeout of one connection attempt to an endpoint, in milliseconds.
     #[serde(default = "default_connect_timeout_ms")]
-    pub(crate) connect_timeout_ms: u64,
+    pub connect_timeout_ms: u64,
 }
 
 fn default_connect_timeout_ms() -> u64 {
@@ -65,14 +77,14 @@ fn default_connect_timeout_ms() -> u64 {
 
 impl Config {
     /// Reads, parses and validates `path`.
-    pub(crate) fn load(path: &Path) -> anyhow::Result<Self> {
+    pub fn load(path: &Path) -> anyhow::Result<Self> {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read config file {}", path.display()))?;
         Self::parse(&text).with_context(|| format!("config file {}", path.display()))
     }
 
     /// Parses and validates YAML text.
-    pub(crate) fn parse(text: &str) -> anyhow::Result<Self> {
+    pub fn parse(text: &str) -> anyhow::Result<Self> {
         let config: Config = if text.trim().is_empty() {
             Config::default()
         } else {

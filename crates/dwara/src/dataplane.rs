@@ -30,8 +30,8 @@ use tokio::task::AbortHandle;
 use tokio_util::task::TaskTracker;
 use tracing::{error, info, warn};
 
-use crate::config::{Config, UpstreamConfig};
 use crate::proxy::{self, Target};
+use dwara::config::{Config, UpstreamConfig};
 
 /// One upstream of a generation.
 #[derive(Debug)]

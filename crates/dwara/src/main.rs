@@ -6,7 +6,6 @@
 #![forbid(unsafe_code)]
 #![allow(clippy::print_stdout)]
 
-mod config;
 mod dataplane;
 mod dns_cmd;
 mod nameserver;
@@ -55,7 +54,7 @@ fn init_tracing() {
 }
 
 fn check(path: &std::path::Path) -> anyhow::Result<()> {
-    let config = config::Config::load(path)?;
+    let config = dwara::config::Config::load(path)?;
     println!(
         "{}: ok ({} upstreams, name server {})",
         path.display(),

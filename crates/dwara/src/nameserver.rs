@@ -14,7 +14,7 @@ use dwara_nameserver::{
     NameServerConfig,
 };
 
-use crate::config::NameServerSection;
+use dwara::config::NameServerSection;
 
 /// Name-server flags of `dwara serve`.
 #[derive(Debug, Args)]

@@ -24,9 +24,9 @@ use clap::Args;
 use tokio::signal::unix::{SignalKind, signal};
 use tracing::info;
 
-use crate::config::Config;
 use crate::dataplane::Dataplane;
 use crate::nameserver::NameServerArgs;
+use dwara::config::Config;
 
 /// Arguments of `dwara serve`.
 #[derive(Debug, Args)]
