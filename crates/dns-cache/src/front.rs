@@ -69,10 +69,11 @@ impl std::fmt::Debug for FrontMap {
 }
 
 impl FrontMap {
-    /// A map sized for about `capacity` entries (~32 per shard).
+    /// A map sized for about `capacity` entries (~256 per shard: few enough shard
+    /// headers to stay in cache on the hit path, small enough to copy on a write).
     pub(crate) fn new(capacity: u64, clock: Clock) -> Self {
-        let per_shard = usize::try_from(capacity / 32).unwrap_or(usize::MAX);
-        let n = per_shard.clamp(16, 8192).next_power_of_two();
+        let shards = usize::try_from(capacity / 256).unwrap_or(usize::MAX);
+        let n = shards.clamp(16, 4096).next_power_of_two();
         let hasher = RandomState::default();
         let shards = (0..n)
             .map(|_| ArcSwap::from_pointee(HashMap::with_hasher(hasher.clone())))
