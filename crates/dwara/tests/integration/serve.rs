@@ -247,6 +247,16 @@ fn config(listen: SocketAddr, host: &str, port: u16, ns: SocketAddr, fail_open: 
     )
 }
 
+/// A dnsmasq serving `hosts` with TTL 1.
+fn dnsmasq(hosts: &str) -> Dnsmasq {
+    Dnsmasq::start(DnsmasqOptions {
+        hosts: hosts.into(),
+        local_ttl: Some(1),
+        extra_args: vec![],
+    })
+    .unwrap()
+}
+
 fn eps(port: u16, ips: &[&str]) -> Vec<String> {
     ips.iter().map(|ip| format!("{ip}:{port}")).collect()
 }
@@ -254,12 +264,7 @@ fn eps(port: u16, ips: &[&str]) -> Vec<String> {
 #[tokio::test]
 async fn traffic_follows_dns_adds_and_removals_and_old_connections_survive() {
     let backends = Backends::start(&["127.0.0.2", "127.0.0.3", "127.0.0.4"]).await;
-    let mut dnsmasq = Dnsmasq::start(DnsmasqOptions {
-        hosts: "127.0.0.2 api.test\n127.0.0.3 api.test\n".into(),
-        local_ttl: Some(1),
-        extra_args: vec![],
-    })
-    .unwrap();
+    let mut dnsmasq = dnsmasq("127.0.0.2 api.test\n127.0.0.3 api.test\n");
     let proxy = test_support::free_addr();
     let serve = Serve::spawn(&config(
         proxy,
@@ -331,12 +336,7 @@ async fn traffic_follows_dns_adds_and_removals_and_old_connections_survive() {
 #[tokio::test]
 async fn fail_closed_refuses_while_dns_is_down_and_recovers() {
     let backends = Backends::start(&["127.0.0.2"]).await;
-    let mut dnsmasq = Dnsmasq::start(DnsmasqOptions {
-        hosts: "127.0.0.2 api.test\n".into(),
-        local_ttl: Some(1),
-        extra_args: vec![],
-    })
-    .unwrap();
+    let mut dnsmasq = dnsmasq("127.0.0.2 api.test\n");
     let proxy = test_support::free_addr();
     let serve = Serve::spawn(&config(
         proxy,
