@@ -44,6 +44,13 @@ fn a_and_aaaa_answer_every_address_with_the_querys_case() {
         .query_with("web.weave.local", "A", &["+tcp"])
         .unwrap();
     assert_eq!(tcp.data("A").len(), 3);
+    // EDNS options (a DNS cookie, as dig sends by default) do not get in the way.
+    let cookie = s
+        .dig()
+        .query_with("web.weave.local", "A", &["+cookie", "+bufsize=1232"])
+        .unwrap();
+    assert_eq!(cookie.data("A").len(), 3, "{}", cookie.raw);
+    assert!(cookie.edns, "OPT echoed: {}", cookie.raw);
 }
 
 #[test]
