@@ -366,3 +366,59 @@ fn hidden_and_removed_records_are_not_served() {
     );
     assert_eq!(addrs(&m).len(), 2);
 }
+
+#[test]
+fn reads_beside_writes_see_whole_record_sets() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let db = Arc::new(Db::new(DbConfig::new(Domain::new("weave.local").unwrap())));
+    db.add("base", "10.7.0.1".parse().unwrap(), "busy.weave.local")
+        .unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (db, stop) = (db.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut rounds = 0u32;
+            while !stop.load(Ordering::Relaxed) {
+                for i in 2..20u8 {
+                    db.add(
+                        &format!("c{i}"),
+                        IpAddr::from([10, 7, 0, i]),
+                        "busy.weave.local",
+                    )
+                    .unwrap();
+                }
+                for i in 2..20u8 {
+                    db.remove_all(&format!("c{i}"));
+                }
+                rounds += 1;
+            }
+            rounds
+        })
+    };
+    let handler = Handler::new(&db);
+    let (mut out, mut rng, counters) = (
+        vec![0; MAX_MESSAGE],
+        FastRng::seeded(3),
+        Counters::default(),
+    );
+    let q = query("busy.weave.local.", RecordType::A, Some(1232));
+    let mut sizes = std::collections::HashSet::new();
+    for _ in 0..5_000 {
+        let Outcome::Reply(n) = handler.handle(&q, &mut out, Transport::Udp, &mut rng, &counters)
+        else {
+            panic!("no reply");
+        };
+        let m = Message::from_vec(&out[..n]).unwrap();
+        let got = addrs(&m);
+        assert!(!got.is_empty() && got.len() <= 19, "{got:?}");
+        assert!(
+            got.contains(&"10.7.0.1".parse().unwrap()),
+            "the stable record is always there"
+        );
+        sizes.insert(got.len());
+    }
+    stop.store(true, Ordering::Relaxed);
+    assert!(writer.join().unwrap() > 0);
+    assert!(sizes.len() > 1, "the reader saw the set change: {sizes:?}");
+}
