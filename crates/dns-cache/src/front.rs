@@ -2,9 +2,9 @@
 //!
 //! Sharded by hash; each shard is an immutable `HashMap` behind an [`ArcSwap`], so a
 //! read is a hash, an arc-swap load (thread-local bookkeeping only, no shared write)
-//! and a map probe. Writes copy one shard (a few dozen entries at the default
-//! shard sizing) and swap it in; they only happen on misses, refreshes and
-//! evictions, which all cost far more than the copy.
+//! and a map probe. Writes copy one shard (about 256 entries) and swap it in; they
+//! only happen on misses, refreshes and evictions, which all cost far more than the
+//! copy.
 //!
 //! **Invariant:** the front map never holds an entry moka does not hold. Entries are
 //! added after moka has them (and withdrawn if moka replaced them meanwhile), and
@@ -51,7 +51,9 @@ impl Hot {
     }
 }
 
-type Shard = HashMap<Box<str>, Hot, RandomState>;
+// `Arc<str>` keys: copying a shard on a write bumps reference counts instead of
+// allocating every key again.
+type Shard = HashMap<Arc<str>, Hot, RandomState>;
 
 pub(crate) struct FrontMap {
     shards: Box<[ArcSwap<Shard>]>,
@@ -109,9 +111,11 @@ impl FrontMap {
 
     /// Maps `key` to `entry`, replacing what was there.
     pub(crate) fn insert(&self, key: &str, entry: &Arc<Entry>) {
+        let name: Arc<str> = Arc::from(key);
+        let hot = Hot::of(entry, &self.clock);
         self.shard(key).rcu(|cur| {
             let mut next = Shard::clone(cur);
-            next.insert(Box::from(key), Hot::of(entry, &self.clock));
+            next.insert(name.clone(), hot.clone());
             next
         });
     }
