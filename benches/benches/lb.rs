@@ -240,28 +240,40 @@ fn bench_swapping(c: &mut Criterion) {
             });
         };
         pick_loop(BenchmarkId::new(name, "quiet"), &mut group);
-        let stop = Arc::new(AtomicBool::new(false));
-        let swaps = Arc::new(AtomicUsize::new(0));
-        let writer = {
-            let (lb, stop, swaps) = (lb.clone(), stop.clone(), swaps.clone());
-            // two sets that differ in one endpoint, as a DNS refresh would
-            let a = uniform(n);
-            let b: EndpointSet = (1..=n).map(addr).collect();
-            thread::spawn(move || {
-                while !stop.load(Ordering::Relaxed) {
-                    lb.update(a.clone());
-                    lb.update(b.clone());
-                    swaps.fetch_add(2, Ordering::Relaxed);
-                }
-            })
-        };
-        let started = Instant::now();
-        pick_loop(BenchmarkId::new(name, "swapping"), &mut group);
-        stop.store(true, Ordering::Relaxed);
-        let _ = writer.join();
-        let rate = swaps.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64();
-        if rate > 0.0 {
-            println!("swap/{name}: the writer published {rate:.0} sets/s while picks ran");
+        // flat out, then one set per millisecond (still far above DNS refresh rates)
+        for (label, pause) in [
+            ("swapping", Duration::ZERO),
+            ("swapping_1ms", Duration::from_millis(1)),
+        ] {
+            let stop = Arc::new(AtomicBool::new(false));
+            let swaps = Arc::new(AtomicUsize::new(0));
+            let writer = {
+                let (lb, stop, swaps) = (lb.clone(), stop.clone(), swaps.clone());
+                // two sets that differ in one endpoint, as a DNS refresh would
+                let a = uniform(n);
+                let b: EndpointSet = (1..=n).map(addr).collect();
+                thread::spawn(move || {
+                    let mut flip = false;
+                    while !stop.load(Ordering::Relaxed) {
+                        flip = !flip;
+                        lb.update(if flip { a.clone() } else { b.clone() });
+                        swaps.fetch_add(1, Ordering::Relaxed);
+                        if !pause.is_zero() {
+                            thread::sleep(pause);
+                        }
+                    }
+                })
+            };
+            let started = Instant::now();
+            pick_loop(BenchmarkId::new(name, label), &mut group);
+            stop.store(true, Ordering::Relaxed);
+            let _ = writer.join();
+            let rate = swaps.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64();
+            if rate > 1.0 {
+                println!(
+                    "swap/{name}/{label}: the writer published {rate:.0} sets/s while picks ran"
+                );
+            }
         }
     }
     group.finish();
@@ -375,18 +387,22 @@ fn report(dir: &Path, since: SystemTime) {
     for name in ["round_robin", "p2c", "consistent_hash"] {
         let quiet = median(dir, &format!("swap/{name}/quiet"), since);
         let busy = median(dir, &format!("swap/{name}/swapping"), since);
+        let paced = median(dir, &format!("swap/{name}/swapping_1ms"), since);
         if quiet.is_none() && busy.is_none() {
             continue;
         }
         if !printed {
             println!("\nswap (100 endpoints): pick while another thread swaps sets\n");
-            println!("| policy | quiet | swapping | ratio |\n|---|---|---|---|");
+            println!(
+                "| policy | quiet | swapping flat out (ratio) | one set per ms (ratio) |\n|---|---|---|---|"
+            );
             printed = true;
         }
         println!(
-            "| {name} | {} | {} |",
+            "| {name} | {} | {} | {} |",
             fmt_cell(quiet, None),
-            fmt_cell(busy, quiet)
+            fmt_cell(busy, quiet),
+            fmt_cell(paced, quiet)
         );
     }
     let mut printed = false;
