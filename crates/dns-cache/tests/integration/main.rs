@@ -335,6 +335,29 @@ async fn serve_stale_within_max_stale_then_the_error() {
 }
 
 #[tokio::test]
+async fn serve_stale_on_a_timeout_too() {
+    let server = start().await;
+    server.set_a("api.test.", &["10.0.0.1".parse().unwrap()], 10);
+    let clock = ManualClock::new();
+    let config = DnsCacheConfig {
+        max_stale: secs(60),
+        ..manual(&clock)
+    };
+    let cache = DnsCache::new(resolver_for(server.addr()), config).unwrap();
+    cache.resolve("api.test").await.unwrap();
+    server.set_failure(FailureMode::Drop); // no answer: the resolver times out
+    clock.advance(secs(11));
+    assert_eq!(
+        &*cache.resolve("api.test").await.unwrap(),
+        &[ip("10.0.0.1")]
+    );
+    assert_eq!(cache.stats().stale_served, 1);
+    clock.advance(secs(60));
+    let err = cache.resolve("api.test").await.unwrap_err();
+    assert_eq!(err.resolve_error().unwrap().kind(), "timeout");
+}
+
+#[tokio::test]
 async fn without_max_stale_an_expired_answer_is_not_served() {
     let server = start().await;
     server.set_a("api.test.", &["10.0.0.1".parse().unwrap()], 10);
