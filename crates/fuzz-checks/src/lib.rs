@@ -18,26 +18,33 @@ use hickory_proto::op::{Message, MessageType};
 /// The database the DNS checks answer from: v4 and v6 names, one name with enough
 /// addresses to need truncation, reverse entries.
 fn handler() -> &'static Mutex<QueryHandler> {
-    static HANDLER: OnceLock<Mutex<QueryHandler>> = OnceLock::new();
-    HANDLER.get_or_init(|| {
-        // Leaked on purpose: one database for the whole fuzzing process.
-        let db: &'static Db = Box::leak(Box::new(Db::new(DbConfig::new(
-            Domain::new("weave.local").expect("static domain"),
-        ))));
-        db.add("c1", "10.32.0.1".parse().unwrap(), "web.weave.local")
-            .unwrap();
-        db.add("c2", "fd00::1".parse().unwrap(), "web.weave.local")
-            .unwrap();
-        for i in 0..60u8 {
-            db.add(
-                &format!("big{i}"),
-                format!("10.33.0.{i}").parse().unwrap(),
-                "big.weave.local",
-            )
-            .unwrap();
-        }
-        Mutex::new(QueryHandler::new(db))
-    })
+    /// One database for the whole process, kept beside its handler.
+    struct Fixture {
+        _db: Db,
+        handler: Mutex<QueryHandler>,
+    }
+    static FIXTURE: OnceLock<Fixture> = OnceLock::new();
+    &FIXTURE
+        .get_or_init(|| {
+            let db = Db::new(DbConfig::new(
+                Domain::new("weave.local").expect("static domain"),
+            ));
+            db.add("c1", "10.32.0.1".parse().unwrap(), "web.weave.local")
+                .unwrap();
+            db.add("c2", "fd00::1".parse().unwrap(), "web.weave.local")
+                .unwrap();
+            for i in 0..60u8 {
+                db.add(
+                    &format!("big{i}"),
+                    format!("10.33.0.{i}").parse().unwrap(),
+                    "big.weave.local",
+                )
+                .unwrap();
+            }
+            let handler = Mutex::new(QueryHandler::new(&db));
+            Fixture { _db: db, handler }
+        })
+        .handler
 }
 
 /// Any packet: no panic; every reply is a well-formed DNS response to that query
