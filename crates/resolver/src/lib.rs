@@ -41,10 +41,13 @@ use hickory_resolver::config::{
     ServerOrderingStrategy,
 };
 use hickory_resolver::net::runtime::TokioRuntimeProvider;
-use hickory_resolver::proto::rr::{Name, RData, RecordType};
+use hickory_resolver::proto::rr::{Name, RData};
 use tracing::{debug, info, warn};
 
 pub use error::ResolveError;
+/// The DNS record type carried by [`ResolveError`], re-exported so callers need not
+/// depend on hickory-proto.
+pub use hickory_resolver::proto::rr::RecordType;
 
 /// Google's public resolvers, the last resort when nothing else is configured.
 pub const GOOGLE_NAMESERVERS: [SocketAddr; 2] = [
