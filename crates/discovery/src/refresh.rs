@@ -135,8 +135,8 @@ pub fn next_delay(
 /// How the last resolution went, for the status API.
 #[derive(Debug, Clone, Serialize)]
 pub struct LastResolution {
-    /// When it finished.
-    pub at: SystemTime,
+    /// When it finished, in milliseconds since the Unix epoch.
+    pub at_unix_ms: u64,
     /// `ok`, `empty` or the failure kind (`timeout`, `servfail`, …).
     pub outcome: &'static str,
     /// What the loop did (`published`, `unchanged`, `kept_below_floor`, …).
@@ -235,6 +235,11 @@ impl DiscoveryStats {
     }
 }
 
+fn unix_ms(t: SystemTime) -> u64 {
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
 fn diff(old: &EndpointSet, new: &EndpointSet) -> (Vec<String>, Vec<String>) {
     let added = new
         .iter()
@@ -325,7 +330,7 @@ pub async fn run(
             warn!(upstream = %upstream, error = %e, consecutive_failures = failures, kept_endpoints = if kept { current.len() } else { 0 }, retry_in_ms = delay.as_millis() as u64, "discovery resolution failed");
         }
         *stats.last.lock() = Some(LastResolution {
-            at: SystemTime::now(),
+            at_unix_ms: unix_ms(SystemTime::now()),
             outcome,
             decision: decision.label(),
             answer_endpoints: result.as_ref().map_or(0, |r| r.endpoints.len()),

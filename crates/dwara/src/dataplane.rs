@@ -271,7 +271,11 @@ impl Dataplane {
             .collect();
         json!({
             "generation": generation.number,
-            "loaded_at": generation.loaded_at,
+            "loaded_at_unix_ms": generation.loaded_at.and_then(|t| {
+                t.duration_since(std::time::UNIX_EPOCH)
+                    .ok()
+                    .map(|d| d.as_millis() as u64)
+            }),
             "upstreams": upstreams,
         })
     }
