@@ -11,7 +11,7 @@ use std::process::Command;
 
 use anyhow::{Context, bail};
 
-const TARGETS: &[&str] = &["dns_packet", "config_yaml", "resolv_conf"];
+const TARGETS: &[&str] = &["dns_packet", "config_yaml", "resolv_conf", "http_form"];
 
 /// Runs the requested targets (all when none is named).
 pub(crate) fn run(args: &[String]) -> anyhow::Result<()> {

@@ -94,3 +94,17 @@ pub fn resolv_conf(data: &[u8]) {
     let servers = dwara_nameserver::parse_resolv_conf(&text);
     assert!(servers.len() <= text.matches("nameserver").count());
 }
+
+/// Any bytes as an HTTP form body: no panic, and a decoded value is never longer than
+/// the body it came from (decoding only shrinks, up to UTF-8 replacement characters).
+pub fn http_form(data: &[u8]) {
+    if let Some(value) = dwara_nameserver::http::form_value(data, "fqdn") {
+        let replaced = value.matches('\u{FFFD}').count();
+        assert!(
+            value.len() <= data.len() + 2 * replaced,
+            "decoded {} bytes from {}",
+            value.len(),
+            data.len()
+        );
+    }
+}

@@ -34,3 +34,8 @@ fn config_yaml_regressions() {
 fn resolv_conf_regressions() {
     replay("resolv_conf", dwara_fuzz_checks::resolv_conf);
 }
+
+#[test]
+fn http_form_regressions() {
+    replay("http_form", dwara_fuzz_checks::http_form);
+}

@@ -76,8 +76,10 @@ fn bad_request(msg: impl std::fmt::Display) -> Response {
     (StatusCode::BAD_REQUEST, format!("{msg}\n")).into_response()
 }
 
-/// Decodes `application/x-www-form-urlencoded` text and returns the value of `key`.
-fn form_value(form: &[u8], key: &str) -> Option<String> {
+/// Decodes `application/x-www-form-urlencoded` text and returns the value of `key`
+/// (the first pair with that key; `+` is a space, bad `%` escapes stay literal, invalid
+/// UTF-8 is replaced). Public for fuzzing.
+pub fn form_value(form: &[u8], key: &str) -> Option<String> {
     form.split(|&b| b == b'&').find_map(|pair| {
         let (k, v) = match pair.iter().position(|&b| b == b'=') {
             Some(i) => (&pair[..i], &pair[i + 1..]),
