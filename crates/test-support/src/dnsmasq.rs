@@ -68,7 +68,7 @@ impl Dnsmasq {
         hosts.clone_into(&mut self.options.hosts);
         self.write_hosts()?;
         if let Some(pid) = self.pid() {
-            signal(pid, "HUP")?;
+            crate::signal(pid, "HUP")?;
         }
         Ok(())
     }
@@ -145,19 +145,6 @@ fn dnsmasq_binary() -> &'static Path {
         }
     }
     Path::new("dnsmasq")
-}
-
-/// Sends `SIG<name>` to `pid` with kill(1) (no unsafe code here).
-pub fn signal(pid: u32, name: &str) -> io::Result<()> {
-    let status = Command::new("kill")
-        .arg(format!("-{name}"))
-        .arg(pid.to_string())
-        .status()?;
-    if status.success() {
-        Ok(())
-    } else {
-        Err(io::Error::other(format!("kill -{name} {pid} failed")))
-    }
 }
 
 /// Waits until a DNS server at `addr` answers any UDP query.

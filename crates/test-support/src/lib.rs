@@ -5,7 +5,7 @@
 //!   which counts the queries it receives.
 //! - [`dnsmasq::Dnsmasq`]: a real dnsmasq on a loopback port serving a hosts file the
 //!   test controls.
-//! - [`init_tracing`], [`free_port`], [`wait_until`]: small helpers.
+//! - [`init_tracing`], [`free_port`], [`wait_until`], [`signal`]: small helpers.
 //!
 //! ```no_run
 //! # async fn demo() -> std::io::Result<()> {
@@ -25,7 +25,9 @@ pub mod dns_server;
 pub mod dnsmasq;
 
 use std::future::Future;
+use std::io;
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, UdpSocket};
+use std::process::Command;
 use std::time::Duration;
 
 /// Installs a test-friendly tracing subscriber once (`RUST_LOG` filters; default warn).
@@ -70,5 +72,18 @@ where
             return false;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Sends `SIG<name>` to `pid` with kill(1) (no unsafe code here).
+pub fn signal(pid: u32, name: &str) -> io::Result<()> {
+    let status = Command::new("kill")
+        .arg(format!("-{name}"))
+        .arg(pid.to_string())
+        .status()?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(io::Error::other(format!("kill -{name} {pid} failed")))
     }
 }

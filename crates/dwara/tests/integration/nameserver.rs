@@ -79,7 +79,7 @@ impl Serve {
 
     /// Sends `SIG<sig>` and waits (at most 10 s) for the exit.
     fn signal_and_wait(mut self, sig: &str) -> ExitStatus {
-        test_support::dnsmasq::signal(self.child.id(), sig).unwrap();
+        test_support::signal(self.child.id(), sig).unwrap();
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             if let Some(status) = self.child.try_wait().unwrap() {

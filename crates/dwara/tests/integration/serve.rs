@@ -7,7 +7,8 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use test_support::dns_server::TestDnsServer;
-use test_support::dnsmasq::{Dnsmasq, DnsmasqOptions, signal};
+use test_support::dnsmasq::{Dnsmasq, DnsmasqOptions};
+use test_support::signal;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::process::{Child, Command};

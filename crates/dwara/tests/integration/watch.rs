@@ -67,7 +67,7 @@ impl Watch {
 
     async fn stop(mut self) {
         let pid = self.child.id().unwrap();
-        test_support::dnsmasq::signal(pid, "TERM").unwrap();
+        test_support::signal(pid, "TERM").unwrap();
         let status = tokio::time::timeout(WAIT, self.child.wait())
             .await
             .expect("watch did not exit on SIGTERM")
