@@ -3,10 +3,14 @@
 //! Baselines: a bare `AtomicUsize` round robin over a slice (the floor: the least a
 //! shared picker can do), the same behind an arc-swapped snapshot with an
 //! `Arc`-counted guard (the structural floor of any picker built like ours) and a
-//! `Mutex<Vec>` round robin (the obvious locked picker). Every
-//! `UpstreamLb` pick includes what a proxy pays: the snapshot load, the policy, the
-//! guard's in-flight count and its drop. After criterion has run, the medians are
-//! read back from criterion's output and printed as a table of ratios to the floor.
+//! `Mutex<Vec>` round robin (the obvious locked picker). A counted pick (`pick`,
+//! `pick_by_key`) includes what a proxy pays: the snapshot load, the policy, the
+//! guard's in-flight count and its drop. The `_handle` pickers pick through an
+//! `LbHandle` of the thread's own (cached snapshot, own round-robin position);
+//! `_handle_uncounted` ones call `pick_endpoint`, which counts nothing in flight
+//! and returns `&Endpoint`, the same work as the floor plus the snapshot and
+//! ejection checks. After criterion has run, the medians are read back from
+//! criterion's output and printed as a table of ratios to the floor.
 //!
 //! Run: `cargo bench -p dwara-benches --bench lb -- --warm-up-time 1 --measurement-time 2`
 
@@ -101,71 +105,178 @@ fn keys() -> Vec<[u8; 16]> {
         .collect()
 }
 
-/// A named picker under test.
+/// One thread's picker: picks once with the argument as a key index.
+type PickFn = Box<dyn FnMut(usize)>;
+
+/// A named picker under test. Every thread that picks makes its own `PickFn` (shared
+/// pickers share their state through an `Arc`; a handle is one per thread).
 struct Case {
     name: &'static str,
-    pick: Box<dyn Fn(usize) + Send + Sync>,
+    make: Box<dyn Fn() -> PickFn + Send + Sync>,
 }
 
-fn lb_case(name: &'static str, policy: Policy, set: EndpointSet) -> Case {
-    let lb = UpstreamLb::builder(policy).seed(1).endpoints(set).build();
-    if policy == Policy::ConsistentHash {
-        let keys = keys();
-        Case {
+impl Case {
+    fn new(name: &'static str, make: impl Fn() -> PickFn + Send + Sync + 'static) -> Self {
+        Self {
             name,
-            pick: Box::new(move |i| {
-                let _ = black_box(lb.pick_by_key(&keys[i % keys.len()]));
-            }),
-        }
-    } else {
-        Case {
-            name,
-            pick: Box::new(move |_| {
-                let _ = black_box(lb.pick());
-            }),
+            make: Box::new(make),
         }
     }
 }
 
+/// How a case picks from an `UpstreamLb`.
+#[derive(Clone, Copy, PartialEq)]
+enum Via {
+    /// `UpstreamLb::pick` (or `pick_by_key`): a guard, through the shared snapshot.
+    Shared,
+    /// `LbHandle::pick`: a guard, through a handle of the thread's own.
+    Handle,
+    /// `LbHandle::pick_endpoint`: through a handle, nothing counted in flight.
+    HandleUncounted,
+}
+
+fn lb_case(name: &'static str, policy: Policy, set: EndpointSet, via: Via) -> Case {
+    let lb = Arc::new(UpstreamLb::builder(policy).seed(1).endpoints(set).build());
+    let keys: Arc<[[u8; 16]]> = keys().into();
+    let keyed = policy == Policy::ConsistentHash;
+    Case::new(name, move || -> PickFn {
+        let keys = keys.clone();
+        match via {
+            Via::Shared => {
+                let lb = lb.clone();
+                if keyed {
+                    Box::new(move |i| {
+                        let _ = black_box(lb.pick_by_key(&keys[i % keys.len()]));
+                    })
+                } else {
+                    Box::new(move |_| {
+                        let _ = black_box(lb.pick());
+                    })
+                }
+            }
+            Via::Handle => {
+                let mut h = lb.handle();
+                if keyed {
+                    Box::new(move |i| {
+                        let _ = black_box(h.pick_by_key(&keys[i % keys.len()]));
+                    })
+                } else {
+                    Box::new(move |_| {
+                        let _ = black_box(h.pick());
+                    })
+                }
+            }
+            Via::HandleUncounted => {
+                let mut h = lb.handle();
+                if keyed {
+                    Box::new(move |i| {
+                        let _ = black_box(h.pick_endpoint_by_key(&keys[i % keys.len()]));
+                    })
+                } else {
+                    Box::new(move |_| {
+                        let _ = black_box(h.pick_endpoint());
+                    })
+                }
+            }
+        }
+    })
+}
+
+/// Every picker, in report order: the three baselines first.
+const NAMES: [&str; 15] = [
+    "floor_atomic_rr",
+    "floor_swap_guard",
+    "mutex_vec_rr",
+    "round_robin",
+    "round_robin_handle",
+    "round_robin_handle_uncounted",
+    "round_robin_weighted",
+    "random",
+    "random_weighted",
+    "p2c",
+    "p2c_handle",
+    "srv",
+    "consistent_hash",
+    "consistent_hash_handle",
+    "consistent_hash_handle_uncounted",
+];
+
 fn cases(n: usize) -> Vec<Case> {
-    let floor = Floor {
+    let floor = Arc::new(Floor {
         endpoints: uniform(n).as_slice().to_vec(),
         next: AtomicUsize::new(0),
-    };
-    let locked = Locked {
+    });
+    let locked = Arc::new(Locked {
         inner: Mutex::new((uniform(n).as_slice().to_vec(), 0)),
-    };
-    let swap_guard = SwapGuardFloor {
+    });
+    let swap_guard = Arc::new(SwapGuardFloor {
         snapshot: ArcSwap::from_pointee(uniform(n).iter().map(|e| (*e, Arc::new(()))).collect()),
         next: AtomicUsize::new(0),
-    };
-    vec![
-        Case {
-            name: "floor_atomic_rr",
-            pick: Box::new(move |_| {
+    });
+    let cases = vec![
+        Case::new("floor_atomic_rr", move || -> PickFn {
+            let floor = floor.clone();
+            Box::new(move |_| {
                 black_box(floor.pick());
-            }),
-        },
-        Case {
-            name: "floor_swap_guard",
-            pick: Box::new(move |_| {
+            })
+        }),
+        Case::new("floor_swap_guard", move || -> PickFn {
+            let swap_guard = swap_guard.clone();
+            Box::new(move |_| {
                 black_box(swap_guard.pick());
-            }),
-        },
-        Case {
-            name: "mutex_vec_rr",
-            pick: Box::new(move |_| {
+            })
+        }),
+        Case::new("mutex_vec_rr", move || -> PickFn {
+            let locked = locked.clone();
+            Box::new(move |_| {
                 black_box(locked.pick());
-            }),
-        },
-        lb_case("round_robin", Policy::RoundRobin, uniform(n)),
-        lb_case("round_robin_weighted", Policy::RoundRobin, weighted(n)),
-        lb_case("random", Policy::Random, uniform(n)),
-        lb_case("random_weighted", Policy::Random, weighted(n)),
-        lb_case("p2c", Policy::P2c, uniform(n)),
-        lb_case("srv", Policy::Srv, weighted(n)),
-        lb_case("consistent_hash", Policy::ConsistentHash, uniform(n)),
-    ]
+            })
+        }),
+        lb_case("round_robin", Policy::RoundRobin, uniform(n), Via::Shared),
+        lb_case(
+            "round_robin_handle",
+            Policy::RoundRobin,
+            uniform(n),
+            Via::Handle,
+        ),
+        lb_case(
+            "round_robin_handle_uncounted",
+            Policy::RoundRobin,
+            uniform(n),
+            Via::HandleUncounted,
+        ),
+        lb_case(
+            "round_robin_weighted",
+            Policy::RoundRobin,
+            weighted(n),
+            Via::Shared,
+        ),
+        lb_case("random", Policy::Random, uniform(n), Via::Shared),
+        lb_case("random_weighted", Policy::Random, weighted(n), Via::Shared),
+        lb_case("p2c", Policy::P2c, uniform(n), Via::Shared),
+        lb_case("p2c_handle", Policy::P2c, uniform(n), Via::Handle),
+        lb_case("srv", Policy::Srv, weighted(n), Via::Shared),
+        lb_case(
+            "consistent_hash",
+            Policy::ConsistentHash,
+            uniform(n),
+            Via::Shared,
+        ),
+        lb_case(
+            "consistent_hash_handle",
+            Policy::ConsistentHash,
+            uniform(n),
+            Via::Handle,
+        ),
+        lb_case(
+            "consistent_hash_handle_uncounted",
+            Policy::ConsistentHash,
+            uniform(n),
+            Via::HandleUncounted,
+        ),
+    ];
+    debug_assert!(cases.iter().map(|c| c.name).eq(NAMES));
+    cases
 }
 
 fn bench_one_thread(c: &mut Criterion) {
@@ -173,10 +284,11 @@ fn bench_one_thread(c: &mut Criterion) {
     for n in SIZES {
         for case in cases(n) {
             group.bench_function(BenchmarkId::new(case.name, n), |b| {
+                let mut pick = (case.make)();
                 let mut i = 0usize;
                 b.iter(|| {
                     i = i.wrapping_add(1);
-                    (case.pick)(i);
+                    pick(i);
                 });
             });
         }
@@ -194,10 +306,11 @@ fn bench_two_threads(c: &mut Criterion) {
                 b.iter_custom(|iters| {
                     let barrier = Barrier::new(2);
                     let run = |offset: usize| {
+                        let mut pick = (case.make)();
                         barrier.wait();
                         let start = Instant::now();
                         for i in 0..iters as usize {
-                            (case.pick)(i.wrapping_add(offset));
+                            pick(i.wrapping_add(offset));
                         }
                         start.elapsed()
                     };
@@ -213,16 +326,38 @@ fn bench_two_threads(c: &mut Criterion) {
     group.finish();
 }
 
+/// The pickers measured while sets are swapped.
+const SWAP_CASES: [(&str, Policy, Via); 4] = [
+    ("round_robin", Policy::RoundRobin, Via::Shared),
+    ("round_robin_handle", Policy::RoundRobin, Via::Handle),
+    ("p2c", Policy::P2c, Via::Shared),
+    ("consistent_hash", Policy::ConsistentHash, Via::Shared),
+];
+
+/// A counted pick (keyed for consistent hash) from `lb`, shared or through a handle.
+fn swap_pick<'a>(
+    lb: &'a Arc<UpstreamLb>,
+    keys: &'a [[u8; 16]],
+    via: Via,
+) -> Box<dyn FnMut(usize) + 'a> {
+    if via == Via::Shared {
+        Box::new(move |i| {
+            let _ = black_box(lb.pick_by_key(&keys[i % keys.len()]));
+        })
+    } else {
+        let mut h = lb.handle();
+        Box::new(move |i| {
+            let _ = black_box(h.pick_by_key(&keys[i % keys.len()]));
+        })
+    }
+}
+
 /// Pick latency while another thread swaps the set as fast as it can, beside the
 /// same pick with no writer.
 fn bench_swapping(c: &mut Criterion) {
     let mut group = c.benchmark_group("swap");
     let n = 100;
-    for (name, policy) in [
-        ("round_robin", Policy::RoundRobin),
-        ("p2c", Policy::P2c),
-        ("consistent_hash", Policy::ConsistentHash),
-    ] {
+    for (name, policy, via) in SWAP_CASES {
         let lb = Arc::new(
             UpstreamLb::builder(policy)
                 .seed(1)
@@ -232,10 +367,11 @@ fn bench_swapping(c: &mut Criterion) {
         let keys = keys();
         let pick_loop = |id: BenchmarkId, group: &mut criterion::BenchmarkGroup<'_, _>| {
             group.bench_function(id, |b| {
+                let mut pick = swap_pick(&lb, &keys, via);
                 let mut i = 0usize;
                 b.iter(|| {
                     i = i.wrapping_add(1);
-                    let _ = black_box(lb.pick_by_key(&keys[i % keys.len()]));
+                    pick(i);
                 });
             });
         };
@@ -344,18 +480,6 @@ fn fmt_cell2(v: Option<f64>, floor: Option<f64>, structural: Option<f64>) -> Str
 }
 
 fn report(dir: &Path, since: SystemTime) {
-    let names = [
-        "floor_atomic_rr",
-        "floor_swap_guard",
-        "mutex_vec_rr",
-        "round_robin",
-        "round_robin_weighted",
-        "random",
-        "random_weighted",
-        "p2c",
-        "srv",
-        "consistent_hash",
-    ];
     for group in ["pick_1t", "pick_2t"] {
         let floors: Vec<Option<f64>> = SIZES
             .iter()
@@ -372,7 +496,7 @@ fn report(dir: &Path, since: SystemTime) {
             "\n{group}: median per pick (ratio to floor_atomic_rr / to floor_swap_guard, same size)\n"
         );
         println!("| picker | 10 | 100 | 1000 |\n|---|---|---|---|");
-        for name in names {
+        for name in NAMES {
             let cells: Vec<String> = SIZES
                 .iter()
                 .zip(floors.iter().zip(&structural))
@@ -384,7 +508,7 @@ fn report(dir: &Path, since: SystemTime) {
         }
     }
     let mut printed = false;
-    for name in ["round_robin", "p2c", "consistent_hash"] {
+    for (name, _, _) in SWAP_CASES {
         let quiet = median(dir, &format!("swap/{name}/quiet"), since);
         let busy = median(dir, &format!("swap/{name}/swapping"), since);
         let paced = median(dir, &format!("swap/{name}/swapping_1ms"), since);
@@ -425,10 +549,10 @@ fn report(dir: &Path, since: SystemTime) {
 fn interleaved() {
     const ROUNDS: usize = 25;
     const BATCH: usize = 100_000;
-    let time_batch = |case: &Case| {
+    let time_batch = |pick: &mut PickFn| {
         let start = Instant::now();
         for i in 0..BATCH {
-            (case.pick)(i);
+            pick(i);
         }
         start.elapsed().as_secs_f64() * 1e9 / BATCH as f64
     };
@@ -443,10 +567,11 @@ fn interleaved() {
     let mut columns: Vec<Vec<(&'static str, (f64, f64))>> = Vec::new();
     for n in SIZES {
         let cases = cases(n);
+        let mut picks: Vec<PickFn> = cases.iter().map(|c| (c.make)()).collect();
         let mut samples: Vec<Vec<f64>> = vec![Vec::new(); cases.len()];
         for _ in 0..ROUNDS {
-            for (case, s) in cases.iter().zip(&mut samples) {
-                s.push(time_batch(case));
+            for (pick, s) in picks.iter_mut().zip(&mut samples) {
+                s.push(time_batch(pick));
             }
         }
         columns.push(
@@ -482,11 +607,7 @@ fn interleaved() {
         "| policy | quiet | swapping | ratio (min) | ratio (median) | sets published per batch |\n|---|---|---|---|---|---|"
     );
     let n = 100;
-    for (name, policy) in [
-        ("round_robin", Policy::RoundRobin),
-        ("p2c", Policy::P2c),
-        ("consistent_hash", Policy::ConsistentHash),
-    ] {
+    for (name, policy, via) in SWAP_CASES {
         let lb = Arc::new(
             UpstreamLb::builder(policy)
                 .seed(1)
@@ -494,9 +615,7 @@ fn interleaved() {
                 .build(),
         );
         let keys = keys();
-        let pick = |i: usize| {
-            let _ = black_box(lb.pick_by_key(&keys[i % keys.len()]));
-        };
+        let mut pick = swap_pick(&lb, &keys, via);
         let active = Arc::new(AtomicBool::new(false));
         let stop = Arc::new(AtomicBool::new(false));
         let swaps = Arc::new(AtomicUsize::new(0));

@@ -135,13 +135,12 @@ impl Shared {
 /// Per-address state: outlives set updates while the address stays in the set, and
 /// outlives the address's removal while guards on it are alive.
 ///
-/// The in-flight count is the `Arc`'s strong count minus the current snapshot's
-/// reference (none once the endpoint has left the set): every other strong reference
-/// is a [`PickGuard`](crate::PickGuard). So a pick pays one reference-count increment
-/// and its drop one decrement, and no separate counter, and an update touches only
-/// the reference counts of the states it carries over. The count is exact whenever
-/// no update is in progress; during one (while an old snapshot is still referenced)
-/// it may be off by one for an instant.
+/// Snapshots (and, once the endpoint has left the set, the load balancer's draining
+/// list) hold it by strong references; a [`PickGuard`](crate::PickGuard) holds a
+/// `Weak` one. So the in-flight count is the `Arc`'s weak count: a pick pays one
+/// reference-count increment and its drop one decrement, with no separate counter,
+/// and the count stays exact however many old snapshots are still alive (an
+/// [`LbHandle`](crate::LbHandle) keeps its last one until its next pick).
 #[derive(Debug)]
 #[repr(align(128))] // one cache line per endpoint: no false sharing between picks
 pub(crate) struct EndpointState {
@@ -165,12 +164,10 @@ impl EndpointState {
         }
     }
 
-    /// Requests in flight: guards alive. `own_refs` strong references the caller
-    /// holds besides those (e.g. an upgraded `Weak`).
+    /// Requests in flight: guards alive (nothing else holds a `Weak`).
     #[inline]
-    pub(crate) fn in_flight(self: &Arc<Self>, own_refs: usize) -> usize {
-        let published = usize::from(!self.removed.load(Ordering::Acquire));
-        Arc::strong_count(self).saturating_sub(published + own_refs)
+    pub(crate) fn in_flight(self: &Arc<Self>) -> usize {
+        Arc::weak_count(self)
     }
 
     /// Whether picks should skip this endpoint now. Reads the clock only when an

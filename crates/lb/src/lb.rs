@@ -1,8 +1,9 @@
-//! `UpstreamLb`: the current endpoint snapshot behind an atomic pointer swap, and the
-//! guards that picks hand out.
+//! `UpstreamLb`: the current endpoint snapshot behind an atomic pointer swap, the
+//! guards that picks hand out, and `LbHandle`, a per-task handle that caches the
+//! snapshot.
 
 use std::net::SocketAddr;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
@@ -11,7 +12,7 @@ use arc_swap::ArcSwap;
 use crate::hash::hash_key;
 use crate::health::{Clock, EjectionConfig, EndpointState, MonotonicClock, Outcome, Shared};
 use crate::picker::Picker;
-use crate::rng::{Ticket, below};
+use crate::rng::{Draw, LocalTicket, Ticket, below};
 use crate::{Endpoint, EndpointSet, NoEndpoints, Policy};
 
 /// Policy attempts after an ejected pick before scanning for any healthy endpoint.
@@ -28,6 +29,14 @@ struct Snapshot {
 }
 
 impl Snapshot {
+    fn new(set: EndpointSet, states: Box<[Arc<EndpointState>]>, picker: Picker) -> Self {
+        Self {
+            set,
+            states,
+            picker,
+        }
+    }
+
     fn state_of(&self, addr: SocketAddr) -> Option<&Arc<EndpointState>> {
         self.set.position(addr).map(|i| &self.states[i])
     }
@@ -36,8 +45,9 @@ impl Snapshot {
 /// State only the writer side touches, behind a mutex (never taken by picks).
 #[derive(Debug, Default)]
 struct Writer {
-    /// States of removed endpoints that may still have guards.
-    draining: Vec<Weak<EndpointState>>,
+    /// States of removed endpoints that may still have guards: kept alive here (a
+    /// guard's `Weak` does not) until no guard and no old snapshot refers to them.
+    draining: Vec<Arc<EndpointState>>,
 }
 
 /// The load balancer of one upstream: the current [`EndpointSet`] plus the pick state
@@ -49,6 +59,8 @@ struct Writer {
 #[derive(Debug)]
 pub struct UpstreamLb {
     current: ArcSwap<Snapshot>,
+    /// Bumped after every publish: how an [`LbHandle`] knows its snapshot is stale.
+    version: AtomicU64,
     ticket: Ticket,
     policy: Policy,
     shared: Arc<Shared>,
@@ -100,13 +112,14 @@ impl UpstreamLbBuilder {
             self.clock
                 .unwrap_or_else(|| Arc::new(MonotonicClock::new())),
         ));
-        let empty = Snapshot {
-            set: EndpointSet::empty(),
-            states: Box::new([]),
-            picker: Picker::build(self.policy, &[]),
-        };
+        let empty = Snapshot::new(
+            EndpointSet::empty(),
+            Box::new([]),
+            Picker::build(self.policy, &[]),
+        );
         let lb = UpstreamLb {
             current: ArcSwap::from_pointee(empty),
+            version: AtomicU64::new(0),
             ticket: Ticket::new(self.seed.unwrap_or_else(rand::random)),
             policy: self.policy,
             shared,
@@ -153,7 +166,6 @@ impl UpstreamLb {
             return false;
         }
         let writer = &mut *writer;
-        writer.draining.retain(|w| w.strong_count() > 0);
         let mut added = 0usize;
         let states: Box<[Arc<EndpointState>]> = set
             .iter()
@@ -166,8 +178,8 @@ impl UpstreamLb {
                 let revived = writer
                     .draining
                     .iter()
-                    .position(|w| w.upgrade().is_some_and(|s| s.addr == e.addr))
-                    .and_then(|i| writer.draining.swap_remove(i).upgrade());
+                    .position(|s| s.addr == e.addr)
+                    .map(|i| writer.draining.swap_remove(i));
                 let s =
                     revived.unwrap_or_else(|| Arc::new(EndpointState::new(e.addr, &self.shared)));
                 s.removed.store(false, Ordering::Release);
@@ -179,16 +191,20 @@ impl UpstreamLb {
             if !set.contains(e.addr) {
                 removed += 1;
                 s.removed.store(true, Ordering::Release);
-                writer.draining.push(Arc::downgrade(s));
+                writer.draining.push(Arc::clone(s));
             }
         }
         let picker = Picker::build(self.policy, set.as_slice());
         let endpoints = set.len();
-        self.current.store(Arc::new(Snapshot {
-            set,
-            states,
-            picker,
-        }));
+        self.current
+            .store(Arc::new(Snapshot::new(set, states, picker)));
+        self.version.fetch_add(1, Ordering::Release);
+        drop(prev);
+        // keep what a guard or an old snapshot (a pick in progress, a handle) still
+        // refers to; an ejected state dropped here leaves the ejection count
+        writer
+            .draining
+            .retain(|s| Arc::strong_count(s) > 1 || s.in_flight() > 0);
         tracing::debug!(policy = %self.policy, endpoints, added, removed, "endpoint set updated");
         true
     }
@@ -207,7 +223,9 @@ impl UpstreamLb {
     /// without a key uses a random key.
     #[inline]
     pub fn pick(&self) -> Result<PickGuard, NoEndpoints> {
-        self.pick_inner(None)
+        let snap = self.current.load();
+        let i = self.choose(&snap, None, &mut &self.ticket)?;
+        Ok(PickGuard::new(&snap, i))
     }
 
     /// Picks the endpoint for `key` under [`Policy::ConsistentHash`] (the same key
@@ -215,37 +233,91 @@ impl UpstreamLb {
     /// every process that has the same set); other policies ignore the key.
     #[inline]
     pub fn pick_by_key(&self, key: &[u8]) -> Result<PickGuard, NoEndpoints> {
-        let hash = match self.policy {
-            Policy::ConsistentHash => Some(hash_key(key)),
-            _ => None,
-        };
-        self.pick_inner(hash)
+        let snap = self.current.load();
+        let i = self.choose(&snap, self.key_hash(key), &mut &self.ticket)?;
+        Ok(PickGuard::new(&snap, i))
+    }
+
+    /// Picks like [`pick`](Self::pick) but returns only the endpoint: nothing is
+    /// counted in flight, so P2C and [`in_flight`](Self::in_flight) do not see the
+    /// request and there is no guard to report an outcome on (use
+    /// [`report`](Self::report)). For callers that send one datagram or track load
+    /// themselves.
+    #[inline]
+    pub fn pick_endpoint(&self) -> Result<Endpoint, NoEndpoints> {
+        let snap = self.current.load();
+        let i = self.choose(&snap, None, &mut &self.ticket)?;
+        Ok(snap.set.as_slice()[i])
+    }
+
+    /// [`pick_by_key`](Self::pick_by_key) without the guard, as
+    /// [`pick_endpoint`](Self::pick_endpoint).
+    #[inline]
+    pub fn pick_endpoint_by_key(&self, key: &[u8]) -> Result<Endpoint, NoEndpoints> {
+        let snap = self.current.load();
+        let i = self.choose(&snap, self.key_hash(key), &mut &self.ticket)?;
+        Ok(snap.set.as_slice()[i])
+    }
+
+    /// A handle for one task or thread that picks often: it caches the current
+    /// snapshot (a pick checks one pointer instead of taking an `arc-swap` load) and
+    /// keeps its own round-robin position and random sequence (no shared counter), as
+    /// Envoy gives each worker its own load balancer. See [`LbHandle`].
+    pub fn handle(self: &Arc<Self>) -> LbHandle {
+        // the version first: the snapshot loaded after it is at least that new
+        let version = self.version.load(Ordering::Acquire);
+        LbHandle {
+            version,
+            snapshot: self.current.load_full(),
+            lb: Arc::clone(self),
+            draw: LocalTicket::from_shared(&self.ticket),
+        }
     }
 
     #[inline]
-    fn pick_inner(&self, key: Option<u64>) -> Result<PickGuard, NoEndpoints> {
-        let snap = self.current.load();
+    fn key_hash(&self, key: &[u8]) -> Option<u64> {
+        match self.policy {
+            Policy::ConsistentHash => Some(hash_key(key)),
+            _ => None,
+        }
+    }
+
+    /// The policy's choice in `snap`, an index into its set, avoiding ejected
+    /// endpoints. Always inlined: the pick methods are thin wrappers around it, and a
+    /// call per pick costs as much as the round-robin policy itself.
+    #[inline(always)]
+    fn choose(
+        &self,
+        snap: &Snapshot,
+        key: Option<u64>,
+        draw: &mut impl Draw,
+    ) -> Result<usize, NoEndpoints> {
         let eps = snap.set.as_slice();
         if eps.is_empty() {
             return Err(NoEndpoints);
         }
-        // P2C compares raw reference counts: every current endpoint carries the same
-        // snapshot references except for an instant during an update
-        let in_flight = |i: usize| Arc::strong_count(&snap.states[i]);
-        let i = snap.picker.pick(eps, in_flight, &self.ticket, key, 0);
-        let i = if self.shared.any_ejected() && snap.states[i].is_ejected() {
-            self.avoid_ejected(&snap, key, i)
-        } else {
-            i
-        };
-        Ok(PickGuard::new(eps[i], &snap.states[i]))
+        let in_flight = |i: usize| snap.states[i].in_flight();
+        let i = snap.picker.pick(eps, in_flight, draw, key, 0);
+        Ok(
+            if self.shared.any_ejected() && snap.states[i].is_ejected() {
+                self.avoid_ejected(snap, key, i, draw)
+            } else {
+                i
+            },
+        )
     }
 
     /// The slow path after picking an ejected endpoint: a few more tries with the
     /// policy, then the first healthy endpoint in the policy's order of preference,
     /// else the original pick (every candidate is ejected: ignore ejection).
     #[cold]
-    fn avoid_ejected(&self, snap: &Snapshot, key: Option<u64>, first: usize) -> usize {
+    fn avoid_ejected(
+        &self,
+        snap: &Snapshot,
+        key: Option<u64>,
+        first: usize,
+        draw: &mut impl Draw,
+    ) -> usize {
         let eps = snap.set.as_slice();
         let healthy = |i: usize| !snap.states[i].is_ejected();
         if let Some(groups) = snap.picker.srv_groups() {
@@ -256,12 +328,12 @@ impl UpstreamLb {
                     continue;
                 }
                 for _ in 0..RETRIES {
-                    let i = Picker::srv_pick_in(group, &self.ticket);
+                    let i = Picker::srv_pick_in(group, draw);
                     if healthy(i) {
                         return i;
                     }
                 }
-                let start = below(self.ticket.random(), members.len());
+                let start = below(draw.random(), members.len());
                 let rotated = members[start..].iter().chain(&members[..start]);
                 if let Some(&m) = rotated.into_iter().find(|&&m| healthy(m as usize)) {
                     return m as usize;
@@ -269,9 +341,9 @@ impl UpstreamLb {
             }
             return first;
         }
-        let in_flight = |i: usize| snap.states[i].in_flight(0);
+        let in_flight = |i: usize| snap.states[i].in_flight();
         for attempt in 1..=RETRIES {
-            let i = snap.picker.pick(eps, in_flight, &self.ticket, key, attempt);
+            let i = snap.picker.pick(eps, in_flight, draw, key, attempt);
             if healthy(i) {
                 return i;
             }
@@ -279,7 +351,7 @@ impl UpstreamLb {
         // deterministic for a key, so one key keeps going to one fallback
         let start = match key {
             Some(h) => below(h, eps.len()),
-            None => below(self.ticket.random(), eps.len()),
+            None => below(draw.random(), eps.len()),
         };
         (start..eps.len())
             .chain(0..start)
@@ -299,28 +371,22 @@ impl UpstreamLb {
     /// Requests in flight to `addr`: its live guards, also after it left the set
     /// (draining).
     pub fn in_flight(&self, addr: SocketAddr) -> usize {
-        if let Some(n) = self.with_state(addr, |s| s.in_flight(0)) {
+        if let Some(n) = self.with_state(addr, |s| s.in_flight()) {
             return n;
         }
         let writer = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
         writer
             .draining
             .iter()
-            .filter_map(Weak::upgrade)
             .filter(|s| s.addr == addr)
-            .map(|s| s.in_flight(1))
+            .map(|s| s.in_flight())
             .sum()
     }
 
     /// Requests still in flight to endpoints that have left the set.
     pub fn draining(&self) -> usize {
         let writer = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
-        writer
-            .draining
-            .iter()
-            .filter_map(Weak::upgrade)
-            .map(|s| s.in_flight(1))
-            .sum()
+        writer.draining.iter().map(|s| s.in_flight()).sum()
     }
 
     /// Reports a request outcome for `addr` (same as on its guard); `false` when
@@ -356,7 +422,7 @@ impl UpstreamLb {
             .zip(snap.states.iter())
             .map(|(e, s)| EndpointStats {
                 endpoint: *e,
-                in_flight: s.in_flight(0),
+                in_flight: s.in_flight(),
                 consecutive_failures: s.consecutive_failures(),
                 ejected: s.is_ejected(),
             })
@@ -396,24 +462,26 @@ pub struct LbStats {
 }
 
 /// A picked endpoint. Holding it counts one request in flight to the endpoint; the
-/// count drops when the guard is dropped. The guard owns its endpoint's state (no
-/// borrow of the load balancer), so it keeps working after the endpoint is removed
-/// from the set while the connection drains.
+/// count drops when the guard is dropped. The guard refers to its endpoint's state
+/// (no borrow of the load balancer), so it keeps working after the endpoint is
+/// removed from the set while the connection drains.
 #[derive(Debug)]
 #[must_use = "dropping the guard ends the request's in-flight count at once"]
 pub struct PickGuard {
     endpoint: Endpoint,
-    state: Arc<EndpointState>,
+    /// Counted by the state's weak count; the load balancer keeps the state alive
+    /// while any guard is.
+    state: Weak<EndpointState>,
 }
 
 impl PickGuard {
-    /// The `Arc` clone is the in-flight +1 (see `EndpointState`); dropping the guard
-    /// drops it, the -1.
+    /// A guard on endpoint `i` of `snap`. The `Weak` is the in-flight +1 (see
+    /// `EndpointState`); dropping the guard drops it, the -1.
     #[inline]
-    fn new(endpoint: Endpoint, state: &Arc<EndpointState>) -> Self {
+    fn new(snap: &Snapshot, i: usize) -> Self {
         Self {
-            endpoint,
-            state: Arc::clone(state),
+            endpoint: snap.set.as_slice()[i],
+            state: Arc::downgrade(&snap.states[i]),
         }
     }
 
@@ -429,12 +497,18 @@ impl PickGuard {
 
     /// Whether the endpoint has left the set since (the request is draining).
     pub fn is_draining(&self) -> bool {
-        self.state.removed.load(Ordering::Relaxed)
+        self.state
+            .upgrade()
+            .is_none_or(|s| s.removed.load(Ordering::Relaxed))
     }
 
     /// Reports the request's outcome for passive ejection.
     pub fn report(&self, outcome: Outcome) {
-        self.state.report(outcome);
+        // the load balancer keeps the state alive while a guard is: this upgrade
+        // fails only if that invariant is broken, and then there is nothing to eject
+        if let Some(s) = self.state.upgrade() {
+            s.report(outcome);
+        }
     }
 
     /// Same as `report(Outcome::Success)`.
@@ -445,6 +519,96 @@ impl PickGuard {
     /// Same as `report(Outcome::Failure)`.
     pub fn report_failure(&self) {
         self.report(Outcome::Failure);
+    }
+}
+
+/// A per-task (or per-thread) handle on an [`UpstreamLb`], from
+/// [`UpstreamLb::handle`], for code that picks often: a proxy worker, a connection
+/// pool, a datagram forwarder.
+///
+/// - It caches the current snapshot: a pick checks that the load balancer's version
+///   (bumped by every publish) is still the cached one, a plain load, instead of
+///   taking an `arc-swap` load, and reloads when it changed. So, as with
+///   [`UpstreamLb::pick`], a pick that starts after [`UpstreamLb::update`] has
+///   returned sees only the new set.
+/// - It has its own round-robin position and random sequence, so a pick takes no
+///   shared atomic counter. Round robin is then per handle, as in Envoy, where each
+///   worker has its own load balancer: every handle cycles through the whole set
+///   from its own starting point, so each endpoint's share stays even across handles
+///   (to within one pick per handle per cycle). A seeded load balancer gives its
+///   handles seeds of their own, in the order they are created.
+///
+/// Picks take `&mut self`: clone the handle (or call `handle()` again) for each task.
+/// Until its next pick a handle keeps its last snapshot alive, and with it the states
+/// of endpoints that have left the set; in-flight counts, draining and P2C are not
+/// affected by that.
+#[derive(Debug)]
+pub struct LbHandle {
+    version: u64,
+    snapshot: Arc<Snapshot>,
+    lb: Arc<UpstreamLb>,
+    draw: LocalTicket,
+}
+
+impl Clone for LbHandle {
+    /// Another handle on the same load balancer, with its own position and random
+    /// sequence (a copy would pick in lockstep with this one).
+    fn clone(&self) -> Self {
+        self.lb.handle()
+    }
+}
+
+impl LbHandle {
+    /// The load balancer this handle picks from.
+    pub fn lb(&self) -> &Arc<UpstreamLb> {
+        &self.lb
+    }
+
+    /// [`UpstreamLb::pick`] through the cached snapshot.
+    #[inline]
+    pub fn pick(&mut self) -> Result<PickGuard, NoEndpoints> {
+        let i = self.choose(None)?;
+        Ok(PickGuard::new(&self.snapshot, i))
+    }
+
+    /// [`UpstreamLb::pick_by_key`] through the cached snapshot.
+    #[inline]
+    pub fn pick_by_key(&mut self, key: &[u8]) -> Result<PickGuard, NoEndpoints> {
+        let i = self.choose(self.lb.key_hash(key))?;
+        Ok(PickGuard::new(&self.snapshot, i))
+    }
+
+    /// [`UpstreamLb::pick_endpoint`] (nothing counted in flight) through the cached
+    /// snapshot. The endpoint is borrowed from the snapshot, as a slice round robin
+    /// would return it; copy it (`*h.pick_endpoint()?`) to keep it.
+    #[inline]
+    pub fn pick_endpoint(&mut self) -> Result<&Endpoint, NoEndpoints> {
+        let i = self.choose(None)?;
+        Ok(&self.snapshot.set.as_slice()[i])
+    }
+
+    /// [`UpstreamLb::pick_endpoint_by_key`] through the cached snapshot.
+    #[inline]
+    pub fn pick_endpoint_by_key(&mut self, key: &[u8]) -> Result<&Endpoint, NoEndpoints> {
+        let i = self.choose(self.lb.key_hash(key))?;
+        Ok(&self.snapshot.set.as_slice()[i])
+    }
+
+    /// The policy's choice in the current snapshot (reloaded first if stale).
+    #[inline(always)]
+    fn choose(&mut self, key: Option<u64>) -> Result<usize, NoEndpoints> {
+        if self.lb.version.load(Ordering::Acquire) != self.version {
+            self.reload();
+        }
+        self.lb.choose(&self.snapshot, key, &mut self.draw)
+    }
+
+    /// Takes the current snapshot (off the common path: once per update).
+    #[cold]
+    #[inline(never)]
+    fn reload(&mut self) {
+        self.version = self.lb.version.load(Ordering::Acquire);
+        self.snapshot = self.lb.current.load_full();
     }
 }
 

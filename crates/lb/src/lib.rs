@@ -6,6 +6,14 @@
 //! never see half an update. A pick returns a [`PickGuard`] that counts the request
 //! in flight and keeps working after its endpoint has been removed.
 //!
+//! Code that picks often (a worker's request loop, a datagram forwarder) takes an
+//! [`LbHandle`] of its own ([`UpstreamLb::handle`]): it caches the snapshot and has
+//! its own round-robin position and random sequence, as Envoy gives each worker its
+//! own load balancer, so a pick takes no shared atomic operation.
+//! [`LbHandle::pick_endpoint`] also skips the in-flight count, for callers that do
+//! not need it; a round-robin pick then costs about what a bare atomic counter over
+//! a slice does.
+//!
 //! Policies ([`Policy`]):
 //! - `round_robin`: in order; smooth weighted round robin (nginx) when weights differ;
 //! - `random`: uniform, or weighted by an alias table;
@@ -42,6 +50,20 @@
 //! drop(guard); // the request is over: in flight -1
 //! ```
 //!
+//! A handle per worker:
+//!
+//! ```
+//! use std::sync::Arc;
+//! use dwara_lb::{Endpoint, Policy, UpstreamLb};
+//!
+//! let lb = Arc::new(UpstreamLb::new(Policy::RoundRobin));
+//! lb.update([Endpoint::new("10.0.0.1:53".parse().unwrap())].into_iter().collect());
+//! let mut handle = lb.handle(); // one per task or thread; `Clone` makes another
+//! let guard = handle.pick().unwrap(); // counted, as `lb.pick()`
+//! let next_hop = *handle.pick_endpoint().unwrap(); // not counted
+//! assert_eq!(guard.addr(), next_hop.addr);
+//! ```
+//!
 //! With passive ejection and a fixed seed:
 //!
 //! ```
@@ -68,7 +90,7 @@ mod rng;
 
 pub use endpoint::{Endpoint, EndpointSet};
 pub use health::{Clock, EjectionConfig, ManualClock, MonotonicClock, Outcome};
-pub use lb::{EndpointStats, LbStats, PickGuard, UpstreamLb, UpstreamLbBuilder};
+pub use lb::{EndpointStats, LbHandle, LbStats, PickGuard, UpstreamLb, UpstreamLbBuilder};
 pub use policy::Policy;
 
 /// A pick on an upstream whose endpoint set is empty.

@@ -2,7 +2,7 @@
 //! path) and published together with the set.
 
 use crate::hash::Ring;
-use crate::rng::{Ticket, below};
+use crate::rng::{Draw, below};
 use crate::{Endpoint, Policy};
 
 /// Longest precomputed smooth-weighted sequence (entries).
@@ -216,26 +216,27 @@ impl Picker {
 
     /// One pick: an index into `eps` (non-empty). `key` is a key hash for consistent
     /// hashing; `attempt` > 0 asks for an alternative after an ejected endpoint.
-    #[inline]
+    /// Always inlined into the pick methods (see `UpstreamLb::choose`).
+    #[inline(always)]
     pub(crate) fn pick(
         &self,
         eps: &[Endpoint],
         in_flight: impl Fn(usize) -> usize,
-        ticket: &Ticket,
+        draw: &mut impl Draw,
         key: Option<u64>,
         attempt: usize,
     ) -> usize {
         let n = eps.len();
         match self {
-            Picker::RoundRobin => ticket.next() % n,
-            Picker::SmoothWeighted(seq) => seq[ticket.next() % seq.len()] as usize,
-            Picker::Random => below(ticket.random(), n),
-            Picker::WeightedRandom(table) => table.pick(ticket.random()),
+            Picker::RoundRobin => draw.next_below(n),
+            Picker::SmoothWeighted(seq) => seq[draw.next_below(seq.len())] as usize,
+            Picker::Random => below(draw.random(), n),
+            Picker::WeightedRandom(table) => table.pick(draw.random()),
             Picker::P2c(weighted) => {
                 if n == 1 {
                     return 0;
                 }
-                let x = ticket.random();
+                let x = draw.random();
                 let a = below(x, n);
                 let b = below(x.rotate_left(32), n - 1);
                 let b = if b >= a { b + 1 } else { b };
@@ -249,8 +250,8 @@ impl Picker {
                 };
                 if b_wins { b } else { a }
             }
-            Picker::Srv(groups) => groups[0].pick(ticket.random()),
-            Picker::Ring(ring) => ring.lookup(key.unwrap_or_else(|| ticket.random()), attempt),
+            Picker::Srv(groups) => groups[0].pick(draw.random()),
+            Picker::Ring(ring) => ring.lookup(key.unwrap_or_else(|| draw.random()), attempt),
         }
     }
 
@@ -278,8 +279,8 @@ impl Picker {
     }
 
     /// Weighted pick within one SRV group.
-    pub(crate) fn srv_pick_in(group: &SrvGroup, ticket: &Ticket) -> usize {
-        group.pick(ticket.random())
+    pub(crate) fn srv_pick_in(group: &SrvGroup, draw: &mut impl Draw) -> usize {
+        group.pick(draw.random())
     }
 }
 

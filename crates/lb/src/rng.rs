@@ -1,8 +1,11 @@
-//! A lock-free, seedable random source shared by every thread that picks.
+//! Seedable position and random sources for picks: one shared by every thread that
+//! picks through the [`UpstreamLb`](crate::UpstreamLb), and one private to each
+//! [`LbHandle`](crate::LbHandle).
 //!
-//! SplitMix64 over one atomic counter: output `k` is `mix(seed + k·γ)`, so a pick costs
-//! one `fetch_add` (the same cache line round robin already uses) and a few
-//! multiplications, and a test that fixes the seed sees the same sequence every run.
+//! SplitMix64 over a counter: output `k` is `mix(seed + k·γ)`, so a pick costs one
+//! counter increment (a `fetch_add` on the shared counter, the same cache line round
+//! robin already uses; a plain add on a handle's) and a few multiplications, and a
+//! test that fixes the seed sees the same sequence every run.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -20,6 +23,20 @@ pub(crate) fn mix64(mut z: u64) -> u64 {
 #[inline]
 pub(crate) fn below(x: u64, n: usize) -> usize {
     ((u128::from(x) * n as u128) >> 64) as usize
+}
+
+/// Where a pick draws its round-robin positions and random numbers from.
+pub(crate) trait Draw {
+    /// The next round-robin position in `0..n` (`n` > 0): 0, 1, …, n − 1, 0, … while
+    /// `n` stays the same.
+    fn next_below(&mut self, n: usize) -> usize;
+    /// The next random `u64`.
+    fn random(&mut self) -> u64;
+}
+
+#[inline]
+fn output(seed: u64, k: u64) -> u64 {
+    mix64(seed.wrapping_add(k.wrapping_add(1).wrapping_mul(GAMMA)))
 }
 
 /// The shared ticket counter: round robin reads it as a position, the random policies
@@ -48,11 +65,61 @@ impl Ticket {
     /// The next random `u64`.
     #[inline]
     pub(crate) fn random(&self) -> u64 {
-        let k = self.next() as u64;
-        mix64(
-            self.seed
-                .wrapping_add(k.wrapping_add(1).wrapping_mul(GAMMA)),
-        )
+        output(self.seed, self.next() as u64)
+    }
+}
+
+impl Draw for &Ticket {
+    #[inline]
+    fn next_below(&mut self, n: usize) -> usize {
+        Ticket::next(self) % n
+    }
+
+    #[inline]
+    fn random(&mut self) -> u64 {
+        Ticket::random(self)
+    }
+}
+
+/// A position and a counter of one's own: no atomic operation and no division per
+/// pick. Seeded from the shared ticket, so handles of a seeded load balancer repeat
+/// too, and two handles start at different positions and draw different sequences.
+#[derive(Debug, Clone)]
+pub(crate) struct LocalTicket {
+    /// The next round-robin position (reduced when the set shrinks below it).
+    position: usize,
+    counter: u64,
+    seed: u64,
+}
+
+impl LocalTicket {
+    pub(crate) fn from_shared(shared: &Ticket) -> Self {
+        let seed = shared.random();
+        Self {
+            // round robin starts somewhere else on every handle
+            position: mix64(seed) as usize,
+            counter: 0,
+            seed,
+        }
+    }
+}
+
+impl Draw for LocalTicket {
+    #[inline]
+    fn next_below(&mut self, n: usize) -> usize {
+        let mut p = self.position;
+        if p >= n {
+            p %= n;
+        }
+        self.position = if p + 1 == n { 0 } else { p + 1 };
+        p
+    }
+
+    #[inline]
+    fn random(&mut self) -> u64 {
+        let k = self.counter;
+        self.counter = k.wrapping_add(1);
+        output(self.seed, k)
     }
 }
 

@@ -224,9 +224,9 @@ fn p2c_prefers_the_less_loaded() {
     // ten endpoints, one heavily loaded: it can only win against an equally
     // loaded one, and there is none
     let lb10 = lb(Policy::P2c, uniform(10));
-    // fifty requests in flight to endpoint 3 (a guard is a strong reference)
-    let load: Vec<Arc<EndpointState>> = (0..50)
-        .map(|_| Arc::clone(&lb10.current.load().states[3]))
+    // fifty requests in flight to endpoint 3 (a guard is a weak reference)
+    let load: Vec<Weak<EndpointState>> = (0..50)
+        .map(|_| Arc::downgrade(&lb10.current.load().states[3]))
         .collect();
     assert_eq!(lb10.in_flight(addr(3)), 50);
     let h = histogram(&lb10, 10_000);
@@ -518,6 +518,145 @@ fn lb_and_guard_are_send_sync_static() {
     fn assert_send_sync<T: Send + Sync + 'static>() {}
     assert_send_sync::<UpstreamLb>();
     assert_send_sync::<PickGuard>();
+    assert_send_sync::<LbHandle>();
+}
+
+#[test]
+fn handle_sees_every_update_at_its_next_pick() {
+    for policy in Policy::ALL {
+        let lb = Arc::new(lb(policy, uniform(3)));
+        let mut h = lb.handle();
+        assert!(uniform(3).contains(h.pick().unwrap().addr()));
+        let next: EndpointSet = (10..13).map(addr).collect();
+        lb.update(next.clone());
+        for _ in 0..20 {
+            assert!(next.contains(h.pick().unwrap().addr()), "{policy}");
+            assert!(next.contains(h.pick_endpoint().unwrap().addr), "{policy}");
+            assert!(
+                next.contains(h.pick_by_key(b"k").unwrap().addr()),
+                "{policy}"
+            );
+        }
+        lb.clear();
+        assert_eq!(h.pick().unwrap_err(), NoEndpoints);
+        assert_eq!(h.pick_endpoint_by_key(b"k").unwrap_err(), NoEndpoints);
+    }
+}
+
+#[test]
+fn a_stale_handle_does_not_distort_in_flight_counts() {
+    let lb = Arc::new(lb(Policy::P2c, uniform(2)));
+    let (a, b) = (addr(0), addr(1));
+    let mut h = lb.handle();
+    let guard = h.pick().unwrap();
+    let picked = guard.addr();
+    let other = if picked == a { b } else { a };
+    // the handle keeps the old snapshot until its next pick: the counts must not see it
+    lb.update([picked, addr(2)].into_iter().collect());
+    assert_eq!(lb.in_flight(picked), 1);
+    assert_eq!(lb.in_flight(addr(2)), 0);
+    assert_eq!(lb.in_flight(other), 0, "removed, no guard");
+    assert_eq!(lb.draining(), 0);
+    lb.update([addr(2)].into_iter().collect());
+    assert_eq!(lb.draining(), 1, "the guard drains");
+    assert!(guard.is_draining());
+    drop(guard);
+    assert_eq!(lb.draining(), 0, "the stale snapshot is not a request");
+    assert!(lb.stats().endpoints.iter().all(|e| e.in_flight == 0));
+    // P2C still compares true loads: endpoint 2 is in both the handle's cached
+    // snapshot and the current one, endpoint 3 only in the current one
+    let mut stale = lb.handle();
+    let _ = stale.pick_endpoint();
+    lb.update([addr(2), addr(3)].into_iter().collect());
+    let busy = lb.pick().unwrap();
+    for _ in 0..100 {
+        assert_ne!(lb.pick().unwrap().addr(), busy.addr());
+    }
+    drop((stale, busy));
+}
+
+#[test]
+fn handles_round_robin_evenly_between_them() {
+    let lb = Arc::new(lb(Policy::RoundRobin, uniform(10)));
+    let mut handles: Vec<LbHandle> = (0..3).map(|_| lb.handle()).collect();
+    let mut counts: HashMap<SocketAddr, usize> = HashMap::new();
+    let mut first = Vec::new();
+    let position = |a: SocketAddr| (0..10).position(|i| addr(i) == a).unwrap();
+    for h in &mut handles {
+        let mut prev = None;
+        for _ in 0..1_000 {
+            let e = h.pick_endpoint().unwrap();
+            match prev {
+                None => first.push(e.addr),
+                // each handle goes round in the set's order
+                Some(p) => assert_eq!(position(e.addr), (p + 1) % 10),
+            }
+            prev = Some(position(e.addr));
+            *counts.entry(e.addr).or_default() += 1;
+        }
+    }
+    // 1,000 picks over 10 endpoints: exactly 100 each per handle
+    assert!(counts.values().all(|&c| c == 300), "{counts:?}");
+    first.dedup();
+    assert!(
+        first.len() > 1,
+        "handles start at different positions: {first:?}"
+    );
+    // smooth weighted round robin too: each its weight per period, per handle
+    let eps: EndpointSet = [5u16, 1, 1]
+        .iter()
+        .enumerate()
+        .map(|(i, &w)| Endpoint::new(addr(i)).with_weight(w))
+        .collect();
+    let lb = Arc::new(self::lb(Policy::RoundRobin, eps));
+    let mut h = lb.handle();
+    let mut counts = [0usize; 3];
+    for _ in 0..7_000 {
+        let a = h.pick().unwrap().addr();
+        counts[(0..3).position(|i| addr(i) == a).unwrap()] += 1;
+    }
+    assert_eq!(counts, [5_000, 1_000, 1_000]);
+}
+
+#[test]
+fn seeded_handles_repeat_and_clones_draw_anew() {
+    for policy in [Policy::Random, Policy::P2c, Policy::Srv, Policy::RoundRobin] {
+        let picks = |h: &mut LbHandle| -> Vec<SocketAddr> {
+            (0..100).map(|_| h.pick_endpoint().unwrap().addr).collect()
+        };
+        let a = Arc::new(lb(policy, uniform(50)));
+        let b = Arc::new(lb(policy, uniform(50)));
+        let (mut ha, mut hb) = (a.handle(), b.handle());
+        let first = picks(&mut ha);
+        assert_eq!(first, picks(&mut hb), "{policy}");
+        let mut clone = ha.clone();
+        assert_ne!(
+            picks(&mut clone),
+            picks(&mut ha),
+            "{policy}: a clone is not in lockstep"
+        );
+        assert!(Arc::ptr_eq(clone.lb(), &a));
+    }
+}
+
+#[test]
+fn uncounted_picks_count_nothing() {
+    let lb = Arc::new(lb(Policy::P2c, uniform(4)));
+    let mut h = lb.handle();
+    for _ in 0..100 {
+        let _ = lb.pick_endpoint().unwrap();
+        let _ = h.pick_endpoint().unwrap();
+    }
+    // keep the endpoints so that in flight would show if the picks had counted
+    let held: Vec<Endpoint> = (0..10).map(|_| *h.pick_endpoint().unwrap()).collect();
+    assert_eq!(held.len(), 10);
+    assert!(lb.stats().endpoints.iter().all(|e| e.in_flight == 0));
+    // but they do follow ejection
+    lb.eject(addr(0), Duration::from_secs(60));
+    for _ in 0..100 {
+        assert_ne!(h.pick_endpoint().unwrap().addr, addr(0));
+        assert_ne!(lb.pick_endpoint_by_key(b"k").unwrap().addr, addr(0));
+    }
 }
 
 #[test]

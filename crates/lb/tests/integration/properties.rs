@@ -40,14 +40,16 @@ proptest! {
         sets in prop::collection::vec(endpoint_set(), 1..6),
         keys in prop::collection::vec(any::<u32>(), 1..20),
     ) {
-        let lb = UpstreamLb::builder(policy).seed(seed).build();
+        let lb = std::sync::Arc::new(UpstreamLb::builder(policy).seed(seed).build());
+        let mut handle = lb.handle();
         let mut held = Vec::new();
         for set in sets {
             lb.update(set.clone());
             prop_assert_eq!(lb.endpoints(), set.clone());
             let min_priority = set.iter().map(|e| e.priority).min();
             for k in &keys {
-                for guard in [lb.pick(), lb.pick_by_key(&k.to_le_bytes())] {
+                let key = k.to_le_bytes();
+                for guard in [lb.pick(), lb.pick_by_key(&key), handle.pick(), handle.pick_by_key(&key)] {
                     match guard {
                         Ok(g) => {
                             prop_assert_eq!(set.get(g.addr()), Some(g.endpoint()));
@@ -56,6 +58,12 @@ proptest! {
                             }
                             held.push(g);
                         }
+                        Err(_) => prop_assert!(set.is_empty()),
+                    }
+                }
+                for e in [lb.pick_endpoint(), handle.pick_endpoint_by_key(&key).copied()] {
+                    match e {
+                        Ok(e) => prop_assert_eq!(set.get(e.addr), Some(&e)),
                         Err(_) => prop_assert!(set.is_empty()),
                     }
                 }

@@ -1,5 +1,7 @@
 //! Two threads pick while a third swaps sets 10,000 times: no panic, no torn
-//! snapshot, and once a swap has returned no pick sees a set from before it.
+//! snapshot, and once a swap has returned no pick sees a set from before it. One
+//! thread picks through the `UpstreamLb`, the other through an `LbHandle` (its cached
+//! snapshot must be revalidated on every pick).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -45,10 +47,15 @@ fn run(policy: Policy) {
             thread::spawn(move || {
                 let mut picks = 0u64;
                 let mut key = t as u64;
+                let mut handle = (t == 1).then(|| lb.handle());
                 while !done.load(Ordering::Acquire) {
                     let floor = published.load(Ordering::Acquire);
                     key = key.wrapping_add(0x9E37_79B9);
-                    match lb.pick_by_key(&key.to_le_bytes()) {
+                    let pick = match &mut handle {
+                        Some(h) => h.pick_by_key(&key.to_le_bytes()),
+                        None => lb.pick_by_key(&key.to_le_bytes()),
+                    };
+                    match pick {
                         Ok(g) => {
                             let seen = generation_of(g.addr());
                             assert!(
