@@ -61,7 +61,7 @@ impl ConsulConfig {
     pub fn validate(&self) -> Result<(), DiscoveryError> {
         if self.service.trim().is_empty() {
             return Err(DiscoveryError::InvalidConfig {
-                key: "consul.service".into(),
+                key: "service".into(),
                 message: "must not be empty".into(),
             });
         }
@@ -95,7 +95,10 @@ mod tests {
     #[test]
     fn bad_fields_are_reported_first() {
         let e = ConsulConfig::default().validate().unwrap_err();
-        assert!(e.to_string().contains("consul.service"), "{e}");
+        assert!(
+            matches!(&e, DiscoveryError::InvalidConfig { key, .. } if key == "service"),
+            "{e}"
+        );
         assert!(serde_yaml_ng::from_str::<ConsulConfig>("service: a\nbogus: 1\n").is_err());
     }
 }

@@ -54,10 +54,7 @@ fn is_dns_label(s: &str) -> bool {
 impl EndpointSliceConfig {
     /// Checks the fields, then reports that the source is not supported yet.
     pub fn validate(&self) -> Result<(), DiscoveryError> {
-        for (key, value) in [
-            ("kubernetes.namespace", &self.namespace),
-            ("kubernetes.service", &self.service),
-        ] {
+        for (key, value) in [("namespace", &self.namespace), ("service", &self.service)] {
             if !is_dns_label(value) {
                 return Err(DiscoveryError::InvalidConfig {
                     key: key.into(),
@@ -98,11 +95,10 @@ mod tests {
             service: "api".into(),
             port_name: None,
         };
+        let e = c.validate().unwrap_err();
         assert!(
-            c.validate()
-                .unwrap_err()
-                .to_string()
-                .contains("kubernetes.namespace")
+            matches!(&e, DiscoveryError::InvalidConfig { key, .. } if key == "namespace"),
+            "{e}"
         );
     }
 }

@@ -73,7 +73,9 @@ pub enum DiscoveryError {
     /// A configuration value is invalid.
     #[error("invalid discovery config: {key}: {message}")]
     InvalidConfig {
-        /// The offending key, e.g. `dns_discovery.port`.
+        /// The offending key within the source's own config block, e.g. `port` (a
+        /// caller that nests the block names the path, as `dwara`'s config file does:
+        /// `upstreams[0].dns_discovery.port`).
         key: String,
         /// What is wrong with it.
         message: String,

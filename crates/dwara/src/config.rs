@@ -132,7 +132,6 @@ impl Config {
             }
             let key_error = |block: &str, e: dwara_discovery::DiscoveryError| match e {
                 dwara_discovery::DiscoveryError::InvalidConfig { key, message } => {
-                    let key = key.rsplit('.').next().unwrap_or(&key).to_owned();
                     anyhow::anyhow!("{at}.{block}.{key}: {message}")
                 }
                 other => anyhow::anyhow!("{at}.{block}: {other}"),
@@ -237,6 +236,14 @@ upstreams:
             (
                 up("    dns_discovery:\n      hostname: a.b\n      port: 80\n      bogus: 1\n"),
                 "bogus",
+            ),
+            (
+                up("    consul:\n      service: ''\n"),
+                "upstreams[0].consul.service: must not be empty",
+            ),
+            (
+                up("    kubernetes:\n      namespace: Prod\n      service: b\n"),
+                "upstreams[0].kubernetes.namespace: \"Prod\" is not a valid RFC 1123 label",
             ),
             (
                 up("    consul:\n      service: api\n"),
