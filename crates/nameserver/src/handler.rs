@@ -281,9 +281,7 @@ impl Handler {
         v6: bool,
         rng: &mut FastRng,
     ) -> Option<usize> {
-        let question = q.question();
-        let start = HEADER_LEN + question.len();
-        out[HEADER_LEN..start].copy_from_slice(question);
+        let start = write_question(q, out);
         let rr_len = if v6 { AAAA_RR_LEN } else { A_RR_LEN };
         // Never write past the buffer, whatever the number of records.
         let cap = (out.len() - start - OPT_LEN) / rr_len;
@@ -312,20 +310,15 @@ impl Handler {
         wire::shuffle_records(&mut out[start..start + n * rr_len], rr_len, rng);
         let opt = if q.edns.is_some() { OPT_LEN } else { 0 };
         let fit = n.min(limit.saturating_sub(start + opt) / rr_len);
-        let mut pos = start + fit * rr_len;
-        if opt > 0 {
-            pos = write_opt(out, pos, 0);
-        }
         // fit ≤ 65535 / 16.
-        write_header(
+        Some(finish(
+            q,
             out,
-            q.packet,
-            true,
+            start + fit * rr_len,
             fit < n,
             rcode::NOERROR,
-            [1, fit as u16, 0, u16::from(opt > 0)],
-        );
-        Some(pos)
+            [fit as u16, 0],
+        ))
     }
 
     /// Question, then the servable names of an address, as many as fit (TC if not
@@ -337,9 +330,7 @@ impl Handler {
         limit: usize,
         refs: &[PtrRef],
     ) -> Option<usize> {
-        let question = q.question();
-        let mut pos = HEADER_LEN + question.len();
-        out[HEADER_LEN..pos].copy_from_slice(question);
+        let mut pos = write_question(q, out);
         let opt = if q.edns.is_some() { OPT_LEN } else { 0 };
         let room = limit.min(out.len()).saturating_sub(opt);
         let (mut an, mut any, mut tc) = (0u16, false, false);
@@ -359,48 +350,62 @@ impl Handler {
         if !any {
             return None;
         }
-        if opt > 0 {
-            pos = write_opt(out, pos, 0);
-        }
-        write_header(
-            out,
-            q.packet,
-            true,
-            tc,
-            rcode::NOERROR,
-            [1, an, 0, u16::from(opt > 0)],
-        );
-        Some(pos)
+        Some(finish(q, out, pos, tc, rcode::NOERROR, [an, 0]))
     }
 
     /// NXDOMAIN or NODATA: question, SOA in the authority section.
     fn write_negative(&self, q: &Query<'_>, out: &mut [u8], rc: u8) -> usize {
-        let question = q.question();
-        let mut pos = HEADER_LEN + question.len();
-        out[HEADER_LEN..pos].copy_from_slice(question);
+        let pos = write_question(q, out);
         out[pos..pos + self.soa.len()].copy_from_slice(&self.soa);
-        pos += self.soa.len();
-        let ar = u16::from(q.edns.is_some());
-        if q.edns.is_some() {
-            pos = write_opt(out, pos, 0);
-        }
-        write_header(out, q.packet, true, false, rc, [1, 0, 1, ar]);
-        pos
+        finish(q, out, pos + self.soa.len(), false, rc, [0, 1])
     }
 
     fn write_apex_soa(&self, q: &Query<'_>, out: &mut [u8]) -> usize {
-        let question = q.question();
-        let mut pos = HEADER_LEN + question.len();
-        out[HEADER_LEN..pos].copy_from_slice(question);
+        let pos = write_question(q, out);
         out[pos..pos + self.soa_answer.len()].copy_from_slice(&self.soa_answer);
-        pos += self.soa_answer.len();
-        let ar = u16::from(q.edns.is_some());
-        if q.edns.is_some() {
-            pos = write_opt(out, pos, 0);
-        }
-        write_header(out, q.packet, true, false, rcode::NOERROR, [1, 1, 0, ar]);
-        pos
+        finish(
+            q,
+            out,
+            pos + self.soa_answer.len(),
+            false,
+            rcode::NOERROR,
+            [1, 0],
+        )
     }
+}
+
+/// Copies the question after the header; returns where the answer section starts.
+#[inline]
+fn write_question(q: &Query<'_>, out: &mut [u8]) -> usize {
+    let question = q.question();
+    let end = HEADER_LEN + question.len();
+    out[HEADER_LEN..end].copy_from_slice(question);
+    end
+}
+
+/// Ends an authoritative response whose sections were written up to `pos`: the OPT
+/// record when the query had EDNS, then the header with one question, `[answers,
+/// authority]` records and the OPT counted as additional. Returns the length.
+#[inline]
+fn finish(
+    q: &Query<'_>,
+    out: &mut [u8],
+    pos: usize,
+    truncated: bool,
+    rc: u8,
+    [an, ns]: [u16; 2],
+) -> usize {
+    let edns = q.edns.is_some();
+    let pos = if edns { write_opt(out, pos, 0) } else { pos };
+    write_header(
+        out,
+        q.packet,
+        true,
+        truncated,
+        rc,
+        [1, an, ns, u16::from(edns)],
+    );
+    pos
 }
 
 /// A SERVFAIL response to `packet` (question echoed when it can be), for forwarding
