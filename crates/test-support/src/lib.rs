@@ -5,6 +5,8 @@
 //!   which counts the queries it receives.
 //! - [`dnsmasq::Dnsmasq`]: a real dnsmasq on a loopback port serving a hosts file the
 //!   test controls.
+//! - [`http::request`] / [`http::request_async`]: a one-shot HTTP/1.1 client for our
+//!   HTTP APIs.
 //! - [`init_tracing`], [`free_port`], [`wait_until`], [`signal`]: small helpers.
 //!
 //! ```no_run
@@ -23,6 +25,7 @@
 pub mod dig;
 pub mod dns_server;
 pub mod dnsmasq;
+pub mod http;
 
 use std::future::Future;
 use std::io;

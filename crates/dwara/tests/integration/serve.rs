@@ -128,29 +128,9 @@ async fn backends_seen(proxy: SocketAddr, n: usize) -> Vec<String> {
     seen
 }
 
-/// Minimal HTTP/1.1 client: (status, body).
+/// One request to a `dwara serve` HTTP listener: (status, body).
 async fn http(addr: SocketAddr, method: &str, path: &str) -> (u16, String) {
-    let mut s = TcpStream::connect(addr).await.unwrap();
-    s.write_all(
-        format!(
-            "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-        )
-        .as_bytes(),
-    )
-    .await
-    .unwrap();
-    let mut resp = String::new();
-    s.read_to_string(&mut resp).await.unwrap();
-    let status = resp
-        .split(' ')
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let body = resp
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default();
-    (status, body)
+    test_support::http::request_async(addr, method, path, None).await
 }
 
 struct Serve {

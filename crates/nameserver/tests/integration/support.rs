@@ -1,9 +1,7 @@
-//! The in-process server under test and a blocking HTTP/1.1 helper.
+//! The in-process server under test and its HTTP helper.
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
 use dwara_nameserver::{Db, Domain, Fallback, NameServer, NameServerConfig};
 use test_support::dig::Dig;
@@ -86,20 +84,7 @@ pub(crate) fn http(
     path: &str,
     body: Option<&str>,
 ) -> (u16, String) {
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    let body = body.unwrap_or_default();
-    let req = format!(
-        "{method} {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\
-         Content-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    );
-    s.write_all(req.as_bytes()).unwrap();
-    let mut raw = String::new();
-    s.read_to_string(&mut raw).unwrap();
-    let (head, body) = raw.split_once("\r\n\r\n").unwrap();
-    let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
-    (status, body.to_owned())
+    test_support::http::request(addr, method, path, body)
 }
 
 /// A dnsmasq fallback that knows `fallback-host.example` (127.0.0.99, also its PTR),
