@@ -142,44 +142,45 @@ fn lb_case(name: &'static str, policy: Policy, set: EndpointSet, via: Via) -> Ca
     Case::new(name, move || -> PickFn {
         let keys = keys.clone();
         match via {
-            Via::Shared => {
-                let lb = lb.clone();
-                if keyed {
-                    Box::new(move |i| {
-                        let _ = black_box(lb.pick_by_key(&keys[i % keys.len()]));
-                    })
-                } else {
-                    Box::new(move |_| {
-                        let _ = black_box(lb.pick());
-                    })
-                }
-            }
-            Via::Handle => {
-                let mut h = lb.handle();
-                if keyed {
-                    Box::new(move |i| {
-                        let _ = black_box(h.pick_by_key(&keys[i % keys.len()]));
-                    })
-                } else {
-                    Box::new(move |_| {
-                        let _ = black_box(h.pick());
-                    })
-                }
-            }
-            Via::HandleUncounted => {
-                let mut h = lb.handle();
-                if keyed {
-                    Box::new(move |i| {
-                        let _ = black_box(h.pick_endpoint_by_key(&keys[i % keys.len()]));
-                    })
-                } else {
-                    Box::new(move |_| {
-                        let _ = black_box(h.pick_endpoint());
-                    })
-                }
-            }
+            Via::Shared => pick_fn(
+                lb.clone(),
+                keyed.then_some(keys),
+                |lb, k| drop(black_box(lb.pick_by_key(k))),
+                |lb| drop(black_box(lb.pick())),
+            ),
+            Via::Handle => pick_fn(
+                lb.handle(),
+                keyed.then_some(keys),
+                |h, k| drop(black_box(h.pick_by_key(k))),
+                |h| drop(black_box(h.pick())),
+            ),
+            Via::HandleUncounted => pick_fn(
+                lb.handle(),
+                keyed.then_some(keys),
+                |h, k| {
+                    let _ = black_box(h.pick_endpoint_by_key(k));
+                },
+                |h| {
+                    let _ = black_box(h.pick_endpoint());
+                },
+            ),
         }
     })
+}
+
+/// A pick closure over `state`: `by_key` with the keys in turn when there are keys,
+/// else `plain`. Generic, so each case compiles to its own closure with the pick
+/// inlined and no branch per pick.
+fn pick_fn<S: 'static>(
+    mut state: S,
+    keys: Option<Arc<[[u8; 16]]>>,
+    mut by_key: impl FnMut(&mut S, &[u8]) + 'static,
+    mut plain: impl FnMut(&mut S) + 'static,
+) -> PickFn {
+    match keys {
+        Some(keys) => Box::new(move |i| by_key(&mut state, &keys[i % keys.len()])),
+        None => Box::new(move |_| plain(&mut state)),
+    }
 }
 
 /// Every picker, in report order: the three baselines first.
