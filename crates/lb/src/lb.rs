@@ -48,6 +48,11 @@ struct Writer {
     /// States of removed endpoints that may still have guards: kept alive here (a
     /// guard's `Weak` does not) until no guard and no old snapshot refers to them.
     draining: Vec<Arc<EndpointState>>,
+    /// Superseded snapshots still referenced elsewhere (a handle that has not picked
+    /// since, a pick in progress). Holding them here means whoever lets go of one last
+    /// only decrements a count: freeing a snapshot (a reference-count decrement per
+    /// endpoint, the picker's tables) stays on the writer, off the pick path.
+    retired: Vec<Arc<Snapshot>>,
 }
 
 /// The load balancer of one upstream: the current [`EndpointSet`] plus the pick state
@@ -196,10 +201,13 @@ impl UpstreamLb {
         }
         let picker = Picker::build(self.policy, set.as_slice());
         let endpoints = set.len();
-        self.current
-            .store(Arc::new(Snapshot::new(set, states, picker)));
+        let old = self
+            .current
+            .swap(Arc::new(Snapshot::new(set, states, picker)));
         self.version.fetch_add(1, Ordering::Release);
         drop(prev);
+        writer.retired.push(old);
+        writer.retired.retain(|s| Arc::strong_count(s) > 1);
         // keep what a guard or an old snapshot (a pick in progress, a handle) still
         // refers to; an ejected state dropped here leaves the ejection count
         writer

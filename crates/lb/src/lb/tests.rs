@@ -706,3 +706,22 @@ fn alias_table_is_exact() {
         }
     }
 }
+
+#[test]
+fn superseded_snapshots_are_freed_by_the_writer_not_by_picks() {
+    let lb = Arc::new(lb(Policy::RoundRobin, uniform(3)));
+    let retired = || lb.writer.lock().unwrap().retired.len();
+    let mut h = lb.handle();
+    let _ = h.pick_endpoint();
+    lb.update(uniform(4));
+    assert_eq!(retired(), 1, "the handle still holds the first snapshot");
+    let held = Arc::downgrade(&lb.writer.lock().unwrap().retired[0]);
+    let _ = h.pick_endpoint(); // reloads: lets go of the first snapshot…
+    assert!(held.upgrade().is_some(), "…but does not free it");
+    lb.update(uniform(5));
+    assert!(held.upgrade().is_none(), "the next publish frees it");
+    assert_eq!(retired(), 1, "the second snapshot, still in the handle");
+    drop(h);
+    lb.update(uniform(6));
+    assert_eq!(retired(), 0);
+}
