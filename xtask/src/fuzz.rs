@@ -39,7 +39,10 @@ pub(crate) fn run(args: &[String]) -> anyhow::Result<()> {
         .context("workspace root")?
         .to_path_buf();
     let fuzz_dir = root.join("fuzz");
+    preflight()?;
     for target in targets {
+        let artifacts = fuzz_dir.join("artifacts").join(target);
+        let before = crash_inputs(&artifacts);
         let corpus = fuzz_dir.join("corpus").join(target);
         std::fs::create_dir_all(&corpus)?;
         println!("fuzzing {target} for {seconds}s");
@@ -53,11 +56,52 @@ pub(crate) fn run(args: &[String]) -> anyhow::Result<()> {
             .status()
             .context("cannot run `cargo +nightly fuzz` (cargo install cargo-fuzz)")?;
         if !status.success() {
+            let new: Vec<String> = crash_inputs(&artifacts)
+                .into_iter()
+                .filter(|f| !before.contains(f))
+                .collect();
+            if new.is_empty() {
+                bail!(
+                    "cargo fuzz failed for {target} without leaving a crash input (see its \
+                     output above: a build error, or an interrupted run)"
+                );
+            }
             bail!(
-                "fuzz target {target} failed; the input is in fuzz/artifacts/{target}/: \
-                 copy it to fuzz/regressions/{target}/ and fix the bug"
+                "fuzz target {target} found a failing input: fuzz/artifacts/{target}/{}; \
+                 copy it to fuzz/regressions/{target}/ and fix the bug",
+                new.join(", ")
             );
         }
     }
     Ok(())
+}
+
+/// Fails with what to install when `cargo +nightly fuzz` cannot run.
+fn preflight() -> anyhow::Result<()> {
+    let ok = |args: &[&str]| {
+        Command::new("cargo")
+            .args(args)
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    if !ok(&["+nightly", "--version"]) {
+        bail!("the nightly toolchain is missing: rustup toolchain install nightly");
+    }
+    if !ok(&["+nightly", "fuzz", "--version"]) {
+        bail!("cargo-fuzz is not installed: cargo install cargo-fuzz");
+    }
+    Ok(())
+}
+
+/// The file names in a target's artifact folder (libFuzzer's crash, leak, timeout
+/// and out-of-memory inputs).
+fn crash_inputs(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .filter_map(Result::ok)
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default()
 }
