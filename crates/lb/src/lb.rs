@@ -472,7 +472,9 @@ pub struct LbStats {
 /// A picked endpoint. Holding it counts one request in flight to the endpoint; the
 /// count drops when the guard is dropped. The guard refers to its endpoint's state
 /// (no borrow of the load balancer), so it keeps working after the endpoint is
-/// removed from the set while the connection drains.
+/// removed from the set while the connection drains. It even outlives the load
+/// balancer: the endpoint is still there, [`is_draining`](Self::is_draining) is
+/// `true` and reports go nowhere.
 #[derive(Debug)]
 #[must_use = "dropping the guard ends the request's in-flight count at once"]
 pub struct PickGuard {
@@ -513,7 +515,7 @@ impl PickGuard {
     /// Reports the request's outcome for passive ejection.
     pub fn report(&self, outcome: Outcome) {
         // the load balancer keeps the state alive while a guard is: this upgrade
-        // fails only if that invariant is broken, and then there is nothing to eject
+        // fails only once the load balancer itself is gone, with nothing to eject
         if let Some(s) = self.state.upgrade() {
             s.report(outcome);
         }

@@ -725,3 +725,18 @@ fn superseded_snapshots_are_freed_by_the_writer_not_by_picks() {
     lb.update(uniform(6));
     assert_eq!(retired(), 0);
 }
+
+#[test]
+fn a_guard_outlives_its_load_balancer() {
+    let lb = Arc::new(lb(Policy::RoundRobin, uniform(2)));
+    let mut h = lb.handle();
+    let (g1, g2) = (lb.pick().unwrap(), h.pick().unwrap());
+    assert!(!g1.is_draining());
+    drop((lb, h));
+    // the states are gone with the load balancer; the guards still answer
+    for g in [&g1, &g2] {
+        assert!(uniform(2).contains(g.addr()));
+        assert!(g.is_draining(), "no load balancer serves it any more");
+        g.report_failure(); // nothing to report to: a no-op, not a panic
+    }
+}
