@@ -69,10 +69,45 @@ pub struct UpstreamConfig {
     /// Timeout of one connection attempt to an endpoint, in milliseconds.
     #[serde(default = "default_connect_timeout_ms")]
     pub connect_timeout_ms: u64,
+    /// Passive ejection of endpoints that keep failing to connect; off when absent.
+    #[serde(default)]
+    pub ejection: Option<EjectionSection>,
 }
 
 fn default_connect_timeout_ms() -> u64 {
     2000
+}
+
+/// `ejection:` of an upstream: after `consecutive_failures` failed connection
+/// attempts in a row to one endpoint, picks skip it for `cool_down_s` seconds (unless
+/// every endpoint is ejected). Defaults are Envoy's outlier-detection ones.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EjectionSection {
+    /// Failures in a row that eject an endpoint (default 5).
+    #[serde(default = "default_consecutive_failures")]
+    pub consecutive_failures: u32,
+    /// How long an ejected endpoint is skipped, in seconds (default 30).
+    #[serde(default = "default_cool_down_s")]
+    pub cool_down_s: u64,
+}
+
+fn default_consecutive_failures() -> u32 {
+    5
+}
+
+fn default_cool_down_s() -> u64 {
+    30
+}
+
+impl EjectionSection {
+    /// The load balancer's form of it.
+    pub fn to_lb(self) -> dwara_lb::EjectionConfig {
+        dwara_lb::EjectionConfig::new(
+            self.consecutive_failures,
+            std::time::Duration::from_secs(self.cool_down_s),
+        )
+    }
 }
 
 impl Config {
@@ -113,6 +148,20 @@ impl Config {
                     "{at}.connect_timeout_ms: must be 1..=600000, got {}",
                     up.connect_timeout_ms
                 );
+            }
+            if let Some(e) = up.ejection {
+                if e.consecutive_failures == 0 {
+                    bail!(
+                        "{at}.ejection.consecutive_failures: must be at least 1 \
+                         (leave out the ejection block to turn ejection off)"
+                    );
+                }
+                if e.cool_down_s == 0 || e.cool_down_s > 86_400 {
+                    bail!(
+                        "{at}.ejection.cool_down_s: must be 1..=86400, got {}",
+                        e.cool_down_s
+                    );
+                }
             }
             if !listens.insert(up.listen) {
                 bail!("{at}.listen: {} is used by another upstream", up.listen);
@@ -201,6 +250,17 @@ upstreams:
     }
 
     #[test]
+    fn the_readme_example_is_valid() {
+        let readme = include_str!("../../../README.md");
+        let section = &readme[readme.find("## L4 upstreams").unwrap()..];
+        let start = section.find("```yaml\n").unwrap() + "```yaml\n".len();
+        let end = start + section[start..].find("```").unwrap();
+        let c = Config::parse(&section[start..end]).unwrap();
+        let e = c.upstreams[0].ejection.unwrap();
+        assert_eq!((e.consecutive_failures, e.cool_down_s), (5, 30));
+    }
+
+    #[test]
     fn errors_name_the_key() {
         let up =
             |block: &str| format!("upstreams:\n  - name: api\n    listen: 127.0.0.1:9000\n{block}");
@@ -236,6 +296,24 @@ upstreams:
             (
                 up("    dns_discovery:\n      hostname: a.b\n      port: 80\n      bogus: 1\n"),
                 "bogus",
+            ),
+            (
+                up(
+                    "    ejection:\n      consecutive_failures: 0\n    dns_discovery:\n      hostname: a.b\n      port: 80\n",
+                ),
+                "upstreams[0].ejection.consecutive_failures: must be at least 1",
+            ),
+            (
+                up(
+                    "    ejection:\n      cool_down_s: 0\n    dns_discovery:\n      hostname: a.b\n      port: 80\n",
+                ),
+                "upstreams[0].ejection.cool_down_s: must be 1..=86400, got 0",
+            ),
+            (
+                up(
+                    "    ejection:\n      after: 3\n    dns_discovery:\n      hostname: a.b\n      port: 80\n",
+                ),
+                "after",
             ),
             (
                 up("    consul:\n      service: ''\n"),

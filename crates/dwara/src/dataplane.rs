@@ -9,8 +9,9 @@
 //! swapped and [`DiscoveryTasks::respawn`] restarts discovery. Connections in flight
 //! hold their own snapshot of their upstream and are never cut by a reload.
 //!
-//! An upstream keeps its load balancer (endpoints and in-flight counts) and its
-//! counters across reloads while its name and policy stay the same.
+//! Across reloads an upstream keeps its load balancer (endpoints, in-flight counts,
+//! ejections) while its name, policy and ejection settings stay the same, and its
+//! counters while its name does.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -113,9 +114,15 @@ impl Dataplane {
         for up in &config.upstreams {
             let prev = old.upstreams.iter().find(|p| p.config.name == up.name);
             let lb = prev
-                .filter(|p| p.config.policy == up.policy)
+                .filter(|p| p.config.policy == up.policy && p.config.ejection == up.ejection)
                 .map(|p| p.target.lb.clone())
-                .unwrap_or_else(|| Arc::new(UpstreamLb::new(up.policy)));
+                .unwrap_or_else(|| {
+                    let mut lb = UpstreamLb::builder(up.policy);
+                    if let Some(e) = up.ejection {
+                        lb = lb.ejection(e.to_lb());
+                    }
+                    Arc::new(lb.build())
+                });
             let conn_stats = prev.map_or_else(Default::default, |p| p.target.stats.clone());
             let disc_stats = prev.map_or_else(
                 || Arc::new(DiscoveryStats::default()),
@@ -253,6 +260,10 @@ impl Dataplane {
                     "name": up.config.name,
                     "listen": up.config.listen.to_string(),
                     "policy": up.config.policy.to_string(),
+                    "ejection": up.config.ejection.map(|e| json!({
+                        "consecutive_failures": e.consecutive_failures,
+                        "cool_down_s": e.cool_down_s,
+                    })),
                     "generation": generation.number,
                     "source": up.discovery.source.describe(),
                     "endpoints": endpoints,

@@ -526,3 +526,57 @@ async fn a_removed_upstream_stops_accepting_but_keeps_its_connections() {
     assert!(Conn::open(keep).await.is_some());
     assert_eq!(open.echo("still open").await, "still open");
 }
+
+#[tokio::test]
+async fn ejection_stops_connect_attempts_to_a_dead_endpoint_dns_still_lists() {
+    // 127.0.0.5 is in DNS but nothing listens there: every attempt is refused
+    let backends = Backends::start(&["127.0.0.2"]).await;
+    let dnsmasq = dnsmasq("127.0.0.2 api.test\n127.0.0.5 api.test\n");
+    let proxy = test_support::free_addr();
+    let yaml = config(proxy, "api.test", backends.port, dnsmasq.addr(), true).replace(
+        "    connect_timeout_ms: 500\n",
+        "    connect_timeout_ms: 500\n    ejection:\n      consecutive_failures: 2\n      cool_down_s: 600\n",
+    );
+    let serve = Serve::spawn(&yaml);
+    serve
+        .wait_endpoints(&eps(backends.port, &["127.0.0.2", "127.0.0.5"]))
+        .await;
+    let dead = format!("127.0.0.5:{}", backends.port);
+    let failures = |status: &serde_json::Value| {
+        status["upstreams"][0]["connections"]["connect_failures"]
+            .as_u64()
+            .unwrap()
+    };
+    let ejected = |status: &serde_json::Value, addr: &str| {
+        status["upstreams"][0]["endpoints"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["addr"] == addr)
+            .map(|e| e["ejected"].as_bool().unwrap())
+    };
+
+    // Round robin sends every other first attempt to the dead endpoint; each such
+    // connection is retried on the live one, and the second failure ejects it.
+    for _ in 0..6 {
+        let c = Conn::open(proxy)
+            .await
+            .expect("served by the live endpoint");
+        assert_eq!(c.backend, "127.0.0.2");
+    }
+    let status = serve.status().await;
+    assert_eq!(ejected(&status, &dead), Some(true), "{status}");
+    assert_eq!(failures(&status), 2, "{status}");
+    assert_eq!(
+        status["upstreams"][0]["ejection"]["consecutive_failures"], 2,
+        "{status}"
+    );
+
+    // Ejected: no more connect attempts to it while DNS still lists it.
+    for _ in 0..10 {
+        assert_eq!(Conn::open(proxy).await.unwrap().backend, "127.0.0.2");
+    }
+    let status = serve.status().await;
+    assert_eq!(failures(&status), 2, "{status}");
+    assert_eq!(serve.endpoints().await.len(), 2, "still in the set");
+}
