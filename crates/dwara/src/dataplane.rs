@@ -298,7 +298,7 @@ impl Dataplane {
         let _ = writeln!(out, "# TYPE dwara_config_generation gauge");
         let _ = writeln!(out, "dwara_config_generation {}", generation.number);
         type Row<'a> = (&'a str, &'a str, fn(&Upstream) -> u64);
-        let rows: [Row<'_>; 8] = [
+        let rows: [Row<'_>; 9] = [
             ("dwara_upstream_connections_total", "counter", |u| {
                 u.target.stats.accepted.load(Ordering::Relaxed)
             }),
@@ -322,6 +322,10 @@ impl Dataplane {
             }),
             ("dwara_upstream_endpoint_updates_total", "counter", |u| {
                 u.discovery.stats.counters().updates
+            }),
+            ("dwara_upstream_endpoints_ejected", "gauge", |u| {
+                let stats = u.target.lb.stats();
+                stats.endpoints.iter().filter(|e| e.ejected).count() as u64
             }),
         ];
         for (name, kind, get) in rows {

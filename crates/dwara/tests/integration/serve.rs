@@ -579,4 +579,9 @@ async fn ejection_stops_connect_attempts_to_a_dead_endpoint_dns_still_lists() {
     let status = serve.status().await;
     assert_eq!(failures(&status), 2, "{status}");
     assert_eq!(serve.endpoints().await.len(), 2, "still in the set");
+    let (_, metrics) = http(serve.http, "GET", "/metrics").await;
+    assert!(
+        metrics.contains("dwara_upstream_endpoints_ejected{upstream=\"api\"} 1\n"),
+        "{metrics}"
+    );
 }
