@@ -139,33 +139,38 @@ fn lb_case(name: &'static str, policy: Policy, set: EndpointSet, via: Via) -> Ca
     let lb = Arc::new(UpstreamLb::builder(policy).seed(1).endpoints(set).build());
     let keys: Arc<[[u8; 16]]> = keys().into();
     let keyed = policy == Policy::ConsistentHash;
-    Case::new(name, move || -> PickFn {
-        let keys = keys.clone();
-        match via {
-            Via::Shared => pick_fn(
-                lb.clone(),
-                keyed.then_some(keys),
-                |lb, k| drop(black_box(lb.pick_by_key(k))),
-                |lb| drop(black_box(lb.pick())),
-            ),
-            Via::Handle => pick_fn(
-                lb.handle(),
-                keyed.then_some(keys),
-                |h, k| drop(black_box(h.pick_by_key(k))),
-                |h| drop(black_box(h.pick())),
-            ),
-            Via::HandleUncounted => pick_fn(
-                lb.handle(),
-                keyed.then_some(keys),
-                |h, k| {
-                    let _ = black_box(h.pick_endpoint_by_key(k));
-                },
-                |h| {
-                    let _ = black_box(h.pick_endpoint());
-                },
-            ),
-        }
+    Case::new(name, move || {
+        via_pick(&lb, keyed.then(|| keys.clone()), via)
     })
+}
+
+/// One thread's picker on `lb` the `via` way: by key (the keys in turn) when there
+/// are keys, else without.
+fn via_pick(lb: &Arc<UpstreamLb>, keys: Option<Arc<[[u8; 16]]>>, via: Via) -> PickFn {
+    match via {
+        Via::Shared => pick_fn(
+            lb.clone(),
+            keys,
+            |lb, k| drop(black_box(lb.pick_by_key(k))),
+            |lb| drop(black_box(lb.pick())),
+        ),
+        Via::Handle => pick_fn(
+            lb.handle(),
+            keys,
+            |h, k| drop(black_box(h.pick_by_key(k))),
+            |h| drop(black_box(h.pick())),
+        ),
+        Via::HandleUncounted => pick_fn(
+            lb.handle(),
+            keys,
+            |h, k| {
+                let _ = black_box(h.pick_endpoint_by_key(k));
+            },
+            |h| {
+                let _ = black_box(h.pick_endpoint());
+            },
+        ),
+    }
 }
 
 /// A pick closure over `state`: `by_key` with the keys in turn when there are keys,
@@ -327,31 +332,14 @@ fn bench_two_threads(c: &mut Criterion) {
     group.finish();
 }
 
-/// The pickers measured while sets are swapped.
+/// The pickers measured while sets are swapped: counted picks by key (only
+/// consistent hash looks at the key).
 const SWAP_CASES: [(&str, Policy, Via); 4] = [
     ("round_robin", Policy::RoundRobin, Via::Shared),
     ("round_robin_handle", Policy::RoundRobin, Via::Handle),
     ("p2c", Policy::P2c, Via::Shared),
     ("consistent_hash", Policy::ConsistentHash, Via::Shared),
 ];
-
-/// A counted pick (keyed for consistent hash) from `lb`, shared or through a handle.
-fn swap_pick<'a>(
-    lb: &'a Arc<UpstreamLb>,
-    keys: &'a [[u8; 16]],
-    via: Via,
-) -> Box<dyn FnMut(usize) + 'a> {
-    if via == Via::Shared {
-        Box::new(move |i| {
-            let _ = black_box(lb.pick_by_key(&keys[i % keys.len()]));
-        })
-    } else {
-        let mut h = lb.handle();
-        Box::new(move |i| {
-            let _ = black_box(h.pick_by_key(&keys[i % keys.len()]));
-        })
-    }
-}
 
 /// Pick latency while another thread swaps the set as fast as it can, beside the
 /// same pick with no writer.
@@ -365,10 +353,10 @@ fn bench_swapping(c: &mut Criterion) {
                 .endpoints(uniform(n))
                 .build(),
         );
-        let keys = keys();
+        let keys: Arc<[[u8; 16]]> = keys().into();
         let pick_loop = |id: BenchmarkId, group: &mut criterion::BenchmarkGroup<'_, _>| {
             group.bench_function(id, |b| {
-                let mut pick = swap_pick(&lb, &keys, via);
+                let mut pick = via_pick(&lb, Some(keys.clone()), via);
                 let mut i = 0usize;
                 b.iter(|| {
                     i = i.wrapping_add(1);
@@ -615,8 +603,7 @@ fn interleaved() {
                 .endpoints(uniform(n))
                 .build(),
         );
-        let keys = keys();
-        let mut pick = swap_pick(&lb, &keys, via);
+        let mut pick = via_pick(&lb, Some(keys().into()), via);
         let active = Arc::new(AtomicBool::new(false));
         let stop = Arc::new(AtomicBool::new(false));
         let swaps = Arc::new(AtomicUsize::new(0));

@@ -13,7 +13,7 @@ use dwara_discovery::DiscoveryConfig;
 use dwara_discovery_consul::ConsulConfig;
 use dwara_discovery_k8s::EndpointSliceConfig;
 use dwara_lb::Policy;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 /// The whole file.
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
@@ -81,7 +81,7 @@ fn default_connect_timeout_ms() -> u64 {
 /// `ejection:` of an upstream: after `consecutive_failures` failed connection
 /// attempts in a row to one endpoint, picks skip it for `cool_down_s` seconds (unless
 /// every endpoint is ejected). Defaults are Envoy's outlier-detection ones.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct EjectionSection {
     /// Failures in a row that eject an endpoint (default 5).

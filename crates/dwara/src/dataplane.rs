@@ -260,10 +260,7 @@ impl Dataplane {
                     "name": up.config.name,
                     "listen": up.config.listen.to_string(),
                     "policy": up.config.policy.to_string(),
-                    "ejection": up.config.ejection.map(|e| json!({
-                        "consecutive_failures": e.consecutive_failures,
-                        "cool_down_s": e.cool_down_s,
-                    })),
+                    "ejection": up.config.ejection,
                     "generation": generation.number,
                     "source": up.discovery.source.describe(),
                     "endpoints": endpoints,

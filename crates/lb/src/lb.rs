@@ -29,14 +29,6 @@ struct Snapshot {
 }
 
 impl Snapshot {
-    fn new(set: EndpointSet, states: Box<[Arc<EndpointState>]>, picker: Picker) -> Self {
-        Self {
-            set,
-            states,
-            picker,
-        }
-    }
-
     fn state_of(&self, addr: SocketAddr) -> Option<&Arc<EndpointState>> {
         self.set.position(addr).map(|i| &self.states[i])
     }
@@ -117,11 +109,11 @@ impl UpstreamLbBuilder {
             self.clock
                 .unwrap_or_else(|| Arc::new(MonotonicClock::new())),
         ));
-        let empty = Snapshot::new(
-            EndpointSet::empty(),
-            Box::new([]),
-            Picker::build(self.policy, &[]),
-        );
+        let empty = Snapshot {
+            set: EndpointSet::empty(),
+            states: Box::new([]),
+            picker: Picker::build(self.policy, &[]),
+        };
         let lb = UpstreamLb {
             current: ArcSwap::from_pointee(empty),
             version: AtomicU64::new(0),
@@ -201,9 +193,11 @@ impl UpstreamLb {
         }
         let picker = Picker::build(self.policy, set.as_slice());
         let endpoints = set.len();
-        let old = self
-            .current
-            .swap(Arc::new(Snapshot::new(set, states, picker)));
+        let old = self.current.swap(Arc::new(Snapshot {
+            set,
+            states,
+            picker,
+        }));
         self.version.fetch_add(1, Ordering::Release);
         drop(prev);
         writer.retired.push(old);
@@ -268,7 +262,8 @@ impl UpstreamLb {
     }
 
     /// A handle for one task or thread that picks often: it caches the current
-    /// snapshot (a pick checks one pointer instead of taking an `arc-swap` load) and
+    /// snapshot (a pick checks a version counter instead of taking an `arc-swap`
+    /// load) and
     /// keeps its own round-robin position and random sequence (no shared counter), as
     /// Envoy gives each worker its own load balancer. See [`LbHandle`].
     pub fn handle(self: &Arc<Self>) -> LbHandle {

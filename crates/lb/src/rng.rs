@@ -84,7 +84,7 @@ impl Draw for &Ticket {
 /// A position and a counter of one's own: no atomic operation and no division per
 /// pick. Seeded from the shared ticket, so handles of a seeded load balancer repeat
 /// too, and two handles start at different positions and draw different sequences.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub(crate) struct LocalTicket {
     /// The next round-robin position (reduced when the set shrinks below it).
     position: usize,

@@ -193,7 +193,7 @@ fn five_hundred_concurrent_registrations_all_resolve() {
     let threads: Vec<_> = (0..500)
         .map(|i| {
             std::thread::spawn(move || {
-                let (status, body) = crate::support::http(
+                let (status, body) = test_support::http::request(
                     http,
                     "PUT",
                     &format!("/name/c{i}/10.40.{}.{}", i / 256, i % 256),

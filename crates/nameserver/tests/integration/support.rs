@@ -56,7 +56,7 @@ impl TestServer {
     }
 
     pub(crate) fn http(&self, method: &str, path: &str, body: Option<&str>) -> (u16, String) {
-        http(self.http, method, path, body)
+        test_support::http::request(self.http, method, path, body)
     }
 
     pub(crate) fn put(&self, id: &str, ip: &str, fqdn: &str) {
@@ -75,16 +75,6 @@ impl Drop for TestServer {
             self.rt.block_on(server.shutdown());
         }
     }
-}
-
-/// One request with `Connection: close`; returns (status, body).
-pub(crate) fn http(
-    addr: SocketAddr,
-    method: &str,
-    path: &str,
-    body: Option<&str>,
-) -> (u16, String) {
-    test_support::http::request(addr, method, path, body)
 }
 
 /// A dnsmasq fallback that knows `fallback-host.example` (127.0.0.99, also its PTR),
