@@ -20,8 +20,7 @@
 //! Everything listens on 127.0.0.1 only.
 
 use std::fmt::Write as _;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, UdpSocket};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -235,44 +234,25 @@ fn start_dwara(dir: &Path, opts: &Options) -> anyhow::Result<(Server, SocketAddr
     ))
 }
 
-/// Registers every record over one keep-alive HTTP connection; returns the time taken.
+/// Registers every record over one keep-alive HTTP connection (reqwest's pool);
+/// returns the time taken.
 fn register(http: SocketAddr, data: &[(String, Vec<Ipv4Addr>)]) -> anyhow::Result<Duration> {
-    let mut stream = TcpStream::connect(http)?;
-    stream.set_nodelay(true)?;
-    let mut reader = BufReader::new(stream.try_clone()?);
+    let client = reqwest::blocking::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .no_proxy()
+        .pool_max_idle_per_host(1)
+        .build()?;
     let started = Instant::now();
-    let mut line = String::new();
     for (i, (name, addrs)) in data.iter().enumerate() {
         for ip in addrs {
-            let body = format!("fqdn={name}");
-            let req = format!(
-                "PUT /name/c{i}/{ip} HTTP/1.1\r\nHost: perf\r\nContent-Type: application/x-www-form-urlencoded\r\n\
-                 Content-Length: {}\r\n\r\n{body}",
-                body.len()
-            );
-            stream.write_all(req.as_bytes())?;
-            // Status line, headers, then a body of Content-Length bytes.
-            line.clear();
-            reader.read_line(&mut line)?;
-            if !line.starts_with("HTTP/1.1 204") {
-                bail!("registration of {name} {ip} failed: {}", line.trim());
+            let resp = client
+                .put(format!("http://{http}/name/c{i}/{ip}"))
+                .header("content-type", "application/x-www-form-urlencoded")
+                .body(format!("fqdn={name}"))
+                .send()?;
+            if resp.status().as_u16() != 204 {
+                bail!("registration of {name} {ip} failed: {}", resp.status());
             }
-            let mut length = 0usize;
-            loop {
-                line.clear();
-                if reader.read_line(&mut line)? == 0 {
-                    bail!("connection closed");
-                }
-                let l = line.trim();
-                if l.is_empty() {
-                    break;
-                }
-                if let Some(v) = l.to_ascii_lowercase().strip_prefix("content-length:") {
-                    length = v.trim().parse().unwrap_or(0);
-                }
-            }
-            let mut sink = vec![0u8; length];
-            reader.read_exact(&mut sink)?;
         }
     }
     Ok(started.elapsed())

@@ -15,6 +15,12 @@ const TOOLS: &[(&str, &str)] = &[
     ("dig", "bind9-dnsutils"),
     ("dnsperf", "dnsperf"),
     ("unbound", "unbound"),
+    // Docker tests build their images from Debian's static busybox.
+    ("busybox", "busybox-static"),
+    // Cluster tests shift one node's wall clock.
+    ("faketime", "faketime"),
+    // Docker reconnect tests cut the daemon socket with a socat relay.
+    ("socat", "socat"),
 ];
 
 fn on_path(program: &str) -> bool {

@@ -2,18 +2,52 @@
 //!
 //! Parsing is strict (unknown keys are errors) and validation names the offending
 //! key by its path, e.g. `upstreams[0].dns_discovery.port: must be 1..=65535, got 0`.
-//! A parsed and validated [`Config`] is immutable; a reload builds a new one.
+//! A parsed and validated [`Config`] is immutable; a reload builds a new one. Each
+//! section belongs to the component it configures: `upstreams:` entries are
+//! [`dwara_proxy::UpstreamConfig`]s, validated by `dwara-proxy`.
 
-use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, bail};
-use dwara_discovery::DiscoveryConfig;
-use dwara_discovery_consul::ConsulConfig;
-use dwara_discovery_k8s::EndpointSliceConfig;
-use dwara_lb::Policy;
-use serde::{Deserialize, Serialize};
+pub use dwara_proxy::{EjectionSection, UpstreamConfig};
+use serde::Deserialize;
+
+/// Why a configuration file was not accepted.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read config file {}: {source}", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The operating system's error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The text is not valid YAML for a configuration (unknown key, wrong type…).
+    #[error("{}", one_line(.source))]
+    Parse {
+        /// The YAML error (it names the key and the position).
+        #[source]
+        source: serde_yaml_ng::Error,
+    },
+    /// A value is out of range or inconsistent; the message starts with its key.
+    #[error(transparent)]
+    Invalid(#[from] dwara_proxy::Error),
+    /// A value of the `nameserver:` section is out of range.
+    #[error("nameserver.{key}: {message}")]
+    NameServer {
+        /// The key under `nameserver:`.
+        key: &'static str,
+        /// What is wrong with it.
+        message: String,
+    },
+}
+
+fn one_line(e: &serde_yaml_ng::Error) -> String {
+    e.to_string().replace('\n', " ")
+}
 
 /// The whole file.
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
@@ -44,162 +78,44 @@ pub struct NameServerSection {
     pub fallback: Vec<SocketAddr>,
     /// resolv.conf naming the fallback servers (`--resolv-conf`).
     pub resolv_conf: Option<PathBuf>,
-}
-
-/// One entry of `upstreams:`.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct UpstreamConfig {
-    /// Unique name (logs, metrics, status).
-    pub name: String,
-    /// TCP listen address.
-    pub listen: SocketAddr,
-    /// Load-balancing policy.
-    #[serde(default)]
-    pub policy: Policy,
-    /// DNS discovery.
-    #[serde(default)]
-    pub dns_discovery: Option<DiscoveryConfig>,
-    /// Consul discovery (not supported yet: rejected by validation).
-    #[serde(default)]
-    pub consul: Option<ConsulConfig>,
-    /// Kubernetes EndpointSlice discovery (not supported yet: rejected by validation).
-    #[serde(default)]
-    pub kubernetes: Option<EndpointSliceConfig>,
-    /// Timeout of one connection attempt to an endpoint, in milliseconds.
-    #[serde(default = "default_connect_timeout_ms")]
-    pub connect_timeout_ms: u64,
-    /// Passive ejection of endpoints that keep failing to connect; off when absent.
-    #[serde(default)]
-    pub ejection: Option<EjectionSection>,
-}
-
-fn default_connect_timeout_ms() -> u64 {
-    2000
-}
-
-/// `ejection:` of an upstream: after `consecutive_failures` failed connection
-/// attempts in a row to one endpoint, picks skip it for `cool_down_s` seconds (unless
-/// every endpoint is ejected). Defaults are Envoy's outlier-detection ones.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct EjectionSection {
-    /// Failures in a row that eject an endpoint (default 5).
-    #[serde(default = "default_consecutive_failures")]
-    pub consecutive_failures: u32,
-    /// How long an ejected endpoint is skipped, in seconds (default 30).
-    #[serde(default = "default_cool_down_s")]
-    pub cool_down_s: u64,
-}
-
-fn default_consecutive_failures() -> u32 {
-    5
-}
-
-fn default_cool_down_s() -> u64 {
-    30
-}
-
-impl EjectionSection {
-    /// The load balancer's form of it.
-    pub fn to_lb(self) -> dwara_lb::EjectionConfig {
-        dwara_lb::EjectionConfig::new(
-            self.consecutive_failures,
-            std::time::Duration::from_secs(self.cool_down_s),
-        )
-    }
+    /// Seconds a tombstone is kept before it is forgotten (`--tombstone-grace`).
+    pub tombstone_grace_s: Option<u64>,
 }
 
 impl Config {
     /// Reads, parses and validates `path`.
-    pub fn load(path: &Path) -> anyhow::Result<Self> {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read config file {}", path.display()))?;
-        Self::parse(&text).with_context(|| format!("config file {}", path.display()))
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Self::parse(&text)
     }
 
     /// Parses and validates YAML text.
-    pub fn parse(text: &str) -> anyhow::Result<Self> {
+    pub fn parse(text: &str) -> Result<Self, ConfigError> {
         let config: Config = if text.trim().is_empty() {
             Config::default()
         } else {
-            serde_yaml_ng::from_str(text).map_err(|e| anyhow::anyhow!("{e}"))?
+            serde_yaml_ng::from_str(text).map_err(|source| ConfigError::Parse { source })?
         };
         config.validate()?;
         Ok(config)
     }
 
-    fn validate(&self) -> anyhow::Result<()> {
-        let mut names = HashSet::new();
-        let mut listens = HashSet::new();
-        for (i, up) in self.upstreams.iter().enumerate() {
-            let at = format!("upstreams[{i}]");
-            if up.name.trim().is_empty() {
-                bail!("{at}.name: must not be empty");
+    fn validate(&self) -> Result<(), ConfigError> {
+        dwara_proxy::validate_upstreams(&self.upstreams)?;
+        if let Some(ns) = &self.nameserver {
+            if ns.ttl == Some(0) {
+                // TTL 0 is legal DNS but defeats every cache in front of us; say so.
+                tracing::warn!("nameserver.ttl is 0: answers will not be cached by clients");
             }
-            if !names.insert(up.name.as_str()) {
-                bail!("{at}.name: duplicate upstream name {:?}", up.name);
+            if ns.tombstone_grace_s == Some(0) {
+                return Err(ConfigError::NameServer {
+                    key: "tombstone_grace_s",
+                    message: "must be at least 1 second".into(),
+                });
             }
-            if up.listen.port() == 0 {
-                bail!("{at}.listen: port 0 is not a fixed listen address");
-            }
-            if up.connect_timeout_ms == 0 || up.connect_timeout_ms > 600_000 {
-                bail!(
-                    "{at}.connect_timeout_ms: must be 1..=600000, got {}",
-                    up.connect_timeout_ms
-                );
-            }
-            if let Some(e) = up.ejection {
-                if e.consecutive_failures == 0 {
-                    bail!(
-                        "{at}.ejection.consecutive_failures: must be at least 1 \
-                         (leave out the ejection block to turn ejection off)"
-                    );
-                }
-                if e.cool_down_s == 0 || e.cool_down_s > 86_400 {
-                    bail!(
-                        "{at}.ejection.cool_down_s: must be 1..=86400, got {}",
-                        e.cool_down_s
-                    );
-                }
-            }
-            if !listens.insert(up.listen) {
-                bail!("{at}.listen: {} is used by another upstream", up.listen);
-            }
-            let sources = [
-                up.dns_discovery.is_some(),
-                up.consul.is_some(),
-                up.kubernetes.is_some(),
-            ]
-            .iter()
-            .filter(|s| **s)
-            .count();
-            match sources {
-                0 => bail!("{at}: needs a discovery block (dns_discovery)"),
-                1 => {}
-                _ => bail!("{at}: has more than one discovery block; pick one"),
-            }
-            let key_error = |block: &str, e: dwara_discovery::DiscoveryError| match e {
-                dwara_discovery::DiscoveryError::InvalidConfig { key, message } => {
-                    anyhow::anyhow!("{at}.{block}.{key}: {message}")
-                }
-                other => anyhow::anyhow!("{at}.{block}: {other}"),
-            };
-            if let Some(dns) = &up.dns_discovery {
-                dns.validate().map_err(|e| key_error("dns_discovery", e))?;
-            }
-            if let Some(consul) = &up.consul {
-                consul.validate().map_err(|e| key_error("consul", e))?;
-            }
-            if let Some(k8s) = &up.kubernetes {
-                k8s.validate().map_err(|e| key_error("kubernetes", e))?;
-            }
-        }
-        if let Some(ns) = &self.nameserver
-            && ns.ttl == Some(0)
-        {
-            // TTL 0 is legal DNS but defeats every cache in front of us; say so.
-            tracing::warn!("nameserver.ttl is 0: answers will not be cached by clients");
         }
         Ok(())
     }
@@ -208,6 +124,7 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use dwara_lb::Policy;
 
     fn err(yaml: &str) -> String {
         format!("{:#}", Config::parse(yaml).unwrap_err())

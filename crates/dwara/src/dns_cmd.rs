@@ -1,16 +1,17 @@
-//! `dwara dns …`: a small client of the name server's HTTP API.
+//! `dwara dns …`: a small client of the name server's HTTP API, on reqwest.
 //!
-//! Speaks just enough HTTP/1.1 over a plain TCP connection (one request,
-//! `Connection: close`) to drive the API: no TLS, no redirects, no chunked bodies
-//! (the API always sends a `Content-Length`).
+//! Every request has a connect timeout and an overall timeout; when the server
+//! cannot be reached the error is one line naming the URL.
 
 use std::net::IpAddr;
+use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::{Args, Subcommand};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use reqwest::{Method, StatusCode, Url};
 
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// Where the API is.
 #[derive(Debug, Args)]
 pub(crate) struct ApiArgs {
@@ -56,20 +57,19 @@ pub(crate) enum DnsCommand {
 pub(crate) async fn run(cmd: DnsCommand) -> anyhow::Result<()> {
     match cmd {
         DnsCommand::Add { id, ip, fqdn, api } => {
-            let path = format!("/name/{}/{}", encode(&id), ip);
-            let body = format!("fqdn={}", encode(&fqdn));
-            expect_ok(request(&api.api, "PUT", &path, Some(&body)).await?)?;
+            let url = api.url(&["name", &id, &ip.to_string()])?;
+            expect_ok(request(Method::PUT, url, Some(&fqdn)).await?)?;
         }
         DnsCommand::Rm { id, ip, api } => {
-            let path = match ip {
-                Some(ip) => format!("/name/{}/{}", encode(&id), ip),
-                None => format!("/name/{}", encode(&id)),
+            let url = match ip {
+                Some(ip) => api.url(&["name", &id, &ip.to_string()])?,
+                None => api.url(&["name", &id])?,
             };
-            expect_ok(request(&api.api, "DELETE", &path, None).await?)?;
+            expect_ok(request(Method::DELETE, url, None).await?)?;
         }
         DnsCommand::Lookup { fqdn, api } => {
-            let resp = request(&api.api, "GET", &format!("/name/{}", encode(&fqdn)), None).await?;
-            if resp.status == 404 {
+            let resp = request(Method::GET, api.url(&["name", &fqdn])?, None).await?;
+            if resp.status == StatusCode::NOT_FOUND {
                 bail!("{fqdn}: no records");
             }
             let body = expect_ok(resp)?;
@@ -83,98 +83,76 @@ pub(crate) async fn run(cmd: DnsCommand) -> anyhow::Result<()> {
     Ok(())
 }
 
+impl ApiArgs {
+    /// The base URL with `segments` appended, each percent-encoded as one path segment.
+    fn url(&self, segments: &[&str]) -> anyhow::Result<Url> {
+        let mut url = Url::parse(&self.api).with_context(|| format!("--api {:?}", self.api))?;
+        if url.scheme() != "http" {
+            bail!("--api {:?}: only http:// URLs are supported", self.api);
+        }
+        url.path_segments_mut()
+            .map_err(|()| anyhow::anyhow!("--api {:?}: not a base URL", self.api))?
+            .pop_if_empty()
+            .extend(segments);
+        Ok(url)
+    }
+}
+
 struct Response {
-    status: u16,
+    status: StatusCode,
     body: String,
 }
 
 fn expect_ok(resp: Response) -> anyhow::Result<String> {
-    if (200..300).contains(&resp.status) {
+    if resp.status.is_success() {
         Ok(resp.body)
     } else {
-        bail!("the API answered {}: {}", resp.status, resp.body.trim())
+        bail!(
+            "the API answered {}: {}",
+            resp.status.as_u16(),
+            resp.body.trim()
+        )
     }
 }
 
-/// Percent-encodes everything but RFC 3986 unreserved characters.
-fn encode(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
-            out.push(b as char);
+/// One request; `fqdn` goes in a form body.
+async fn request(method: Method, url: Url, fqdn: Option<&str>) -> anyhow::Result<Response> {
+    let client = reqwest::Client::builder()
+        .connect_timeout(CONNECT_TIMEOUT)
+        .timeout(REQUEST_TIMEOUT)
+        .no_proxy()
+        .build()
+        .context("building the HTTP client")?;
+    let mut req = client.request(method.clone(), url.clone());
+    if let Some(fqdn) = fqdn {
+        req = req.form(&[("fqdn", fqdn)]);
+    }
+    let what = format!("{method} {url}");
+    let resp = req.send().await.map_err(|e| {
+        let why = if e.is_connect() {
+            "cannot connect to the name server API"
+        } else if e.is_timeout() {
+            "the name server API did not answer in time"
         } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
+            "request failed"
+        };
+        anyhow::anyhow!("{what}: {why} ({})", root_cause(&e))
+    })?;
+    let status = resp.status();
+    let body = resp
+        .text()
+        .await
+        .with_context(|| format!("{what}: reading the reply"))?;
+    Ok(Response { status, body })
 }
 
-/// Splits `http://host:port/prefix` into (`host:port`, `/prefix`).
-fn split_url(url: &str) -> anyhow::Result<(String, String)> {
-    let Some(rest) = url.strip_prefix("http://") else {
-        bail!("--api {url:?}: only http:// URLs are supported");
-    };
-    let (authority, prefix) = match rest.find('/') {
-        Some(i) => (&rest[..i], rest[i..].trim_end_matches('/')),
-        None => (rest, ""),
-    };
-    if authority.is_empty() {
-        bail!("--api {url:?}: no host");
+/// The innermost error's text (reqwest's own chain repeats the URL).
+fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut cur = e;
+    while let Some(next) = cur.source() {
+        cur = next;
     }
-    let authority = if authority
-        .rsplit_once(':')
-        .is_some_and(|(_, p)| p.parse::<u16>().is_ok())
-        && !authority.ends_with(']')
-    {
-        authority.to_owned()
-    } else {
-        format!("{authority}:80")
-    };
-    Ok((authority, prefix.to_owned()))
-}
-
-async fn request(
-    api: &str,
-    method: &str,
-    path: &str,
-    form: Option<&str>,
-) -> anyhow::Result<Response> {
-    let (authority, prefix) = split_url(api)?;
-    let mut stream = TcpStream::connect(&authority)
-        .await
-        .with_context(|| format!("cannot connect to the name server API at {api}"))?;
-    let body = form.unwrap_or_default();
-    let mut req = format!(
-        "{method} {prefix}{path} HTTP/1.1\r\nHost: {authority}\r\nConnection: close\r\nContent-Length: {}\r\n",
-        body.len()
-    );
-    if form.is_some() {
-        req.push_str("Content-Type: application/x-www-form-urlencoded\r\n");
-    }
-    req.push_str("\r\n");
-    req.push_str(body);
-    stream
-        .write_all(req.as_bytes())
-        .await
-        .context("sending the request")?;
-    let mut raw = Vec::new();
-    stream
-        .read_to_end(&mut raw)
-        .await
-        .context("reading the reply")?;
-    let text = String::from_utf8_lossy(&raw);
-    let (head, body) = text
-        .split_once("\r\n\r\n")
-        .context("malformed HTTP reply")?;
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .context("malformed HTTP status line")?;
-    Ok(Response {
-        status,
-        body: body.to_owned(),
-    })
+    cur.to_string()
 }
 
 #[cfg(test)]
@@ -182,16 +160,29 @@ mod tests {
     use super::*;
 
     #[test]
-    fn urls_and_encoding() {
+    fn urls_encode_each_segment() {
+        let api = |s: &str| ApiArgs { api: s.to_owned() };
         assert_eq!(
-            split_url("http://127.0.0.1:6784").unwrap(),
-            ("127.0.0.1:6784".to_owned(), String::new())
+            api("http://127.0.0.1:6784")
+                .url(&["name", "a b/c", "10.0.0.1"])
+                .unwrap()
+                .as_str(),
+            "http://127.0.0.1:6784/name/a%20b%2Fc/10.0.0.1"
         );
         assert_eq!(
-            split_url("http://localhost/api/").unwrap(),
-            ("localhost:80".to_owned(), "/api".to_owned())
+            api("http://localhost/api/")
+                .url(&["name", "x"])
+                .unwrap()
+                .as_str(),
+            "http://localhost/api/name/x"
         );
-        assert!(split_url("https://x").is_err());
-        assert_eq!(encode("a b/c.d"), "a%20b%2Fc.d");
+        assert!(api("https://x").url(&["name"]).is_err());
+        assert!(
+            api("ftp://x")
+                .url(&["name"])
+                .unwrap_err()
+                .to_string()
+                .contains("http://")
+        );
     }
 }

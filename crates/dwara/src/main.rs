@@ -6,10 +6,8 @@
 #![forbid(unsafe_code)]
 #![allow(clippy::print_stdout)]
 
-mod dataplane;
 mod dns_cmd;
 mod nameserver;
-mod proxy;
 mod serve;
 mod signals;
 mod watch;
@@ -53,8 +51,19 @@ fn init_tracing() {
         .init();
 }
 
+/// Loads a configuration file; errors name the file.
+fn load_config(path: &std::path::Path) -> anyhow::Result<dwara::config::Config> {
+    use dwara::config::{Config, ConfigError};
+    match Config::load(path) {
+        Ok(config) => Ok(config),
+        // The read error names the file already.
+        Err(e @ ConfigError::Read { .. }) => Err(e.into()),
+        Err(e) => Err(anyhow::Error::new(e).context(format!("config file {}", path.display()))),
+    }
+}
+
 fn check(path: &std::path::Path) -> anyhow::Result<()> {
-    let config = dwara::config::Config::load(path)?;
+    let config = load_config(path)?;
     println!(
         "{}: ok ({} upstreams, name server {})",
         path.display(),

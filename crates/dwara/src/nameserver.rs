@@ -5,12 +5,12 @@
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
 use dwara_nameserver::{
-    DEFAULT_DNS_LISTEN, DEFAULT_HTTP_LISTEN, Domain, ExtraMetrics, Fallback, NameServer,
+    DEFAULT_DNS_LISTEN, DEFAULT_HTTP_LISTEN, DEFAULT_TOMBSTONE_GRACE, Domain, Fallback,
     NameServerConfig,
 };
 
@@ -42,6 +42,9 @@ pub(crate) struct NameServerArgs {
     /// UDP worker threads of the DNS server (default: one per core, at most 4).
     #[arg(long)]
     dns_workers: Option<usize>,
+    /// Seconds a deleted entry's tombstone is kept before it is forgotten [default: 600]
+    #[arg(long = "tombstone-grace", value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(1..))]
+    tombstone_grace_s: Option<u64>,
 }
 
 fn parse_server(s: &str) -> Result<SocketAddr, String> {
@@ -61,7 +64,10 @@ impl NameServerArgs {
     }
 
     /// These flags over the config file's `nameserver:` section over the defaults.
-    fn config(&self, section: Option<&NameServerSection>) -> anyhow::Result<NameServerConfig> {
+    pub(crate) fn config(
+        &self,
+        section: Option<&NameServerSection>,
+    ) -> anyhow::Result<NameServerConfig> {
         let empty = NameServerSection::default();
         let file = section.unwrap_or(&empty);
         let domain = match (&self.domain, &file.domain) {
@@ -80,7 +86,10 @@ impl NameServerArgs {
         if let Some(n) = self.dns_workers {
             config.dns.udp_workers = n.max(1);
         }
-        config.http_listen = self.http_listen(section);
+        config.tombstone_grace = self
+            .tombstone_grace_s
+            .or(file.tombstone_grace_s)
+            .map_or(DEFAULT_TOMBSTONE_GRACE, Duration::from_secs);
         config.fallback = if !self.fallback.is_empty() {
             Fallback::Servers(self.fallback.clone())
         } else if let Some(path) = &self.resolv_conf {
@@ -96,23 +105,4 @@ impl NameServerArgs {
         };
         Ok(config)
     }
-}
-
-/// Starts the name server with the dataplane's routes and metrics beside its own.
-pub(crate) async fn start(
-    args: &NameServerArgs,
-    section: Option<&NameServerSection>,
-    extra_routes: axum::Router,
-    extra_metrics: ExtraMetrics,
-) -> anyhow::Result<NameServer> {
-    let config = args.config(section)?;
-    let server = NameServer::start_with_routes(config, extra_routes).await?;
-    server.metrics().set_extra(Arc::clone(&extra_metrics));
-    tracing::info!(
-        dns = %server.dns_addr(),
-        http = %server.http_addr(),
-        domain = %server.db().domain(),
-        "name server ready"
-    );
-    Ok(server)
 }

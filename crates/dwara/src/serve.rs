@@ -1,15 +1,18 @@
-//! `dwara serve`: runs the name-server half and/or the upstreams of a config file.
+//! `dwara serve`: composes the name-server half and/or the upstreams of a config file
+//! behind one HTTP listener.
 //!
 //! Without `--config` it is a name server on its defaults. With `--config` the
 //! file decides: its `nameserver:` section runs the name server (command-line flags
-//! override the section's values), its `upstreams:` run the L4 dataplane. Either
-//! way one HTTP listener serves the name-server API (when it runs), `GET /upstreams`,
-//! `POST /reload` and `GET /metrics`.
+//! override the section's values), its `upstreams:` run the L4 dataplane. Each
+//! component is built from its section and hands over its routes and metrics; this
+//! module owns the listener (`GET /upstreams`, `POST /reload`, `GET /metrics` and,
+//! with the name server, its API) and the one metrics registry.
 //!
-//! SIGHUP and `POST /reload` re-read the file (see [`crate::dataplane`]); SIGTERM
-//! and ctrl-c stop accepting, stop discovery and drain connections up to
-//! `--drain-timeout`.
+//! SIGHUP and `POST /reload` re-read the file and apply its upstreams (a reload
+//! either fully applies or changes nothing); SIGTERM and ctrl-c stop accepting, stop
+//! discovery and drain connections up to `--drain-timeout`.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,14 +20,16 @@ use std::time::Duration;
 use anyhow::Context;
 use axum::Router;
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use clap::Args;
+use dwara_nameserver::NameServer;
+use dwara_proxy::Dataplane;
+use prometheus_client::registry::Registry;
 use tokio::signal::unix::{SignalKind, signal};
-use tracing::info;
+use tracing::{error, info};
 
-use crate::dataplane::Dataplane;
 use crate::nameserver::NameServerArgs;
 use dwara::config::Config;
 
@@ -41,19 +46,38 @@ pub(crate) struct ServeArgs {
     pub(crate) nameserver: NameServerArgs,
 }
 
-fn dataplane_routes(dataplane: Arc<Dataplane>) -> Router {
-    Router::new()
-        .route("/upstreams", get(upstreams))
-        .route("/reload", post(reload))
-        .with_state(dataplane)
+/// Re-reads the config file and applies its upstreams.
+struct Reloader {
+    path: Option<PathBuf>,
+    dataplane: Arc<Dataplane>,
 }
 
-async fn upstreams(State(dp): State<Arc<Dataplane>>) -> Response {
-    axum::Json(dp.status_json()).into_response()
+impl Reloader {
+    /// On any error the running generation stays and the error is logged and returned.
+    async fn reload(&self) -> anyhow::Result<u64> {
+        let Some(path) = &self.path else {
+            anyhow::bail!("no --config file to reload");
+        };
+        let result = match crate::load_config(path) {
+            Ok(config) => self
+                .dataplane
+                .apply(&config.upstreams)
+                .await
+                .map_err(anyhow::Error::from),
+            Err(e) => Err(e),
+        };
+        match &result {
+            Ok(n) => info!(generation = n, path = %path.display(), "configuration reloaded"),
+            Err(e) => {
+                error!(error = %format!("{e:#}"), path = %path.display(), "reload rejected; the previous configuration keeps running")
+            }
+        }
+        result
+    }
 }
 
-async fn reload(State(dp): State<Arc<Dataplane>>) -> Response {
-    match dp.reload().await {
+async fn reload(State(reloader): State<Arc<Reloader>>) -> Response {
+    match reloader.reload().await {
         Ok(generation) => {
             axum::Json(serde_json::json!({ "generation": generation })).into_response()
         }
@@ -65,41 +89,37 @@ async fn reload(State(dp): State<Arc<Dataplane>>) -> Response {
     }
 }
 
-/// Runs `dwara serve` until SIGTERM or ctrl-c.
-pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
-    let config = match &args.config {
-        Some(path) => Config::load(path)?,
-        None => Config::default(),
-    };
-    let run_nameserver = args.config.is_none() || config.nameserver.is_some();
-    let dataplane = Dataplane::new(args.config.clone());
-    dataplane.apply(&config).await?;
-
-    let dp_metrics = dataplane.clone();
-    let render = Arc::new(move |out: &mut String| dp_metrics.render_metrics(out));
-    let http = if run_nameserver {
-        let ns = crate::nameserver::start(
-            &args.nameserver,
-            config.nameserver.as_ref(),
-            dataplane_routes(dataplane.clone()),
-            render,
+async fn metrics(State(registry): State<Arc<Registry>>) -> Response {
+    let mut text = String::new();
+    match prometheus_client::encoding::prometheus_text::encode(&mut text, &registry) {
+        Ok(()) => (
+            [(
+                header::CONTENT_TYPE,
+                "text/plain; version=0.0.4; charset=utf-8",
+            )],
+            text,
         )
-        .await?;
-        Http::NameServer(ns)
-    } else {
-        let addr = args.nameserver.http_listen(config.nameserver.as_ref());
+            .into_response(),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")).into_response(),
+    }
+}
+
+/// The one HTTP listener of the process.
+struct Admin {
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+impl Admin {
+    async fn serve(addr: SocketAddr, router: Router) -> anyhow::Result<(Self, SocketAddr)> {
         let listener = tokio::net::TcpListener::bind(addr)
             .await
             .with_context(|| format!("cannot listen on {addr} (HTTP)"))?;
-        info!(http = %listener.local_addr()?, "HTTP status API listening");
-        let router = dataplane_routes(dataplane.clone()).route(
-            "/metrics",
-            get(move || async move {
-                let mut out = String::new();
-                render(&mut out);
-                out
-            }),
-        );
+        let local = listener.local_addr()?;
+        let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+            // Small request/response pairs on keep-alive connections: no Nagle delays.
+            let _ = tcp.set_nodelay(true);
+        });
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(async move {
             axum::serve(listener, router)
@@ -108,8 +128,65 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
                 })
                 .await
         });
-        Http::Own { stop, task }
+        Ok((Self { stop, task }, local))
+    }
+
+    /// Finishes the requests in flight (at most 5 s).
+    async fn shutdown(self) {
+        let _ = self.stop.send(());
+        match tokio::time::timeout(Duration::from_secs(5), self.task).await {
+            Ok(Ok(Ok(()))) => {}
+            Ok(Ok(Err(e))) => tracing::warn!(error = %e, "HTTP server failed"),
+            Ok(Err(e)) => tracing::warn!(error = %e, "HTTP server task failed"),
+            Err(_) => tracing::warn!("HTTP server did not stop within 5 s"),
+        }
+    }
+}
+
+/// Runs `dwara serve` until SIGTERM or ctrl-c.
+pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
+    let config = match &args.config {
+        Some(path) => crate::load_config(path)?,
+        None => Config::default(),
     };
+    let mut registry = Registry::default();
+
+    let dataplane = Dataplane::new();
+    dataplane.apply(&config.upstreams).await?;
+    dataplane.register_metrics(&mut registry);
+    let reloader = Arc::new(Reloader {
+        path: args.config.clone(),
+        dataplane: dataplane.clone(),
+    });
+    let mut router = dataplane.router().merge(
+        Router::new()
+            .route("/reload", post(reload))
+            .with_state(reloader.clone()),
+    );
+
+    let section = config.nameserver.as_ref();
+    let nameserver = if args.config.is_none() || section.is_some() {
+        let ns = NameServer::start(args.nameserver.config(section)?).await?;
+        ns.register_metrics(&mut registry);
+        router = router.merge(ns.router());
+        Some(ns)
+    } else {
+        None
+    };
+
+    let router = router
+        .route("/metrics", get(metrics).with_state(Arc::new(registry)))
+        .fallback(|| async { (StatusCode::NOT_FOUND, "no such endpoint\n") });
+    let (admin, http) = Admin::serve(args.nameserver.http_listen(section), router).await?;
+    match &nameserver {
+        Some(ns) => info!(
+            dns = %ns.dns_addr(),
+            %http,
+            domain = %ns.db().domain(),
+            "name server ready"
+        ),
+        None => info!(%http, "HTTP status API listening"),
+    }
 
     let mut hup = signal(SignalKind::hangup()).context("cannot listen for SIGHUP")?;
     let shutdown = crate::signals::shutdown();
@@ -118,30 +195,19 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
         tokio::select! {
             _ = hup.recv() => {
                 info!("SIGHUP: reloading the configuration");
-                let _ = dataplane.reload().await;
+                let _ = reloader.reload().await;
             }
             () = &mut shutdown => break,
         }
     }
     info!("shutting down");
-    match http {
-        Http::NameServer(ns) => ns.shutdown().await,
-        Http::Own { stop, task } => {
-            let _ = stop.send(());
-            let _ = task.await;
-        }
+    admin.shutdown().await;
+    if let Some(ns) = nameserver {
+        ns.shutdown().await;
     }
     dataplane
         .shutdown(Duration::from_secs(args.drain_timeout_s))
         .await;
     info!("stopped");
     Ok(())
-}
-
-enum Http {
-    NameServer(dwara_nameserver::NameServer),
-    Own {
-        stop: tokio::sync::oneshot::Sender<()>,
-        task: tokio::task::JoinHandle<std::io::Result<()>>,
-    },
 }

@@ -30,6 +30,18 @@
 //! [`PickGuard::report`]) and its clock ([`Clock`], [`ManualClock`]) are injectable,
 //! so tests are deterministic.
 //!
+//! # How in-flight counting works
+//!
+//! Each endpoint has a state object kept by address, so its counts survive updates.
+//! Snapshots hold strong references to the states; a [`PickGuard`] holds a `Weak`,
+//! and the in-flight count of an endpoint *is* its state's weak count, exact however
+//! many old snapshots are alive. Removed endpoints' states stay on the writer's
+//! draining list while guards or old snapshots refer to them, and their guards count
+//! as draining. Snapshots replaced while a handle or a pick in progress still holds
+//! them are retired to the writer, which frees them at a later publish, never on the
+//! pick path. An [`LbHandle`] revalidates its cached snapshot with one load of a
+//! version counter bumped after every publish.
+//!
 //! ```
 //! use std::sync::Arc;
 //! use dwara_lb::{Endpoint, EndpointSet, NoEndpoints, Policy, UpstreamLb};

@@ -1,4 +1,6 @@
-//! The HTTP API (axum): registrations, lookups, the domain and metrics.
+//! The HTTP API (axum): registrations, lookups and the domain, as a [`Router`] the
+//! binary serves on its one listener (beside `/metrics` and the other components'
+//! routes).
 //!
 //! | request | effect |
 //! |---|---|
@@ -6,25 +8,23 @@
 //! | `DELETE /name/<id>/<ip>` (`fqdn` optional, form body or query) | tombstone; 204 also when nothing matched |
 //! | `DELETE /name/<id>` | tombstone every entry of the id; 204 |
 //! | `GET /name/<fqdn>` | 200 JSON array of IPs; 404 when none |
-//! | `GET /name` | 200 JSON array of every entry |
+//! | `GET /name` | 200 JSON array of every live entry; `?tombstones=true` adds tombstones |
 //! | `GET /domain` | the domain as text |
-//! | `GET /metrics` | Prometheus text |
 //!
 //! The form value is read from the body whatever its content type (so `curl -d` and
-//! bare clients both work), and from the query string as well.
+//! bare clients both work), and from the query string as well; both are decoded by
+//! `form_urlencoded`.
 
-use std::future::Future;
 use std::net::IpAddr;
 use std::sync::Arc;
 
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{Path, RawQuery, Request, State};
-use axum::http::{StatusCode, header};
+use axum::http::StatusCode;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use axum::serve::ListenerExt;
 
 use crate::db::Db;
 use crate::metrics::Metrics;
@@ -34,36 +34,19 @@ use crate::metrics::Metrics;
 pub struct ApiState {
     /// The records database.
     pub db: Arc<Db>,
-    /// The metrics rendered at `/metrics`.
+    /// Counts responses by status.
     pub metrics: Arc<Metrics>,
 }
 
-/// The API's routes. Merge more routes into it before serving if needed.
+/// The API's routes, for the binary to merge onto its listener.
 pub fn router(state: ApiState) -> Router {
     Router::new()
         .route("/name", get(list))
         .route("/name/{id}", get(lookup).delete(remove_all))
         .route("/name/{id}/{ip}", axum::routing::put(add).delete(remove))
         .route("/domain", get(domain))
-        .route("/metrics", get(metrics))
-        .fallback(|| async { (StatusCode::NOT_FOUND, "no such endpoint\n") })
         .layer(middleware::from_fn_with_state(state.clone(), count_status))
         .with_state(state)
-}
-
-/// Serves `router` on `listener` until `shutdown` completes.
-pub async fn serve(
-    listener: tokio::net::TcpListener,
-    router: Router,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
-    let listener = listener.tap_io(|tcp| {
-        // Small request/response pairs on keep-alive connections: no Nagle delays.
-        let _ = tcp.set_nodelay(true);
-    });
-    axum::serve(listener, router)
-        .with_graceful_shutdown(shutdown)
-        .await
 }
 
 async fn count_status(State(state): State<ApiState>, req: Request, next: Next) -> Response {
@@ -76,39 +59,11 @@ fn bad_request(msg: impl std::fmt::Display) -> Response {
     (StatusCode::BAD_REQUEST, format!("{msg}\n")).into_response()
 }
 
-/// Decodes `application/x-www-form-urlencoded` text and returns the value of `key`
-/// (the first pair with that key; `+` is a space, bad `%` escapes stay literal, invalid
-/// UTF-8 is replaced). Public for fuzzing.
+/// Decodes `application/x-www-form-urlencoded` text (`form_urlencoded`) and returns
+/// the value of `key`: the first pair with that key; `+` is a space, bad `%` escapes
+/// stay literal, invalid UTF-8 is replaced. Public for fuzzing.
 pub fn form_value(form: &[u8], key: &str) -> Option<String> {
-    form.split(|&b| b == b'&').find_map(|pair| {
-        let (k, v) = match pair.iter().position(|&b| b == b'=') {
-            Some(i) => (&pair[..i], &pair[i + 1..]),
-            None => (pair, &b""[..]),
-        };
-        (percent_decode(k) == key.as_bytes())
-            .then(|| String::from_utf8_lossy(&percent_decode(v)).into_owned())
-    })
-}
-
-fn percent_decode(s: &[u8]) -> Vec<u8> {
-    let hex = |b: u8| (b as char).to_digit(16);
-    let mut out = Vec::with_capacity(s.len());
-    let mut i = 0;
-    while i < s.len() {
-        match s[i] {
-            b'+' => out.push(b' '),
-            b'%' if i + 2 < s.len() => match (hex(s[i + 1]), hex(s[i + 2])) {
-                (Some(h), Some(l)) => {
-                    out.push((h * 16 + l) as u8);
-                    i += 2;
-                }
-                _ => out.push(b'%'),
-            },
-            b => out.push(b),
-        }
-        i += 1;
-    }
-    out
+    form_urlencoded::parse(form).find_map(|(k, v)| (k == key).then(|| v.into_owned()))
 }
 
 /// The `fqdn` parameter from the body, else the query string; empty counts as absent.
@@ -175,20 +130,20 @@ async fn lookup(State(state): State<ApiState>, Path(fqdn): Path<String>) -> Resp
     axum::Json(ips).into_response()
 }
 
-async fn list(State(state): State<ApiState>) -> Response {
-    axum::Json(state.db.entries()).into_response()
+async fn list(State(state): State<ApiState>, RawQuery(query): RawQuery) -> Response {
+    let with_tombstones = query
+        .as_deref()
+        .and_then(|q| form_value(q.as_bytes(), "tombstones"))
+        .is_some_and(|v| v == "true" || v == "1");
+    let mut entries = state.db.entries();
+    if !with_tombstones {
+        entries.retain(|e| !e.tombstone);
+    }
+    axum::Json(entries).into_response()
 }
 
 async fn domain(State(state): State<ApiState>) -> Response {
     format!("{}\n", state.db.domain()).into_response()
-}
-
-async fn metrics(State(state): State<ApiState>) -> Response {
-    (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        state.metrics.render(&state.db),
-    )
-        .into_response()
 }
 
 #[cfg(test)]

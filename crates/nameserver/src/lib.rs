@@ -10,8 +10,12 @@
 //!   updater build on).
 //! - [`DnsServer`]: UDP and TCP listeners answering from in-memory record tables.
 //! - [`Forwarder`]: forwarding to fallback servers, following resolv.conf if asked.
-//! - [`http`]: the HTTP API on axum.
-//! - [`NameServer`]: all of the above wired together, as `dwara serve` runs it.
+//! - [`http`]: the HTTP API as an axum [`axum::Router`] (the binary serves it).
+//! - [`NameServerCollector`]: the metrics, as a `prometheus-client` collector.
+//! - [`NameServer`]: all of the above wired together, as `dwara serve` runs it: DNS
+//!   listeners, the forwarder, the resolv.conf watcher and the tombstone collector.
+//!   It owns no HTTP listener: [`NameServer::router`] and
+//!   [`NameServer::register_metrics`] hand its routes and metrics to whoever does.
 //!
 //! # Example
 //!
@@ -24,6 +28,8 @@
 //! let server = NameServer::start(config).await?;
 //! server.db().add("container-1", "10.32.0.7".parse().unwrap(), "web.weave.local")?;
 //! // `dig @127.0.0.1 -p 1053 web.weave.local` now answers 10.32.0.7.
+//! let routes = server.router(); // PUT /name/..., GET /name, ... for an HTTP listener
+//! # drop(routes);
 //! server.shutdown().await;
 //! # Ok(())
 //! # }
@@ -52,7 +58,7 @@ use std::time::Duration;
 pub use db::{Change, ChangeKind, DEFAULT_ORIGIN, Db, DbConfig, Entry};
 pub use error::{Error, Result};
 pub use forward::{Forwarder, ForwarderConfig};
-pub use metrics::{ExtraMetrics, Metrics};
+pub use metrics::{Metrics, NameServerCollector};
 pub use name::{Domain, reverse_name};
 pub use resolv::{is_own_address, load_resolv_conf, parse_resolv_conf, spawn_resolv_conf_watcher};
 pub use server::{DnsServer, DnsServerConfig};
@@ -133,80 +139,64 @@ pub struct NameServerConfig {
     pub db: DbConfig,
     /// The DNS listeners.
     pub dns: DnsServerConfig,
-    /// The HTTP API listener.
-    pub http_listen: SocketAddr,
     /// The fallback servers.
     pub fallback: Fallback,
     /// Forwarding timeouts.
     pub forwarder: ForwarderConfig,
     /// How often a resolv.conf fallback is re-read.
     pub resolv_conf_poll: Duration,
+    /// How long a tombstone is kept before it is forgotten (`--tombstone-grace`).
+    pub tombstone_grace: Duration,
 }
 
 /// The default DNS listen address.
 pub const DEFAULT_DNS_LISTEN: SocketAddr =
     SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 1053);
-/// The default HTTP listen address.
+/// The default HTTP listen address (of the binary's listener that serves
+/// [`NameServer::router`]).
 pub const DEFAULT_HTTP_LISTEN: SocketAddr =
     SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 6784);
+/// The default tombstone grace: ten minutes.
+pub const DEFAULT_TOMBSTONE_GRACE: Duration = Duration::from_secs(600);
 
 impl NameServerConfig {
-    /// The defaults of `dwara serve` for `domain`: DNS on 127.0.0.1:1053, HTTP on
-    /// 127.0.0.1:6784, TTL 1 s, fallback servers from `/etc/resolv.conf`.
+    /// The defaults of `dwara serve` for `domain`: DNS on 127.0.0.1:1053, TTL 1 s,
+    /// fallback servers from `/etc/resolv.conf`, tombstones kept ten minutes.
     pub fn new(domain: Domain) -> Self {
         Self {
             db: DbConfig::new(domain),
             dns: DnsServerConfig::new(DEFAULT_DNS_LISTEN),
-            http_listen: DEFAULT_HTTP_LISTEN,
             fallback: Fallback::ResolvConf(PathBuf::from("/etc/resolv.conf")),
             forwarder: ForwarderConfig::default(),
             resolv_conf_poll: Duration::from_secs(2),
+            tombstone_grace: DEFAULT_TOMBSTONE_GRACE,
         }
     }
 }
 
-/// A running name server: database, DNS listeners, forwarder and HTTP API.
+/// A running name server: database, DNS listeners, forwarder, resolv.conf watcher and
+/// tombstone collector. Its HTTP API is a [`Router`](axum::Router) for the caller to
+/// serve.
 #[derive(Debug)]
 pub struct NameServer {
     db: Arc<Db>,
     metrics: Arc<Metrics>,
     forwarder: Arc<Forwarder>,
     dns: DnsServer,
-    http_addr: SocketAddr,
-    http: tokio::task::JoinHandle<std::io::Result<()>>,
-    http_stop: tokio::sync::oneshot::Sender<()>,
-    watcher: Option<tokio::task::JoinHandle<()>>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
 impl NameServer {
     /// Starts everything with an empty database.
     pub async fn start(config: NameServerConfig) -> Result<Self> {
-        Self::start_with_routes(config, axum::Router::new()).await
-    }
-
-    /// Starts everything, serving `extra_routes` on the HTTP listener beside the API.
-    pub async fn start_with_routes(
-        config: NameServerConfig,
-        extra_routes: axum::Router,
-    ) -> Result<Self> {
         let db = Arc::new(Db::new(config.db.clone()));
         let metrics = Arc::new(Metrics::new());
-        let http_listener = tokio::net::TcpListener::bind(config.http_listen)
-            .await
-            .map_err(|source| Error::Bind {
-                what: "HTTP",
-                addr: config.http_listen,
-                source,
-            })?;
-        let http_addr = http_listener.local_addr().map_err(|source| Error::Io {
-            context: "HTTP local address".to_owned(),
-            source,
-        })?;
         let forwarder = Arc::new(Forwarder::new(Vec::new(), config.forwarder.clone()));
         let dns =
             DnsServer::start(config.dns.clone(), &db, forwarder.clone(), metrics.clone()).await?;
         let dns_addr = dns.local_addr();
-        let watcher = match &config.fallback {
+        let mut tasks = Vec::new();
+        match &config.fallback {
             Fallback::Servers(servers) => {
                 forwarder.set_servers(
                     servers
@@ -215,38 +205,25 @@ impl NameServer {
                         .filter(|s| !is_own_address(*s, dns_addr))
                         .collect(),
                 );
-                None
             }
             Fallback::ResolvConf(path) => {
                 forwarder.set_servers(load_resolv_conf(path, dns_addr));
-                Some(spawn_resolv_conf_watcher(
+                tasks.push(spawn_resolv_conf_watcher(
                     path.clone(),
                     dns_addr,
                     forwarder.clone(),
                     config.resolv_conf_poll,
-                ))
+                ));
             }
-        };
+        }
         tracing::info!(servers = ?forwarder.servers(), "fallback servers");
-        let router = http::router(http::ApiState {
-            db: db.clone(),
-            metrics: metrics.clone(),
-        })
-        .merge(extra_routes);
-        let (http_stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let http = tokio::spawn(http::serve(http_listener, router, async move {
-            let _ = stopped.await;
-        }));
-        tracing::info!(%http_addr, domain = %db.domain(), "HTTP API listening");
+        tasks.push(spawn_tombstone_gc(db.clone(), config.tombstone_grace));
         Ok(Self {
             db,
             metrics,
             forwarder,
             dns,
-            http_addr,
-            http,
-            http_stop,
-            watcher,
+            tasks,
         })
     }
 
@@ -270,24 +247,46 @@ impl NameServer {
         self.dns.local_addr()
     }
 
-    /// The HTTP API address.
-    pub fn http_addr(&self) -> SocketAddr {
-        self.http_addr
+    /// The HTTP API's routes (see [`http`]), for the caller's listener.
+    pub fn router(&self) -> axum::Router {
+        http::router(http::ApiState {
+            db: self.db.clone(),
+            metrics: self.metrics.clone(),
+        })
     }
 
-    /// Stops the listeners: HTTP finishes the requests in flight, DNS stops.
+    /// Registers the name server's metrics (see [`NameServerCollector`]).
+    pub fn register_metrics(&self, registry: &mut prometheus_client::registry::Registry) {
+        registry.register_collector(Box::new(NameServerCollector::new(
+            self.metrics.clone(),
+            self.db.clone(),
+        )));
+    }
+
+    /// Stops the DNS listeners and the background tasks.
     pub async fn shutdown(self) {
-        let _ = self.http_stop.send(());
-        if let Some(w) = self.watcher {
-            w.abort();
+        for task in &self.tasks {
+            task.abort();
         }
         self.dns.shutdown().await;
-        match tokio::time::timeout(Duration::from_secs(5), self.http).await {
-            Ok(Ok(Ok(()))) => {}
-            Ok(Ok(Err(e))) => tracing::warn!(error = %e, "HTTP server failed"),
-            Ok(Err(e)) => tracing::warn!(error = %e, "HTTP server task failed"),
-            Err(_) => tracing::warn!("HTTP server did not stop within 5 s"),
-        }
         tracing::info!("name server stopped");
     }
+}
+
+/// Forgets tombstones older than `grace`, checking a few times per grace period
+/// (at least every minute, at most every second): a deleted entry is gone from the
+/// database between `grace` and `grace` + one check after its delete.
+fn spawn_tombstone_gc(db: Arc<Db>, grace: Duration) -> tokio::task::JoinHandle<()> {
+    let every = (grace / 4).clamp(Duration::from_secs(1), Duration::from_secs(60));
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let forgotten = db.gc_tombstones(grace);
+            if forgotten > 0 {
+                tracing::debug!(forgotten, grace = ?grace, "tombstones collected");
+            }
+        }
+    })
 }

@@ -1,15 +1,21 @@
-//! Counters and their Prometheus text rendering.
+//! Counters of the name server, exposed through a `prometheus-client` collector.
 //!
 //! Each UDP worker owns a [`Counters`] block (cache-line aligned, relaxed atomics) so
 //! the fast path never shares a written cache line with another thread; a scrape sums
 //! the blocks. TCP, forwarding and HTTP use shared blocks: they are not the hot path.
+//! [`NameServerCollector`] reads the blocks (and the database's size) at scrape time;
+//! the text format is `prometheus-client`'s.
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use parking_lot::Mutex;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
 
 use crate::db::Db;
 
@@ -103,20 +109,7 @@ pub struct Metrics {
     blocks: Mutex<Vec<Arc<Counters>>>,
     shared: Arc<Counters>,
     http: Mutex<BTreeMap<u16, u64>>,
-    extra: Mutex<Extra>,
 }
-
-#[derive(Default)]
-struct Extra(Option<ExtraMetrics>);
-
-impl std::fmt::Debug for Extra {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(if self.0.is_some() { "Some(..)" } else { "None" })
-    }
-}
-
-/// A renderer of more metrics appended to `/metrics` (the binary's dataplane uses it).
-pub type ExtraMetrics = Arc<dyn Fn(&mut String) + Send + Sync>;
 
 impl Metrics {
     /// Fresh, zeroed metrics.
@@ -136,86 +129,109 @@ impl Metrics {
         &self.shared
     }
 
-    /// Appends `extra`'s output to every rendering (replaces an earlier one).
-    pub fn set_extra(&self, extra: ExtraMetrics) {
-        self.extra.lock().0 = Some(extra);
-    }
-
     /// Counts one HTTP response by status.
     pub fn record_http(&self, status: u16) {
         *self.http.lock().entry(status).or_default() += 1;
     }
 
-    /// Total DNS queries answered (any type, any rcode) so far.
-    pub fn queries_total(&self) -> u64 {
-        let blocks = self.blocks.lock();
-        blocks
-            .iter()
-            .chain(std::iter::once(&self.shared))
-            .flat_map(|b| b.queries.iter().flatten())
-            .map(|c| c.load(Relaxed))
-            .sum()
+    fn blocks(&self) -> Vec<Arc<Counters>> {
+        let b = self.blocks.lock();
+        b.iter()
+            .cloned()
+            .chain(std::iter::once(self.shared.clone()))
+            .collect()
     }
+}
 
-    /// Renders everything in the Prometheus text exposition format.
-    pub fn render(&self, db: &Db) -> String {
-        let blocks: Vec<Arc<Counters>> = {
-            let b = self.blocks.lock();
-            b.iter()
-                .cloned()
-                .chain(std::iter::once(self.shared.clone()))
-                .collect()
-        };
+/// The name server's metrics as a `prometheus-client` collector: DNS queries by
+/// type and response code, forwarding, dropped packets, live entries, HTTP requests
+/// by status. Register it with [`crate::NameServer::register_metrics`].
+#[derive(Debug)]
+pub struct NameServerCollector {
+    metrics: Arc<Metrics>,
+    db: Arc<Db>,
+}
+
+impl NameServerCollector {
+    /// A collector over `metrics` and `db`.
+    pub fn new(metrics: Arc<Metrics>, db: Arc<Db>) -> Self {
+        Self { metrics, db }
+    }
+}
+
+fn counter(
+    encoder: &mut DescriptorEncoder<'_>,
+    name: &str,
+    help: &str,
+    value: u64,
+) -> Result<(), std::fmt::Error> {
+    let c = ConstCounter::new(value);
+    c.encode(encoder.encode_descriptor(name, help, None, c.metric_type())?)
+}
+
+impl Collector for NameServerCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let blocks = self.metrics.blocks();
         let sum = |f: &dyn Fn(&Counters) -> u64| -> u64 { blocks.iter().map(|b| f(b)).sum() };
-        let mut s = String::with_capacity(4096);
-        s.push_str("# HELP dwara_dns_queries_total DNS queries answered, by query type and response code.\n");
-        s.push_str("# TYPE dwara_dns_queries_total counter\n");
-        for (qi, (qname, _)) in QTYPES.iter().enumerate() {
-            for (ri, rname) in RCODES.iter().enumerate() {
-                let v = sum(&|b| b.queries[qi][ri].load(Relaxed));
-                if v > 0 {
-                    let _ = writeln!(
-                        s,
-                        "dwara_dns_queries_total{{qtype=\"{qname}\",rcode=\"{rname}\"}} {v}"
-                    );
+        {
+            let mut family = encoder.encode_descriptor(
+                "dwara_dns_queries",
+                "DNS queries answered, by query type and response code",
+                None,
+                MetricType::Counter,
+            )?;
+            for (qi, (qname, _)) in QTYPES.iter().enumerate() {
+                for (ri, rname) in RCODES.iter().enumerate() {
+                    let v = sum(&|b| b.queries[qi][ri].load(Relaxed));
+                    if v > 0 {
+                        let labels = [("qtype", *qname), ("rcode", *rname)];
+                        ConstCounter::new(v).encode(family.encode_family(&labels)?)?;
+                    }
                 }
             }
         }
-        let simple = [
-            (
-                "dwara_dns_forwarded_total",
-                "DNS queries sent to the fallback servers.",
-                sum(&|b| b.forwarded.load(Relaxed)),
-            ),
-            (
-                "dwara_dns_forward_failures_total",
-                "Forwarded queries no fallback server answered (SERVFAIL sent).",
-                sum(&|b| b.forward_failures.load(Relaxed)),
-            ),
-            (
-                "dwara_dns_dropped_total",
-                "DNS packets that got no answer (no header, or not a query).",
-                sum(&|b| b.dropped.load(Relaxed)),
-            ),
-        ];
-        for (name, help, v) in simple {
-            let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
+        counter(
+            &mut encoder,
+            "dwara_dns_forwarded",
+            "DNS queries sent to the fallback servers",
+            sum(&|b| b.forwarded.load(Relaxed)),
+        )?;
+        counter(
+            &mut encoder,
+            "dwara_dns_forward_failures",
+            "Forwarded queries no fallback server answered (SERVFAIL sent)",
+            sum(&|b| b.forward_failures.load(Relaxed)),
+        )?;
+        counter(
+            &mut encoder,
+            "dwara_dns_dropped",
+            "DNS packets that got no answer (no header, or not a query)",
+            sum(&|b| b.dropped.load(Relaxed)),
+        )?;
+        let live = ConstGauge::new(i64::try_from(self.db.len()).unwrap_or(i64::MAX));
+        live.encode(encoder.encode_descriptor(
+            "dwara_records_entries",
+            "Live entries in the records database",
+            None,
+            live.metric_type(),
+        )?)?;
+        let http: Vec<(u16, u64)> = self
+            .metrics
+            .http
+            .lock()
+            .iter()
+            .map(|(k, v)| (*k, *v))
+            .collect();
+        let mut family = encoder.encode_descriptor(
+            "dwara_http_requests",
+            "HTTP API requests, by response status",
+            None,
+            MetricType::Counter,
+        )?;
+        for (status, v) in http {
+            let labels = [("status", status.to_string())];
+            ConstCounter::new(v).encode(family.encode_family(&labels)?)?;
         }
-        let _ = writeln!(
-            s,
-            "# HELP dwara_records_entries Live entries in the records database.\n\
-             # TYPE dwara_records_entries gauge\ndwara_records_entries {}",
-            db.len()
-        );
-        s.push_str("# HELP dwara_http_requests_total HTTP API requests, by response status.\n");
-        s.push_str("# TYPE dwara_http_requests_total counter\n");
-        for (status, v) in self.http.lock().iter() {
-            let _ = writeln!(s, "dwara_http_requests_total{{status=\"{status}\"}} {v}");
-        }
-        let extra = self.extra.lock().0.clone();
-        if let Some(extra) = extra {
-            extra(&mut s);
-        }
-        s
+        Ok(())
     }
 }

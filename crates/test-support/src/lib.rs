@@ -5,7 +5,7 @@
 //!   which counts the queries it receives.
 //! - [`dnsmasq::Dnsmasq`]: a real dnsmasq on a loopback port serving a hosts file the
 //!   test controls.
-//! - [`http::request`] / [`http::request_async`]: a one-shot HTTP/1.1 client for our
+//! - [`http::request`] / [`http::request_async`]: one request on reqwest to our
 //!   HTTP APIs.
 //! - [`init_tracing`], [`free_port`], [`wait_until`], [`signal`]: small helpers.
 //!

@@ -277,7 +277,6 @@ fn a_dropped_server_stops_answering() {
         dwara_nameserver::Domain::new("weave.local").unwrap(),
     );
     config.dns.listen = "127.0.0.1:0".parse().unwrap();
-    config.http_listen = "127.0.0.1:0".parse().unwrap();
     config.fallback = dwara_nameserver::Fallback::Servers(Vec::new());
     let server = rt
         .block_on(dwara_nameserver::NameServer::start(config))

@@ -1,7 +1,7 @@
 //! Every row of the HTTP table, bad input, and concurrent registrations.
 
 use std::net::{IpAddr, UdpSocket};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use hickory_proto::op::{Message, MessageType, OpCode, Query};
 use hickory_proto::rr::{Name, RData, RecordType};
@@ -9,7 +9,11 @@ use hickory_proto::rr::{Name, RData, RecordType};
 use crate::support::TestServer;
 
 fn entries(s: &TestServer) -> Vec<serde_json::Value> {
-    let (status, body) = s.http("GET", "/name", None);
+    listing(s, "/name")
+}
+
+fn listing(s: &TestServer, path: &str) -> Vec<serde_json::Value> {
+    let (status, body) = s.http("GET", path, None);
     assert_eq!(status, 200);
     serde_json::from_str(&body).unwrap()
 }
@@ -65,8 +69,14 @@ fn every_row_of_the_api() {
     // DELETE /name/<id>/<ip>: tombstone; 204 also when nothing matched.
     assert_eq!(s.http("DELETE", "/name/c1/10.32.0.1", None).0, 204);
     assert_eq!(s.http("DELETE", "/name/c1/10.32.0.1", None).0, 204);
+    assert_eq!(listing(&s, "/name?tombstones=true").len(), 4);
     assert_eq!(s.http("DELETE", "/name/nobody/10.9.9.9", None).0, 204);
-    let e = entries(&s).into_iter().find(|e| e["id"] == "c1").unwrap();
+    // GET /name lists live entries only; ?tombstones=true adds the tombstones.
+    assert!(!entries(&s).iter().any(|e| e["id"] == "c1"));
+    let e = listing(&s, "/name?tombstones=true")
+        .into_iter()
+        .find(|e| e["id"] == "c1")
+        .unwrap();
     assert_eq!(
         (e["tombstone"].as_bool(), e["version"].as_u64()),
         (Some(true), Some(2))
@@ -237,4 +247,24 @@ fn five_hundred_concurrent_registrations_all_resolve() {
         let a = s.dig().query(&format!("n{i}.weave.local"), "A").unwrap();
         assert_eq!(a.data("A"), [format!("10.40.{}.{}", i / 256, i % 256)]);
     }
+}
+
+#[test]
+fn tombstones_are_forgotten_after_the_grace() {
+    let s = TestServer::start_with(|c| {
+        c.fallback = dwara_nameserver::Fallback::Servers(Vec::new());
+        c.tombstone_grace = Duration::from_secs(1);
+    });
+    for i in 0..50 {
+        s.put(&format!("c{i}"), "10.32.1.1", &format!("n{i}.weave.local"));
+        assert_eq!(s.http("DELETE", &format!("/name/c{i}"), None).0, 204);
+    }
+    assert_eq!(listing(&s, "/name?tombstones=true").len(), 50);
+    // Collected between one and two checks (1 s each) after the grace.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !listing(&s, "/name?tombstones=true").is_empty() {
+        assert!(Instant::now() < deadline, "tombstones still listed");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(s.db().entries().is_empty());
 }

@@ -1,4 +1,7 @@
 //! The in-process server under test and its HTTP helper.
+//!
+//! The name server owns no HTTP listener, so the test serves its router (and a
+//! `/metrics` over a registry it registered into) the way the binary does.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -12,6 +15,7 @@ use test_support::dnsmasq::{Dnsmasq, DnsmasqOptions};
 pub(crate) struct TestServer {
     rt: tokio::runtime::Runtime,
     server: Option<NameServer>,
+    http_stop: Option<tokio::sync::oneshot::Sender<()>>,
     pub(crate) dns: SocketAddr,
     pub(crate) http: SocketAddr,
 }
@@ -31,14 +35,37 @@ impl TestServer {
         let mut config = NameServerConfig::new(Domain::new("weave.local").unwrap());
         config.dns.listen = "127.0.0.1:0".parse().unwrap();
         config.dns.udp_workers = 2;
-        config.http_listen = "127.0.0.1:0".parse().unwrap();
         config.fallback = Fallback::Servers(Vec::new());
         tweak(&mut config);
         let server = rt.block_on(NameServer::start(config)).unwrap();
+        let mut registry = prometheus_client::registry::Registry::default();
+        server.register_metrics(&mut registry);
+        let registry = Arc::new(registry);
+        let router = server.router().route(
+            "/metrics",
+            axum::routing::get(move || async move {
+                let mut text = String::new();
+                prometheus_client::encoding::prometheus_text::encode(&mut text, &registry).unwrap();
+                text
+            }),
+        );
+        let listener = rt
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .unwrap();
+        let http = listener.local_addr().unwrap();
+        let (http_stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        rt.spawn(async move {
+            axum::serve(listener, router)
+                .with_graceful_shutdown(async move {
+                    let _ = stopped.await;
+                })
+                .await
+        });
         Self {
             dns: server.dns_addr(),
-            http: server.http_addr(),
+            http,
             server: Some(server),
+            http_stop: Some(http_stop),
             rt,
         }
     }
@@ -71,6 +98,9 @@ impl TestServer {
 
 impl Drop for TestServer {
     fn drop(&mut self) {
+        if let Some(stop) = self.http_stop.take() {
+            let _ = stop.send(());
+        }
         if let Some(server) = self.server.take() {
             self.rt.block_on(server.shutdown());
         }

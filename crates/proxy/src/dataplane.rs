@@ -1,26 +1,24 @@
-//! The upstreams half of `dwara serve`: configuration snapshots, reloads, listeners
-//! and their status.
+//! The running upstreams: configuration generations, reload, listeners and status.
 //!
 //! The running configuration is an immutable [`Generation`] behind an atomic pointer.
-//! A reload parses the file; if it is invalid nothing changes. If it is valid, new
-//! listen addresses are bound first (a bind failure rejects the reload, again
-//! changing nothing), then listeners whose address stays keep their socket and are
+//! [`Dataplane::apply`] carries out a reload in three steps: [`crate::plan`] (pure:
+//! what to keep, build, bind, stop), *build* (discovery sources and load balancers,
+//! then bind every new listen address; any failure rejects the reload and changes
+//! nothing), *commit* (listeners whose address stays keep their socket and are
 //! pointed at the new upstream, removed ones stop accepting, the generation is
-//! swapped and [`DiscoveryTasks::respawn`] restarts discovery. Connections in flight
+//! swapped and [`DiscoveryTasks::respawn`] restarts discovery). Connections in flight
 //! hold their own snapshot of their upstream and are never cut by a reload.
 //!
 //! Across reloads an upstream keeps its load balancer (endpoints, in-flight counts,
-//! ejections) while its name, policy and ejection settings stay the same, and its
-//! counters while its name does.
+//! ejections) while its name, policy, ejection settings and discovery target stay the
+//! same, and its counters while its name does.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime};
 
-use anyhow::Context;
 use arc_swap::ArcSwap;
 use dwara_discovery::{DiscoverySnapshot, DiscoveryStats, DiscoveryTasks, UpstreamDiscovery};
 use dwara_discovery_dns::DnsSource;
@@ -29,51 +27,58 @@ use serde_json::json;
 use tokio::net::TcpListener;
 use tokio::task::AbortHandle;
 use tokio_util::task::TaskTracker;
-use tracing::{error, info, warn};
+use tracing::{info, warn};
 
-use crate::proxy::{self, Target};
-use dwara::config::{Config, UpstreamConfig};
+use crate::Error;
+use crate::config::UpstreamConfig;
+use crate::forward::{self, Target};
+use crate::plan::{LbPlan, ListenerPlan, plan};
 
 /// One upstream of a generation.
 #[derive(Debug)]
-pub(crate) struct Upstream {
-    pub(crate) config: UpstreamConfig,
+pub struct Upstream {
+    /// Its configuration.
+    pub config: UpstreamConfig,
     pub(crate) target: Arc<Target>,
-    pub(crate) discovery: UpstreamDiscovery,
+    /// Its discovery (load balancer, source, policy, statistics).
+    pub discovery: UpstreamDiscovery,
 }
 
 /// One immutable configuration generation.
 #[derive(Debug, Default)]
-pub(crate) struct Generation {
-    pub(crate) number: u64,
-    pub(crate) loaded_at: Option<SystemTime>,
-    pub(crate) upstreams: Vec<Arc<Upstream>>,
+pub struct Generation {
+    /// Increases by one with every applied configuration (the first is 1).
+    pub number: u64,
+    /// When it was applied.
+    pub loaded_at: Option<SystemTime>,
+    /// Its upstreams, in configuration order.
+    pub upstreams: Vec<Arc<Upstream>>,
 }
 
+#[derive(Debug)]
 struct Listener {
     target: Arc<ArcSwap<Target>>,
     accept: AbortHandle,
 }
 
-#[derive(Default)]
+#[derive(Debug, Default)]
 struct Inner {
     tasks: DiscoveryTasks,
     listeners: HashMap<SocketAddr, Listener>,
 }
 
 /// The running upstreams.
-pub(crate) struct Dataplane {
-    config_path: Option<PathBuf>,
+#[derive(Debug)]
+pub struct Dataplane {
     current: ArcSwap<Generation>,
     inner: tokio::sync::Mutex<Inner>,
     connections: TaskTracker,
 }
 
 impl Dataplane {
-    /// An empty dataplane; `config_path` is what reloads read.
-    pub(crate) fn new(config_path: Option<PathBuf>) -> Arc<Self> {
+    /// An empty dataplane (generation 0, no upstreams).
+    pub fn new() -> Arc<Self> {
         Arc::new(Self {
-            config_path,
             current: ArcSwap::from_pointee(Generation::default()),
             inner: tokio::sync::Mutex::new(Inner::default()),
             connections: TaskTracker::new(),
@@ -81,61 +86,54 @@ impl Dataplane {
     }
 
     /// The running generation.
-    pub(crate) fn generation(&self) -> Arc<Generation> {
+    pub fn generation(&self) -> Arc<Generation> {
         self.current.load_full()
     }
 
-    /// Re-reads the config file and applies it; on any error the old generation keeps
-    /// running and the error is returned (and logged).
-    pub(crate) async fn reload(self: &Arc<Self>) -> anyhow::Result<u64> {
-        let Some(path) = &self.config_path else {
-            anyhow::bail!("no --config file to reload");
-        };
-        let result = match Config::load(path) {
-            Ok(config) => self.apply(&config).await,
-            Err(e) => Err(e),
-        };
-        match &result {
-            Ok(n) => info!(generation = n, path = %path.display(), "configuration reloaded"),
-            Err(e) => {
-                error!(error = %format!("{e:#}"), path = %path.display(), "reload rejected; the previous configuration keeps running")
-            }
-        }
-        result
-    }
-
-    /// Applies a validated configuration as the next generation.
-    pub(crate) async fn apply(self: &Arc<Self>, config: &Config) -> anyhow::Result<u64> {
+    /// Applies validated upstreams (see [`crate::validate_upstreams`]) as the next
+    /// generation and returns its number. On any error nothing has changed.
+    pub async fn apply(&self, config: &[UpstreamConfig]) -> Result<u64, Error> {
         let mut inner = self.inner.lock().await;
         let old = self.current.load_full();
         let number = old.number + 1;
+        let old_configs: Vec<UpstreamConfig> =
+            old.upstreams.iter().map(|u| u.config.clone()).collect();
+        let listening = inner.listeners.keys().copied().collect();
+        let plan = plan(&old_configs, &listening, config);
 
-        let mut upstreams = Vec::with_capacity(config.upstreams.len());
-        for up in &config.upstreams {
-            let prev = old.upstreams.iter().find(|p| p.config.name == up.name);
-            let lb = prev
-                .filter(|p| p.config.policy == up.policy && p.config.ejection == up.ejection)
-                .map(|p| p.target.lb.clone())
-                .unwrap_or_else(|| {
+        // Build: sources and load balancers.
+        let mut upstreams = Vec::with_capacity(plan.upstreams.len());
+        for (i, p) in plan.upstreams.iter().enumerate() {
+            let up = &p.config;
+            let lb = match p.lb {
+                LbPlan::Keep(prev) => old.upstreams[prev].target.lb.clone(),
+                LbPlan::New(reason) => {
+                    if p.counters_from.is_some() {
+                        info!(upstream = %up.name, ?reason, "new load balancer: the previous endpoints are dropped");
+                    }
                     let mut lb = UpstreamLb::builder(up.policy);
                     if let Some(e) = up.ejection {
                         lb = lb.ejection(e.to_lb());
                     }
                     Arc::new(lb.build())
-                });
+                }
+            };
+            let prev = p.counters_from.map(|i| &old.upstreams[i]);
             let conn_stats = prev.map_or_else(Default::default, |p| p.target.stats.clone());
             let disc_stats = prev.map_or_else(
                 || Arc::new(DiscoveryStats::default()),
                 |p| p.discovery.stats.clone(),
             );
-            // Validation guaranteed a dns_discovery block (the others are stubs that
-            // fail validation).
+            let key = format!("upstreams[{i}].dns_discovery");
+            // Validation rejects upstreams without a DNS block (the others are stubs).
             let dns = up
                 .dns_discovery
                 .as_ref()
-                .with_context(|| format!("upstream {:?}: no dns_discovery block", up.name))?;
-            let source = DnsSource::new(dns)
-                .with_context(|| format!("upstream {:?}: discovery", up.name))?;
+                .ok_or_else(|| Error::InvalidConfig {
+                    key: format!("upstreams[{i}]"),
+                    message: "needs a discovery block (dns_discovery)".into(),
+                })?;
+            let source = DnsSource::new(dns).map_err(|source| Error::Discovery { key, source })?;
             let name: Arc<str> = up.name.as_str().into();
             let target = Arc::new(Target {
                 name: name.clone(),
@@ -160,30 +158,32 @@ impl Dataplane {
 
         // Bind every new address before changing anything.
         let mut bound = Vec::new();
-        for up in &upstreams {
-            let addr = up.config.listen;
-            if !inner.listeners.contains_key(&addr) {
-                let listener = TcpListener::bind(addr).await.with_context(|| {
-                    format!("upstream {:?}: cannot listen on {addr}", up.config.name)
-                })?;
+        for (p, up) in plan.upstreams.iter().zip(&upstreams) {
+            if p.listener == ListenerPlan::Bind {
+                let addr = up.config.listen;
+                let listener = TcpListener::bind(addr)
+                    .await
+                    .map_err(|source| Error::Bind {
+                        upstream: up.config.name.clone(),
+                        addr,
+                        source,
+                    })?;
                 bound.push((up.clone(), listener));
             }
         }
 
-        // Commit: retarget kept listeners, stop removed ones, start new ones.
-        inner.listeners.retain(|addr, listener| {
-            match upstreams.iter().find(|u| u.config.listen == *addr) {
-                Some(up) => {
-                    listener.target.store(up.target.clone());
-                    true
-                }
-                None => {
-                    listener.accept.abort();
-                    info!(listen = %addr, "listener closed: upstream removed");
-                    false
-                }
+        // Commit: stop removed listeners, retarget kept ones, start new ones.
+        for addr in &plan.stop {
+            if let Some(listener) = inner.listeners.remove(addr) {
+                listener.accept.abort();
+                info!(listen = %addr, "listener closed: upstream removed");
             }
-        });
+        }
+        for up in &upstreams {
+            if let Some(listener) = inner.listeners.get(&up.config.listen) {
+                listener.target.store(up.target.clone());
+            }
+        }
         for (up, listener) in bound {
             let target = Arc::new(ArcSwap::new(up.target.clone()));
             let accept = tokio::spawn(accept_loop(
@@ -210,9 +210,17 @@ impl Dataplane {
         Ok(number)
     }
 
+    /// The addresses with a listener accepting.
+    pub async fn listening(&self) -> Vec<SocketAddr> {
+        let mut addrs: Vec<SocketAddr> =
+            self.inner.lock().await.listeners.keys().copied().collect();
+        addrs.sort_unstable();
+        addrs
+    }
+
     /// Stops accepting, stops discovery, and waits up to `drain` for connections in
     /// flight to finish.
-    pub(crate) async fn shutdown(&self, drain: Duration) {
+    pub async fn shutdown(&self, drain: Duration) {
         let mut inner = self.inner.lock().await;
         for (_, listener) in inner.listeners.drain() {
             listener.accept.abort();
@@ -235,7 +243,7 @@ impl Dataplane {
     }
 
     /// `GET /upstreams`: every upstream's endpoints, generation and last resolution.
-    pub(crate) fn status_json(&self) -> serde_json::Value {
+    pub fn status_json(&self) -> serde_json::Value {
         let generation = self.generation();
         let upstreams: Vec<_> = generation
             .upstreams
@@ -287,76 +295,6 @@ impl Dataplane {
             "upstreams": upstreams,
         })
     }
-
-    /// Prometheus text for the upstreams.
-    pub(crate) fn render_metrics(&self, out: &mut String) {
-        use std::fmt::Write as _;
-        let generation = self.generation();
-        let _ = writeln!(out, "# TYPE dwara_config_generation gauge");
-        let _ = writeln!(out, "dwara_config_generation {}", generation.number);
-        type Row<'a> = (&'a str, &'a str, fn(&Upstream) -> u64);
-        let rows: [Row<'_>; 9] = [
-            ("dwara_upstream_connections_total", "counter", |u| {
-                u.target.stats.accepted.load(Ordering::Relaxed)
-            }),
-            ("dwara_upstream_connections_active", "gauge", |u| {
-                u.target.stats.active.load(Ordering::Relaxed)
-            }),
-            ("dwara_upstream_no_endpoints_total", "counter", |u| {
-                u.target.stats.no_endpoints.load(Ordering::Relaxed)
-            }),
-            ("dwara_upstream_connect_failures_total", "counter", |u| {
-                u.target.stats.connect_failures.load(Ordering::Relaxed)
-            }),
-            ("dwara_upstream_bytes_to_upstream_total", "counter", |u| {
-                u.target.stats.bytes_to_upstream.load(Ordering::Relaxed)
-            }),
-            ("dwara_upstream_bytes_to_client_total", "counter", |u| {
-                u.target.stats.bytes_to_client.load(Ordering::Relaxed)
-            }),
-            ("dwara_upstream_endpoints", "gauge", |u| {
-                u.target.lb.endpoints().len() as u64
-            }),
-            ("dwara_upstream_endpoint_updates_total", "counter", |u| {
-                u.discovery.stats.counters().updates
-            }),
-            ("dwara_upstream_endpoints_ejected", "gauge", |u| {
-                let stats = u.target.lb.stats();
-                stats.endpoints.iter().filter(|e| e.ejected).count() as u64
-            }),
-        ];
-        for (name, kind, get) in rows {
-            let _ = writeln!(out, "# TYPE {name} {kind}");
-            for up in &generation.upstreams {
-                let _ = writeln!(out, "{name}{{upstream=\"{}\"}} {}", up.config.name, get(up));
-            }
-        }
-        let _ = writeln!(out, "# TYPE dwara_upstream_picks_total counter");
-        for up in &generation.upstreams {
-            for (addr, n) in up.target.stats.picks.lock().iter() {
-                let _ = writeln!(
-                    out,
-                    "dwara_upstream_picks_total{{upstream=\"{}\",endpoint=\"{addr}\"}} {n}",
-                    up.config.name
-                );
-            }
-        }
-        let _ = writeln!(out, "# TYPE dwara_discovery_resolutions_total counter");
-        for up in &generation.upstreams {
-            let c = up.discovery.stats.counters();
-            for (outcome, n) in [
-                ("ok", c.answers - c.empty_answers),
-                ("empty", c.empty_answers),
-                ("failure", c.failures),
-            ] {
-                let _ = writeln!(
-                    out,
-                    "dwara_discovery_resolutions_total{{upstream=\"{}\",outcome=\"{outcome}\"}} {n}",
-                    up.config.name
-                );
-            }
-        }
-    }
 }
 
 async fn accept_loop(listener: TcpListener, target: Arc<ArcSwap<Target>>, tracker: TaskTracker) {
@@ -364,7 +302,7 @@ async fn accept_loop(listener: TcpListener, target: Arc<ArcSwap<Target>>, tracke
         match listener.accept().await {
             Ok((socket, peer)) => {
                 let target = target.load_full();
-                tracker.spawn(proxy::handle(socket, peer, target));
+                tracker.spawn(forward::handle(socket, peer, target));
             }
             Err(e) => {
                 // EMFILE and friends: back off a little instead of spinning.

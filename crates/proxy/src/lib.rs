@@ -1,0 +1,64 @@
+//! The dataplane of `dwara serve`: L4 upstreams whose endpoints follow discovery.
+//!
+//! - [`UpstreamConfig`] / [`validate_upstreams`]: the `upstreams:` entries of the
+//!   configuration file, strictly parsed, errors naming their key.
+//! - [`plan()`]: reload as a pure function of the running upstreams, the bound
+//!   addresses and the new configuration (unit-tested without sockets).
+//! - [`Dataplane`]: carries plans out (build, bind, commit), owns the listeners and
+//!   the discovery tasks, forwards connections (pick, connect with retries, copy
+//!   both ways), drains on shutdown, and reports its status
+//!   ([`Dataplane::router`]: `GET /upstreams`) and metrics
+//!   ([`Dataplane::register_metrics`]). It owns no HTTP listener.
+//!
+//! # Example
+//!
+//! ```no_run
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let upstreams: Vec<dwara_proxy::UpstreamConfig> = serde_yaml_ng::from_str(
+//!     "- {name: api, listen: 127.0.0.1:9000, dns_discovery: {hostname: api.weave.local, port: 8080}}",
+//! )?;
+//! dwara_proxy::validate_upstreams(&upstreams)?;
+//! let dataplane = dwara_proxy::Dataplane::new();
+//! dataplane.apply(&upstreams).await?; // generation 1: listening on 127.0.0.1:9000
+//! let routes = dataplane.router(); // GET /upstreams, for the caller's HTTP listener
+//! # drop(routes);
+//! dataplane.shutdown(std::time::Duration::from_secs(10)).await;
+//! # Ok(())
+//! # }
+//! ```
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+mod config;
+mod dataplane;
+mod error;
+mod forward;
+mod http;
+mod metrics;
+pub mod plan;
+
+use std::sync::Arc;
+
+pub use config::{EjectionSection, UpstreamConfig, validate_upstreams};
+pub use dataplane::{Dataplane, Generation, Upstream};
+pub use error::Error;
+pub use plan::plan;
+
+impl Dataplane {
+    /// `GET /upstreams`: every upstream's endpoints, generation and last resolution.
+    pub fn router(self: &Arc<Self>) -> axum::Router {
+        http::router(self.clone())
+    }
+
+    /// Registers the dataplane's metrics (per-upstream connections, bytes, endpoints,
+    /// picks, resolutions; the configuration generation).
+    pub fn register_metrics(
+        self: &Arc<Self>,
+        registry: &mut prometheus_client::registry::Registry,
+    ) {
+        registry.register_collector(Box::new(metrics::DataplaneCollector {
+            dataplane: self.clone(),
+        }));
+    }
+}
