@@ -300,10 +300,9 @@ pub async fn run(
     loop {
         let result = match tokio::time::timeout(policy.resolve_timeout, source.resolve()).await {
             Ok(r) => r,
-            Err(_) => Err(DiscoveryError::Resolve {
+            Err(_) => Err(DiscoveryError::Timeout {
                 source_name: source.describe(),
-                kind: "timeout",
-                message: format!("no answer within {:?}", policy.resolve_timeout),
+                after: policy.resolve_timeout,
             }),
         };
         let outcome = stats.record_resolution(&result);

@@ -52,18 +52,19 @@ pub enum ResolveError {
         code: ResponseCode,
     },
     /// Network or protocol failure talking to the servers.
-    #[error("DNS query for {name} ({record_type}) failed: {message}")]
+    #[error("DNS query for {name} ({record_type}) failed: {source}")]
     Transport {
         /// The queried name.
         name: String,
         /// The queried type.
         record_type: RecordType,
         /// What the transport reported.
-        message: String,
+        #[source]
+        source: NetError,
     },
     /// The resolver could not be built.
     #[error("cannot build the DNS resolver: {0}")]
-    Config(String),
+    Config(#[source] NetError),
 }
 
 impl ResolveError {
@@ -131,7 +132,7 @@ impl ResolveError {
                     Self::Transport {
                         name,
                         record_type,
-                        message,
+                        source: other,
                     }
                 }
             }

@@ -201,7 +201,7 @@ impl DnsResolver {
         let inner = TokioResolver::builder_with_config(hickory, TokioRuntimeProvider::default())
             .with_options(opts)
             .build()
-            .map_err(|e| ResolveError::Config(e.to_string()))?;
+            .map_err(ResolveError::Config)?;
         match &source {
             NameServerSource::Explicit(s) => info!(servers = ?s, "resolver: explicit name servers"),
             NameServerSource::ResolvConf(p, s) => {

@@ -45,3 +45,24 @@ fn one_empty_family_is_fine_but_a_failure_is_not() {
         ResolveError::NoRecords { nxdomain: true, .. }
     ));
 }
+
+#[test]
+fn transport_failures_keep_the_hickory_error_as_their_source() {
+    use std::error::Error as _;
+
+    let io = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+    let e = ResolveError::from_net(
+        "api.test.",
+        RecordType::A,
+        hickory_resolver::net::NetError::from(io),
+    );
+    assert_eq!(e.kind(), "transport", "{e:?}");
+    let source = e.source().expect("a transport error keeps its source");
+    let net = source
+        .downcast_ref::<hickory_resolver::net::NetError>()
+        .expect("the source is hickory's NetError");
+    assert!(
+        matches!(net, hickory_resolver::net::NetError::Io(io) if io.kind() == std::io::ErrorKind::ConnectionRefused),
+        "{net:?}"
+    );
+}

@@ -21,10 +21,9 @@ fn answer(addrs: &[&str], ttl: Option<u64>) -> Result<Resolution, DiscoveryError
 }
 
 fn failure() -> Result<Resolution, DiscoveryError> {
-    Err(DiscoveryError::Resolve {
+    Err(DiscoveryError::Timeout {
         source_name: "test".into(),
-        kind: "servfail",
-        message: "SERVFAIL".into(),
+        after: Duration::from_secs(1),
     })
 }
 
