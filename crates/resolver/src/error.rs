@@ -4,6 +4,11 @@
 //! said the name or the type does not exist), everything else is a *failure* (we do
 //! not know the answer). Discovery keeps or clears endpoints on failures by policy,
 //! and treats an empty answer as zero endpoints.
+//!
+//! Failures keep hickory's error as their [`source`](std::error::Error::source)
+//! (an `Arc<NetError>`, so the error stays cheap to clone).
+
+use std::sync::Arc;
 
 use hickory_resolver::net::{DnsError, NetError};
 use hickory_resolver::proto::op::ResponseCode;
@@ -58,13 +63,14 @@ pub enum ResolveError {
         name: String,
         /// The queried type.
         record_type: RecordType,
-        /// What the transport reported.
+        /// What the transport reported (shared: the error is cloned to every
+        /// caller waiting on the same lookup).
         #[source]
-        source: NetError,
+        source: Arc<NetError>,
     },
     /// The resolver could not be built.
     #[error("cannot build the DNS resolver: {0}")]
-    Config(#[source] NetError),
+    Config(#[source] Arc<NetError>),
 }
 
 impl ResolveError {
@@ -132,7 +138,7 @@ impl ResolveError {
                     Self::Transport {
                         name,
                         record_type,
-                        source: other,
+                        source: Arc::new(other),
                     }
                 }
             }

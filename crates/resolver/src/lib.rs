@@ -32,6 +32,7 @@ mod error;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::try_join_all;
@@ -201,7 +202,7 @@ impl DnsResolver {
         let inner = TokioResolver::builder_with_config(hickory, TokioRuntimeProvider::default())
             .with_options(opts)
             .build()
-            .map_err(ResolveError::Config)?;
+            .map_err(|e| ResolveError::Config(Arc::new(e)))?;
         match &source {
             NameServerSource::Explicit(s) => info!(servers = ?s, "resolver: explicit name servers"),
             NameServerSource::ResolvConf(p, s) => {

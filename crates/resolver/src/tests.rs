@@ -49,6 +49,7 @@ fn one_empty_family_is_fine_but_a_failure_is_not() {
 #[test]
 fn transport_failures_keep_the_hickory_error_as_their_source() {
     use std::error::Error as _;
+    use std::sync::Arc;
 
     let io = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
     let e = ResolveError::from_net(
@@ -59,10 +60,10 @@ fn transport_failures_keep_the_hickory_error_as_their_source() {
     assert_eq!(e.kind(), "transport", "{e:?}");
     let source = e.source().expect("a transport error keeps its source");
     let net = source
-        .downcast_ref::<hickory_resolver::net::NetError>()
+        .downcast_ref::<Arc<hickory_resolver::net::NetError>>()
         .expect("the source is hickory's NetError");
     assert!(
-        matches!(net, hickory_resolver::net::NetError::Io(io) if io.kind() == std::io::ErrorKind::ConnectionRefused),
+        matches!(&**net, hickory_resolver::net::NetError::Io(io) if io.kind() == std::io::ErrorKind::ConnectionRefused),
         "{net:?}"
     );
 }
