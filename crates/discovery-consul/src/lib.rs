@@ -2,9 +2,9 @@
 //!
 //! The configuration language already knows a `consul` block so that configs can be
 //! written and checked, but the source is not implemented: [`ConsulConfig::validate`]
-//! checks the fields and then fails with [`DiscoveryError::Unsupported`] naming the
-//! milestone that brings it, so a config using it is rejected at load time with a
-//! clear message instead of silently discovering nothing.
+//! checks the fields and then fails with [`DiscoveryError::Unsupported`] saying that
+//! watching the Consul catalog is not implemented, so a config using it is rejected
+//! at load time with a clear message instead of silently discovering nothing.
 //!
 //! ```
 //! use dwara_discovery::DiscoveryError;
@@ -20,9 +20,6 @@
 use serde::{Deserialize, Serialize};
 
 pub use dwara_discovery::DiscoveryError;
-
-/// The milestone that will implement Consul discovery.
-pub const MILESTONE: &str = "milestone M3 (Consul catalog watch)";
 
 fn default_true() -> bool {
     true
@@ -67,7 +64,7 @@ impl ConsulConfig {
         }
         Err(DiscoveryError::Unsupported {
             source_kind: "consul",
-            milestone: MILESTONE,
+            missing: "watching the Consul catalog",
         })
     }
 }
@@ -77,7 +74,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn every_valid_config_is_rejected_as_unsupported_naming_the_milestone() {
+    fn every_valid_config_is_rejected_as_unsupported_saying_what_is_missing() {
         let c: ConsulConfig =
             serde_yaml_ng::from_str("service: api\ndatacenter: dc1\ntag: v2\n").unwrap();
         assert!(c.passing_only);
@@ -89,7 +86,23 @@ mod tests {
                 ..
             }
         ));
-        assert!(e.to_string().contains("M3"), "{e}");
+        let message = e.to_string();
+        assert!(
+            message.starts_with("consul discovery is not supported yet"),
+            "{message}"
+        );
+        assert!(
+            message.contains("Consul catalog"),
+            "says what is missing: {message}"
+        );
+        assert!(
+            !message
+                .split(|c: char| !c.is_ascii_alphanumeric())
+                .any(|w| {
+                    w.len() >= 2 && w.starts_with('M') && w[1..].bytes().all(|b| b.is_ascii_digit())
+                }),
+            "names no internal milestone: {message}"
+        );
     }
 
     #[test]

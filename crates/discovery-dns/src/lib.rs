@@ -7,16 +7,21 @@
 //! and transport errors are failures. The refresh cycle itself — `min(interval,
 //! TTL)`, `fail_open`, `min_endpoints`, backoff, jitter, publish-on-change — runs in
 //! [`dwara_discovery::refresh`], shared by every kind of source; [`upstream_discovery`]
-//! is the shortcut that builds both from one [`DiscoveryConfig`].
+//! is the shortcut that builds both from one [`DnsDiscoveryConfig`], the
+//! `dns_discovery` block of an upstream (parsed and validated here, as the Consul and
+//! Kubernetes crates do their own blocks).
+//!
+//! A failed resolution is a [`DiscoveryError::Resolve`] whose
+//! [`source`](std::error::Error::source) is the [`ResolveError`].
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), dwara_discovery::DiscoveryError> {
 //! use std::sync::Arc;
-//! use dwara_discovery::{DiscoveryConfig, DiscoverySnapshot, DiscoveryTasks};
-//! use dwara_discovery_dns::upstream_discovery;
+//! use dwara_discovery::{DiscoverySnapshot, DiscoveryTasks};
+//! use dwara_discovery_dns::{DnsDiscoveryConfig, upstream_discovery};
 //! use dwara_lb::{Policy, UpstreamLb};
 //!
-//! let mut config = DiscoveryConfig::new("api.weave.local");
+//! let mut config = DnsDiscoveryConfig::new("api.weave.local");
 //! config.port = Some(8080);
 //! config.nameservers = vec!["127.0.0.1:1053".parse().unwrap()];
 //! let lb = Arc::new(UpstreamLb::new(Policy::RoundRobin));
@@ -29,15 +34,17 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod config;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use dwara_discovery::{
-    DiscoveryConfig, DiscoveryError, DiscoverySource, RecordType, Resolution, UpstreamDiscovery,
-};
+use dwara_discovery::{DiscoveryError, DiscoverySource, Resolution, UpstreamDiscovery};
 use dwara_lb::{Endpoint, EndpointSet, UpstreamLb};
 use dwara_resolver::{DnsResolver, ResolveError, ResolverConfig};
+
+pub use config::{DnsDiscoveryConfig, RecordType, validate_hostname};
 
 /// Resolves one host name (A/AAAA with a fixed port, or SRV) into endpoints.
 #[derive(Debug, Clone)]
@@ -51,15 +58,15 @@ pub struct DnsSource {
 impl DnsSource {
     /// Validates `config` and builds a source with its own resolver (the configured
     /// name servers, else the system's).
-    pub fn new(config: &DiscoveryConfig) -> Result<Self, DiscoveryError> {
+    pub fn new(config: &DnsDiscoveryConfig) -> Result<Self, DiscoveryError> {
         config.validate()?;
         let resolver = DnsResolver::new(ResolverConfig {
             nameservers: config.nameservers.clone(),
             ..ResolverConfig::default()
         })
-        .map_err(|e| DiscoveryError::InvalidConfig {
-            key: "nameservers".into(),
-            message: e.to_string(),
+        .map_err(|e| DiscoveryError::Start {
+            source_name: describe(config.record_type, &config.hostname, config.port_u16()),
+            source: Box::new(e),
         })?;
         Self::with_resolver(config, resolver)
     }
@@ -67,7 +74,7 @@ impl DnsSource {
     /// Validates `config` and builds a source over an existing resolver
     /// (`config.nameservers` is then ignored).
     pub fn with_resolver(
-        config: &DiscoveryConfig,
+        config: &DnsDiscoveryConfig,
         resolver: DnsResolver,
     ) -> Result<Self, DiscoveryError> {
         config.validate()?;
@@ -79,12 +86,18 @@ impl DnsSource {
         })
     }
 
-    fn failure(&self, e: &ResolveError) -> DiscoveryError {
-        DiscoveryError::Resolve {
-            source_name: self.describe(),
-            kind: e.kind(),
-            message: e.to_string(),
+    fn failure(&self, e: ResolveError) -> DiscoveryError {
+        DiscoveryError::resolve(self.describe(), e.kind(), e)
+    }
+}
+
+/// `dns A api.weave.local:8080`, or `dns SRV _http._tcp.api.local`.
+fn describe(record_type: RecordType, hostname: &str, port: Option<u16>) -> String {
+    match port {
+        Some(port) if record_type != RecordType::SRV => {
+            format!("dns {record_type} {hostname}:{port}")
         }
+        _ => format!("dns {record_type} {hostname}"),
     }
 }
 
@@ -95,12 +108,7 @@ fn min_ttl(ttls: impl Iterator<Item = u32>) -> Option<Duration> {
 #[async_trait::async_trait]
 impl DiscoverySource for DnsSource {
     fn describe(&self) -> String {
-        match self.port {
-            Some(port) if self.record_type != RecordType::SRV => {
-                format!("dns {} {}:{}", self.record_type, self.hostname, port)
-            }
-            _ => format!("dns {} {}", self.record_type, self.hostname),
-        }
+        describe(self.record_type, &self.hostname, self.port)
     }
 
     async fn resolve(&self) -> Result<Resolution, DiscoveryError> {
@@ -142,7 +150,7 @@ impl DiscoverySource for DnsSource {
                 endpoints: EndpointSet::empty(),
                 ttl: e.negative_ttl().map(|t| Duration::from_secs(u64::from(t))),
             }),
-            Err(e) => Err(self.failure(&e)),
+            Err(e) => Err(self.failure(e)),
         }
     }
 }
@@ -150,7 +158,7 @@ impl DiscoverySource for DnsSource {
 /// Builds the discovery of one upstream from its `dns_discovery` block.
 pub fn upstream_discovery(
     name: &str,
-    config: &DiscoveryConfig,
+    config: &DnsDiscoveryConfig,
     lb: Arc<UpstreamLb>,
 ) -> Result<UpstreamDiscovery, DiscoveryError> {
     let source = DnsSource::new(config)?;

@@ -3,8 +3,9 @@
 //! The configuration language already knows a `kubernetes` block (namespace, service,
 //! port name) so that configs can be written and checked, but the watch is not
 //! implemented: [`EndpointSliceConfig::validate`] checks the fields and then fails
-//! with [`DiscoveryError::Unsupported`] naming the milestone, so a config using it
-//! is rejected at load time instead of silently discovering nothing.
+//! with [`DiscoveryError::Unsupported`] saying that watching Kubernetes
+//! EndpointSlices is not implemented, so a config using it is rejected at load time
+//! instead of silently discovering nothing.
 //!
 //! ```
 //! use dwara_discovery::DiscoveryError;
@@ -24,9 +25,6 @@
 use serde::{Deserialize, Serialize};
 
 pub use dwara_discovery::DiscoveryError;
-
-/// The milestone that will implement EndpointSlice discovery.
-pub const MILESTONE: &str = "milestone M4 (Kubernetes EndpointSlice watch)";
 
 /// The `kubernetes` block of an upstream.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -64,7 +62,7 @@ impl EndpointSliceConfig {
         }
         Err(DiscoveryError::Unsupported {
             source_kind: "kubernetes",
-            milestone: MILESTONE,
+            missing: "watching Kubernetes EndpointSlices",
         })
     }
 }
@@ -74,7 +72,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn valid_configs_are_rejected_as_unsupported_naming_the_milestone() {
+    fn valid_configs_are_rejected_as_unsupported_saying_what_is_missing() {
         let c: EndpointSliceConfig =
             serde_yaml_ng::from_str("namespace: prod\nservice: api\nport_name: http\n").unwrap();
         let e = c.validate().unwrap_err();
@@ -85,7 +83,23 @@ mod tests {
                 ..
             }
         ));
-        assert!(e.to_string().contains("M4"), "{e}");
+        let message = e.to_string();
+        assert!(
+            message.starts_with("kubernetes discovery is not supported yet"),
+            "{message}"
+        );
+        assert!(
+            message.contains("EndpointSlice"),
+            "says what is missing: {message}"
+        );
+        assert!(
+            !message
+                .split(|c: char| !c.is_ascii_alphanumeric())
+                .any(|w| {
+                    w.len() >= 2 && w.starts_with('M') && w[1..].bytes().all(|b| b.is_ascii_digit())
+                }),
+            "names no internal milestone: {message}"
+        );
     }
 
     #[test]

@@ -1,5 +1,6 @@
-//! Service discovery: the [`DiscoverySource`] trait, discovery configuration, the
-//! refresh loop and the [`DiscoveryTasks`] that run it.
+//! Service discovery, whatever the source: the [`DiscoverySource`] trait, the
+//! refresh loop and the [`DiscoveryTasks`] that run it. Each kind of source brings
+//! its own configuration block (`dwara-discovery-dns` has `dns_discovery`).
 //!
 //! A *source* answers one question — "which endpoints does this upstream have right
 //! now, and for how long is that answer good?" — and nothing else. The *refresh
@@ -31,7 +32,6 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
-mod config;
 pub mod refresh;
 mod tasks;
 
@@ -40,7 +40,6 @@ use std::time::Duration;
 
 use dwara_lb::EndpointSet;
 
-pub use config::{DiscoveryConfig, RecordType, validate_hostname};
 pub use refresh::{Counters, Decision, DiscoveryStats, LastResolution, RefreshPolicy};
 pub use tasks::{DiscoverySnapshot, DiscoveryTasks, UpstreamDiscovery};
 
@@ -56,19 +55,41 @@ pub struct Resolution {
     pub ttl: Option<Duration>,
 }
 
+/// The error of another crate (a DNS resolver, an HTTP client …) kept as the source
+/// of a [`DiscoveryError`]: `source()` downcasts to the concrete type.
+pub type SourceError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
 /// Errors of discovery: failed resolutions, bad configuration, unsupported sources.
-#[derive(Debug, Clone, thiserror::Error)]
+#[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum DiscoveryError {
-    /// The source could not get an answer (timeout, SERVFAIL, REFUSED, I/O …).
-    #[error("{source_name}: resolution failed ({kind}): {message}")]
+    /// The source could not get an answer (SERVFAIL, REFUSED, I/O …).
+    #[error("{source_name}: resolution failed ({kind}): {source}")]
     Resolve {
         /// What was being resolved (the source's description).
         source_name: String,
         /// Short machine label (`timeout`, `servfail`, `refused`, `transport` …).
         kind: &'static str,
-        /// Human-readable detail.
-        message: String,
+        /// The source's own error.
+        #[source]
+        source: SourceError,
+    },
+    /// The source gave no answer within the refresh loop's `resolve_timeout`.
+    #[error("{source_name}: resolution failed (timeout): no answer within {after:?}")]
+    Timeout {
+        /// What was being resolved (the source's description).
+        source_name: String,
+        /// How long the loop waited.
+        after: Duration,
+    },
+    /// A valid configuration, but the source's client could not be started.
+    #[error("{source_name}: cannot start the discovery source: {source}")]
+    Start {
+        /// The source's description.
+        source_name: String,
+        /// Why it could not start.
+        #[source]
+        source: SourceError,
     },
     /// A configuration value is invalid.
     #[error("invalid discovery config: {key}: {message}")]
@@ -80,23 +101,39 @@ pub enum DiscoveryError {
         /// What is wrong with it.
         message: String,
     },
-    /// The source kind exists in the configuration language but is not implemented yet.
+    /// The source kind exists in the configuration language but is not implemented.
     #[error(
-        "{source_kind} discovery is not supported yet (planned for {milestone}); use dns_discovery"
+        "{source_kind} discovery is not supported yet: {missing} is not implemented; use dns_discovery"
     )]
     Unsupported {
         /// The source kind, e.g. `consul`.
         source_kind: &'static str,
-        /// The milestone that will bring it.
-        milestone: &'static str,
+        /// What this build lacks, e.g. `watching the Consul catalog`.
+        missing: &'static str,
     },
 }
 
 impl DiscoveryError {
+    /// A failed resolution of `source_name`, keeping `source` (the source's own
+    /// error) for callers that walk [`std::error::Error::source`].
+    pub fn resolve(
+        source_name: impl Into<String>,
+        kind: &'static str,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        Self::Resolve {
+            source_name: source_name.into(),
+            kind,
+            source: Box::new(source),
+        }
+    }
+
     /// The short label used in logs and metrics.
     pub fn kind(&self) -> &'static str {
         match self {
             Self::Resolve { kind, .. } => kind,
+            Self::Timeout { .. } => "timeout",
+            Self::Start { .. } => "start",
             Self::InvalidConfig { .. } => "invalid_config",
             Self::Unsupported { .. } => "unsupported",
         }

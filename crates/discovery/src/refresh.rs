@@ -151,16 +151,16 @@ pub struct LastResolution {
     pub next_in_ms: u64,
 }
 
-/// Counters of one upstream's loop.
+/// Counters of one upstream's loop, one per outcome: every resolution is counted
+/// exactly once as a non-empty answer, an empty answer or a failure, so a reader
+/// never derives one count from two others read at different moments.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct Counters {
-    /// Resolutions attempted.
-    pub resolutions: u64,
-    /// Answers (including empty ones).
-    pub answers: u64,
-    /// Authoritative empty answers.
-    pub empty_answers: u64,
-    /// Failures.
+    /// Answers with at least one endpoint.
+    pub answers_nonempty: u64,
+    /// Authoritative empty answers (NXDOMAIN, NODATA, zero endpoints).
+    pub answers_empty: u64,
+    /// Failures (timeouts, SERVFAIL, transport errors …).
     pub failures: u64,
     /// New sets published (including clears).
     pub updates: u64,
@@ -170,13 +170,24 @@ pub struct Counters {
     pub cleared: u64,
 }
 
+impl Counters {
+    /// Answers of either kind.
+    pub fn answers(&self) -> u64 {
+        self.answers_nonempty.saturating_add(self.answers_empty)
+    }
+
+    /// Resolutions finished: every answer and every failure.
+    pub fn resolutions(&self) -> u64 {
+        self.answers().saturating_add(self.failures)
+    }
+}
+
 /// Shared, live statistics of one upstream's discovery; survives respawns when the
 /// caller passes the same `Arc` to the next generation.
 #[derive(Debug)]
 pub struct DiscoveryStats {
-    resolutions: AtomicU64,
-    answers: AtomicU64,
-    empty_answers: AtomicU64,
+    answers_nonempty: AtomicU64,
+    answers_empty: AtomicU64,
     failures: AtomicU64,
     updates: AtomicU64,
     below_floor: AtomicU64,
@@ -189,9 +200,8 @@ pub struct DiscoveryStats {
 impl Default for DiscoveryStats {
     fn default() -> Self {
         Self {
-            resolutions: AtomicU64::new(0),
-            answers: AtomicU64::new(0),
-            empty_answers: AtomicU64::new(0),
+            answers_nonempty: AtomicU64::new(0),
+            answers_empty: AtomicU64::new(0),
             failures: AtomicU64::new(0),
             updates: AtomicU64::new(0),
             below_floor: AtomicU64::new(0),
@@ -204,17 +214,39 @@ impl Default for DiscoveryStats {
 }
 
 impl DiscoveryStats {
-    /// Current counter values.
+    /// A snapshot of the counters. Each field is read on its own: fields may be a
+    /// resolution apart, but none is ever derived from another.
     pub fn counters(&self) -> Counters {
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
         Counters {
-            resolutions: get(&self.resolutions),
-            answers: get(&self.answers),
-            empty_answers: get(&self.empty_answers),
+            answers_nonempty: get(&self.answers_nonempty),
+            answers_empty: get(&self.answers_empty),
             failures: get(&self.failures),
             updates: get(&self.updates),
             below_floor: get(&self.below_floor),
             cleared: get(&self.cleared),
+        }
+    }
+
+    /// Counts one finished resolution; returns its outcome label (`ok`, `empty` or
+    /// the failure kind).
+    pub(crate) fn record_resolution(
+        &self,
+        result: &Result<Resolution, DiscoveryError>,
+    ) -> &'static str {
+        match result {
+            Ok(res) if res.endpoints.is_empty() => {
+                self.answers_empty.fetch_add(1, Ordering::Relaxed);
+                "empty"
+            }
+            Ok(_) => {
+                self.answers_nonempty.fetch_add(1, Ordering::Relaxed);
+                "ok"
+            }
+            Err(e) => {
+                self.failures.fetch_add(1, Ordering::Relaxed);
+                e.kind()
+            }
         }
     }
 
@@ -268,29 +300,15 @@ pub async fn run(
     loop {
         let result = match tokio::time::timeout(policy.resolve_timeout, source.resolve()).await {
             Ok(r) => r,
-            Err(_) => Err(DiscoveryError::Resolve {
+            Err(_) => Err(DiscoveryError::Timeout {
                 source_name: source.describe(),
-                kind: "timeout",
-                message: format!("no answer within {:?}", policy.resolve_timeout),
+                after: policy.resolve_timeout,
             }),
         };
-        stats.resolutions.fetch_add(1, Ordering::Relaxed);
-        let outcome = match &result {
-            Ok(res) => {
-                failures = 0;
-                stats.answers.fetch_add(1, Ordering::Relaxed);
-                if res.endpoints.is_empty() {
-                    stats.empty_answers.fetch_add(1, Ordering::Relaxed);
-                    "empty"
-                } else {
-                    "ok"
-                }
-            }
-            Err(e) => {
-                failures = failures.saturating_add(1);
-                stats.failures.fetch_add(1, Ordering::Relaxed);
-                e.kind()
-            }
+        let outcome = stats.record_resolution(&result);
+        failures = match &result {
+            Ok(_) => 0,
+            Err(_) => failures.saturating_add(1),
         };
 
         let current = lb.endpoints();

@@ -9,7 +9,8 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Args;
-use dwara_discovery::{DiscoveryConfig, DiscoverySnapshot, DiscoveryStats, DiscoveryTasks};
+use dwara_discovery::{DiscoverySnapshot, DiscoveryStats, DiscoveryTasks};
+use dwara_discovery_dns::DnsDiscoveryConfig;
 use dwara_discovery_dns::upstream_discovery;
 use dwara_lb::{Policy, UpstreamLb};
 
@@ -45,8 +46,8 @@ pub(crate) struct WatchArgs {
 }
 
 impl WatchArgs {
-    fn discovery_config(&self) -> anyhow::Result<DiscoveryConfig> {
-        let config = DiscoveryConfig {
+    fn discovery_config(&self) -> anyhow::Result<DnsDiscoveryConfig> {
+        let config = DnsDiscoveryConfig {
             hostname: self.host.clone(),
             record_type: self.record_type.parse()?,
             port: self.port,
@@ -60,7 +61,12 @@ impl WatchArgs {
     }
 }
 
-fn print_set(args: &WatchArgs, config: &DiscoveryConfig, lb: &UpstreamLb, stats: &DiscoveryStats) {
+fn print_set(
+    args: &WatchArgs,
+    config: &DnsDiscoveryConfig,
+    lb: &UpstreamLb,
+    stats: &DiscoveryStats,
+) {
     let mut endpoints: Vec<String> = lb.endpoints().addrs().map(|a| a.to_string()).collect();
     endpoints.sort();
     let last = stats.last();

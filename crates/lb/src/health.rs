@@ -16,19 +16,19 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-/// Monotonic time for cool-downs; inject [`ManualClock`] in tests.
-pub trait Clock: Send + Sync + fmt::Debug {
+/// Monotonic time for cool-downs; inject [`ManualEjectionClock`] in tests.
+pub trait EjectionClock: Send + Sync + fmt::Debug {
     /// Time elapsed since an arbitrary, fixed origin. Must never go backwards.
     fn now(&self) -> Duration;
 }
 
 /// The real clock: [`Instant`] since the clock was created.
 #[derive(Debug, Clone, Copy)]
-pub struct MonotonicClock {
+pub struct MonotonicEjectionClock {
     origin: Instant,
 }
 
-impl MonotonicClock {
+impl MonotonicEjectionClock {
     /// A clock whose origin is now.
     pub fn new() -> Self {
         Self {
@@ -37,13 +37,13 @@ impl MonotonicClock {
     }
 }
 
-impl Default for MonotonicClock {
+impl Default for MonotonicEjectionClock {
     fn default() -> Self {
         Self::new()
     }
 }
 
-impl Clock for MonotonicClock {
+impl EjectionClock for MonotonicEjectionClock {
     fn now(&self) -> Duration {
         self.origin.elapsed()
     }
@@ -51,11 +51,11 @@ impl Clock for MonotonicClock {
 
 /// A clock that moves only when told to, for deterministic tests.
 #[derive(Debug, Default)]
-pub struct ManualClock {
+pub struct ManualEjectionClock {
     nanos: AtomicU64,
 }
 
-impl ManualClock {
+impl ManualEjectionClock {
     /// A clock at time zero.
     pub fn new() -> Self {
         Self::default()
@@ -67,7 +67,7 @@ impl ManualClock {
     }
 }
 
-impl Clock for ManualClock {
+impl EjectionClock for ManualEjectionClock {
     fn now(&self) -> Duration {
         Duration::from_nanos(self.nanos.load(Ordering::SeqCst))
     }
@@ -109,7 +109,7 @@ impl Default for EjectionConfig {
 #[derive(Debug)]
 pub(crate) struct Shared {
     pub(crate) ejection: Option<EjectionConfig>,
-    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) clock: Arc<dyn EjectionClock>,
     /// Endpoint states with an ejection pending (never less than the true number):
     /// while it is zero a pick skips the per-endpoint check and never touches the
     /// state's second cache line.
@@ -117,7 +117,7 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    pub(crate) fn new(ejection: Option<EjectionConfig>, clock: Arc<dyn Clock>) -> Self {
+    pub(crate) fn new(ejection: Option<EjectionConfig>, clock: Arc<dyn EjectionClock>) -> Self {
         Self {
             ejection,
             clock,

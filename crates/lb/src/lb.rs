@@ -10,7 +10,9 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 
 use crate::hash::hash_key;
-use crate::health::{Clock, EjectionConfig, EndpointState, MonotonicClock, Outcome, Shared};
+use crate::health::{
+    EjectionClock, EjectionConfig, EndpointState, MonotonicEjectionClock, Outcome, Shared,
+};
 use crate::picker::Picker;
 use crate::rng::{Draw, LocalTicket, Ticket, below};
 use crate::{Endpoint, EndpointSet, NoEndpoints, Policy};
@@ -71,7 +73,7 @@ pub struct UpstreamLbBuilder {
     policy: Policy,
     seed: Option<u64>,
     ejection: Option<EjectionConfig>,
-    clock: Option<Arc<dyn Clock>>,
+    clock: Option<Arc<dyn EjectionClock>>,
     endpoints: EndpointSet,
 }
 
@@ -90,8 +92,8 @@ impl UpstreamLbBuilder {
         self
     }
 
-    /// The clock for ejection cool-downs (default: [`MonotonicClock`]).
-    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+    /// The clock for ejection cool-downs (default: [`MonotonicEjectionClock`]).
+    pub fn clock(mut self, clock: Arc<dyn EjectionClock>) -> Self {
         self.clock = Some(clock);
         self
     }
@@ -107,7 +109,7 @@ impl UpstreamLbBuilder {
         let shared = Arc::new(Shared::new(
             self.ejection,
             self.clock
-                .unwrap_or_else(|| Arc::new(MonotonicClock::new())),
+                .unwrap_or_else(|| Arc::new(MonotonicEjectionClock::new())),
         ));
         let empty = Snapshot {
             set: EndpointSet::empty(),

@@ -27,8 +27,9 @@
 //!
 //! Randomness comes from a seedable lock-free generator
 //! ([`UpstreamLbBuilder::seed`]); passive ejection ([`EjectionConfig`],
-//! [`PickGuard::report`]) and its clock ([`Clock`], [`ManualClock`]) are injectable,
-//! so tests are deterministic.
+//! [`PickGuard::report`]) and its clock ([`EjectionClock`], [`ManualEjectionClock`])
+//! are injectable, so tests are deterministic. (The ejection clock measures elapsed
+//! time for cool-downs; `dwara-dns-cache`'s `Clock` hands out instants for TTLs.)
 //!
 //! # How in-flight counting works
 //!
@@ -101,7 +102,9 @@ mod policy;
 mod rng;
 
 pub use endpoint::{Endpoint, EndpointSet};
-pub use health::{Clock, EjectionConfig, ManualClock, MonotonicClock, Outcome};
+pub use health::{
+    EjectionClock, EjectionConfig, ManualEjectionClock, MonotonicEjectionClock, Outcome,
+};
 pub use lb::{EndpointStats, LbHandle, LbStats, PickGuard, UpstreamLb, UpstreamLbBuilder};
 pub use policy::Policy;
 

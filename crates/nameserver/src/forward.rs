@@ -20,6 +20,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpStream, UdpSocket};
 use tokio::time::{Instant, timeout_at};
 
+use crate::handler::Transport;
 use crate::wire::{HEADER_LEN, question_span};
 
 /// How forwarding behaves.
@@ -66,9 +67,19 @@ impl Forwarder {
         self.servers.store(Arc::new(servers));
     }
 
-    /// Forwards `query` over UDP (or TCP) and returns the first server's reply with
-    /// the query's ID, or `None` when no server answered in time.
-    pub async fn forward(&self, query: &[u8], tcp: bool) -> Option<Vec<u8>> {
+    /// Forwards `query` over UDP and returns the first server's reply with the
+    /// query's ID, or `None` when no server answered in time.
+    pub async fn forward_udp(&self, query: &[u8]) -> Option<Vec<u8>> {
+        self.forward(query, Transport::Udp).await
+    }
+
+    /// Forwards `query` over TCP (for queries that came over TCP), as
+    /// [`forward_udp`](Self::forward_udp) does over UDP.
+    pub async fn forward_tcp(&self, query: &[u8]) -> Option<Vec<u8>> {
+        self.forward(query, Transport::Tcp).await
+    }
+
+    async fn forward(&self, query: &[u8], transport: Transport) -> Option<Vec<u8>> {
         if query.len() < HEADER_LEN {
             return None;
         }
@@ -83,10 +94,9 @@ impl Forwarder {
             let id: u16 = rand::random();
             let mut out = query.to_vec();
             out[..2].copy_from_slice(&id.to_be_bytes());
-            let result = if tcp {
-                timeout_at(until, exchange_tcp(server, &out)).await
-            } else {
-                timeout_at(until, exchange_udp(server, &out)).await
+            let result = match transport {
+                Transport::Udp => timeout_at(until, exchange_udp(server, &out)).await,
+                Transport::Tcp => timeout_at(until, exchange_tcp(server, &out)).await,
             };
             match result {
                 Ok(Ok(mut reply)) => {

@@ -25,12 +25,19 @@ use crate::answers::{A_RR_LEN, AAAA_RR_LEN, PtrRef, Rec, Tables, parse_reverse, 
 use crate::db::Db;
 use crate::metrics::Counters;
 use crate::wire::{
-    self, FastRng, HEADER_LEN, OPT_LEN, Parse, Query, rcode, rtype, write_bare_error, write_error,
-    write_header, write_opt,
+    self, Answer, FastRng, HEADER_LEN, OPT_LEN, Parse, Query, rcode, rtype, write_bare_error,
+    write_error, write_header, write_opt,
 };
 
 /// Largest DNS message (TCP); output buffers must hold this much.
 pub(crate) const MAX_MESSAGE: usize = 65_535;
+
+/// The address family of an A (IPv4) or AAAA (IPv6) answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Family {
+    V4,
+    V6,
+}
 
 /// The transport a query came over.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -227,8 +234,8 @@ impl Handler {
         let found = self.tables.names.read(lower, |recs| match recs {
             Some(recs) if recs.iter().any(|r| r.serve) => Found::Reply(
                 match q.qtype {
-                    rtype::A => self.write_addrs(q, out, limit, recs, false, rng),
-                    rtype::AAAA => self.write_addrs(q, out, limit, recs, true, rng),
+                    rtype::A => self.write_addrs(q, out, limit, recs, Family::V4, rng),
+                    rtype::AAAA => self.write_addrs(q, out, limit, recs, Family::V6, rng),
                     _ => None,
                 }
                 .unwrap_or_else(|| self.write_negative(q, out, rcode::NOERROR)),
@@ -278,11 +285,14 @@ impl Handler {
         out: &mut [u8],
         limit: usize,
         recs: &[Rec],
-        v6: bool,
+        family: Family,
         rng: &mut FastRng,
     ) -> Option<usize> {
         let start = write_question(q, out);
-        let rr_len = if v6 { AAAA_RR_LEN } else { A_RR_LEN };
+        let rr_len = match family {
+            Family::V4 => A_RR_LEN,
+            Family::V6 => AAAA_RR_LEN,
+        };
         // Never write past the buffer, whatever the number of records.
         let cap = (out.len() - start - OPT_LEN) / rr_len;
         let mut n = 0;
@@ -291,12 +301,12 @@ impl Handler {
                 break;
             }
             let at = start + n * rr_len;
-            match (r.ip, v6) {
-                (IpAddr::V4(a), false) => {
+            match (r.ip, family) {
+                (IpAddr::V4(a), Family::V4) => {
                     write_rr_head(&mut out[at..], rtype::A, self.ttl, 4);
                     out[at + 12..at + 16].copy_from_slice(&a.octets());
                 }
-                (IpAddr::V6(a), true) => {
+                (IpAddr::V6(a), Family::V6) => {
                     write_rr_head(&mut out[at..], rtype::AAAA, self.ttl, 16);
                     out[at + 12..at + 28].copy_from_slice(&a.octets());
                 }
@@ -315,7 +325,7 @@ impl Handler {
             q,
             out,
             start + fit * rr_len,
-            fit < n,
+            Answer::authoritative(fit < n),
             rcode::NOERROR,
             [fit as u16, 0],
         ))
@@ -350,14 +360,28 @@ impl Handler {
         if !any {
             return None;
         }
-        Some(finish(q, out, pos, tc, rcode::NOERROR, [an, 0]))
+        Some(finish(
+            q,
+            out,
+            pos,
+            Answer::authoritative(tc),
+            rcode::NOERROR,
+            [an, 0],
+        ))
     }
 
     /// NXDOMAIN or NODATA: question, SOA in the authority section.
     fn write_negative(&self, q: &Query<'_>, out: &mut [u8], rc: u8) -> usize {
         let pos = write_question(q, out);
         out[pos..pos + self.soa.len()].copy_from_slice(&self.soa);
-        finish(q, out, pos + self.soa.len(), false, rc, [0, 1])
+        finish(
+            q,
+            out,
+            pos + self.soa.len(),
+            Answer::Authoritative,
+            rc,
+            [0, 1],
+        )
     }
 
     fn write_apex_soa(&self, q: &Query<'_>, out: &mut [u8]) -> usize {
@@ -367,7 +391,7 @@ impl Handler {
             q,
             out,
             pos + self.soa_answer.len(),
-            false,
+            Answer::Authoritative,
             rcode::NOERROR,
             [1, 0],
         )
@@ -391,20 +415,13 @@ fn finish(
     q: &Query<'_>,
     out: &mut [u8],
     pos: usize,
-    truncated: bool,
+    answer: Answer,
     rc: u8,
     [an, ns]: [u16; 2],
 ) -> usize {
     let edns = q.edns.is_some();
     let pos = if edns { write_opt(out, pos, 0) } else { pos };
-    write_header(
-        out,
-        q.packet,
-        true,
-        truncated,
-        rc,
-        [1, an, ns, u16::from(edns)],
-    );
+    write_header(out, q.packet, answer, rc, [1, an, ns, u16::from(edns)]);
     pos
 }
 

@@ -1,34 +1,24 @@
 //! Fallback servers from a resolv.conf file, followed as it changes.
 //!
-//! Only `nameserver` lines matter. Besides the standard `nameserver IP`, the form
-//! `nameserver IP:PORT` (`[IPv6]:PORT` for IPv6) is accepted, so tests and unusual
-//! setups can point at a server on another port. An entry equal to our own DNS
-//! listen address is dropped, so a host whose resolv.conf points at us does not make
-//! us forward to ourselves.
+//! The file is read by [`dwara_resolver::parse_resolv_conf`], the workspace's one
+//! resolv.conf reader, so the fallback forwarder and the dataplane's resolver agree
+//! on what a file means: `nameserver IP` (port 53), `nameserver IP:PORT` and
+//! `[IPv6]:PORT` for a server on another port (tests and unusual setups), comments
+//! after `#` or `;`; only `nameserver` lines matter here. An entry equal to our own
+//! DNS listen address is dropped, so a host whose resolv.conf points at us does not
+//! make us forward to ourselves.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::forward::Forwarder;
 
-/// The fallback servers named in resolv.conf text (port 53 unless given).
+/// The fallback servers named in resolv.conf text, by
+/// [`dwara_resolver::parse_resolv_conf`]'s grammar (port 53 unless given).
 pub fn parse_resolv_conf(text: &str) -> Vec<SocketAddr> {
-    text.lines()
-        .filter_map(|line| {
-            let line = line.split(['#', ';']).next().unwrap_or_default();
-            let mut words = line.split_whitespace();
-            if words.next() != Some("nameserver") {
-                return None;
-            }
-            let word = words.next()?;
-            if let Ok(ip) = word.parse::<IpAddr>() {
-                return Some(SocketAddr::new(ip, 53));
-            }
-            word.parse::<SocketAddr>().ok()
-        })
-        .collect()
+    dwara_resolver::parse_resolv_conf(text).nameservers
 }
 
 /// Whether `server` is our own listen address `own` (also when we listen on the
@@ -99,6 +89,34 @@ mod tests {
             .map(|s| s.parse().unwrap())
             .collect();
         assert_eq!(got, want);
+    }
+
+    /// The fallback forwarder and the resolver (discovery, the dial-path cache) read
+    /// the same resolv.conf the same way.
+    #[test]
+    fn fallback_servers_are_the_resolvers_servers() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("resolv.conf");
+        let own: SocketAddr = "127.0.0.1:1053".parse().unwrap();
+        for text in [
+            "nameserver 127.0.0.53\nnameserver ::1\n",
+            "nameserver 127.0.0.1:5353\nnameserver [::1]:5354\nnameserver 10.0.0.1\n",
+            "nameserver fe80::1%2\nnameserver 10.0.0.2 extra words\n",
+            "  nameserver\t10.0.0.3 ; comment\n# nameserver 10.0.0.4\nnameserver 10.0.0.3\n",
+            "nameserver 10.0.0.5:0\nnameserver bogus\nnameserver 10.0.0.6\n",
+        ] {
+            std::fs::write(&path, text).unwrap();
+            let resolver = dwara_resolver::DnsResolver::new(dwara_resolver::ResolverConfig {
+                resolv_conf: path.clone(),
+                ..dwara_resolver::ResolverConfig::default()
+            })
+            .unwrap();
+            assert_eq!(
+                load_resolv_conf(&path, own),
+                resolver.source().servers(),
+                "{text:?}"
+            );
+        }
     }
 
     #[test]

@@ -256,7 +256,7 @@ impl UdpWorker {
         self.runtime.spawn(async move {
             let _permit = permit;
             counters.forwarded();
-            let reply = match forwarder.forward(&query, false).await {
+            let reply = match forwarder.forward_udp(&query).await {
                 Some(reply) => reply,
                 None => {
                     counters.forward_failed();
@@ -341,7 +341,7 @@ async fn serve_tcp_conn(
                 Outcome::Drop => continue,
                 Outcome::Forward { qtype } => {
                     counters.forwarded();
-                    let n = match forwarder.forward(packet, true).await {
+                    let n = match forwarder.forward_tcp(packet).await {
                         Some(reply) if reply.len() <= MAX_MESSAGE => {
                             out[2..2 + reply.len()].copy_from_slice(&reply);
                             reply.len()

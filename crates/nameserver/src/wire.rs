@@ -165,22 +165,50 @@ pub(crate) fn parse<'a>(packet: &'a [u8], lower: &mut [u8; 256]) -> Parse<'a> {
     })
 }
 
+/// Whether a response is authoritative (AA), and whether all of it fit (TC).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Answer {
+    /// Not ours: errors, forwarding failures (AA clear).
+    NotAuthoritative,
+    /// An answer from our own records, complete.
+    Authoritative,
+    /// An answer from our own records that did not all fit (TC set).
+    AuthoritativeTruncated,
+}
+
+impl Answer {
+    /// An authoritative answer, truncated when `truncated`.
+    pub(crate) fn authoritative(truncated: bool) -> Self {
+        if truncated {
+            Self::AuthoritativeTruncated
+        } else {
+            Self::Authoritative
+        }
+    }
+
+    /// The AA and TC bits of the header's third byte.
+    fn flag_bits(self) -> u8 {
+        match self {
+            Self::NotAuthoritative => 0,
+            Self::Authoritative => 0x04,
+            Self::AuthoritativeTruncated => 0x04 | 0x02,
+        }
+    }
+}
+
 /// Writes a response header for `query_header` (its first 4 bytes) into `out`.
-#[allow(clippy::too_many_arguments)]
 #[inline]
 pub(crate) fn write_header(
     out: &mut [u8],
     query_header: &[u8],
-    aa: bool,
-    tc: bool,
+    answer: Answer,
     rcode: u8,
     counts: [u16; 4],
 ) {
     out[0] = query_header[0];
     out[1] = query_header[1];
-    // QR, the query's opcode and RD; AA and TC as asked.
-    out[2] =
-        0x80 | (query_header[2] & 0x79) | if aa { 0x04 } else { 0 } | if tc { 0x02 } else { 0 };
+    // QR, the query's opcode and RD; AA and TC as the answer says.
+    out[2] = 0x80 | (query_header[2] & 0x79) | answer.flag_bits();
     // RA (we forward), the query's CD, the low rcode bits.
     out[3] = 0x80 | (query_header[3] & 0x10) | (rcode & 0x0f);
     for (i, c) in counts.iter().enumerate() {
@@ -209,8 +237,7 @@ pub(crate) fn write_error(q: &Query<'_>, out: &mut [u8], rcode: u16) -> usize {
     write_header(
         out,
         q.packet,
-        false,
-        false,
+        Answer::NotAuthoritative,
         (rcode & 0x0f) as u8,
         [1, 0, 0, ar],
     );
@@ -222,7 +249,7 @@ pub(crate) fn write_bare_error(packet: &[u8], out: &mut [u8], rcode: u8) -> Opti
     if packet.len() < HEADER_LEN {
         return None;
     }
-    write_header(out, packet, false, false, rcode, [0, 0, 0, 0]);
+    write_header(out, packet, Answer::NotAuthoritative, rcode, [0, 0, 0, 0]);
     Some(HEADER_LEN)
 }
 
@@ -300,21 +327,25 @@ pub(crate) fn shuffle_records(buf: &mut [u8], rr_len: usize, rng: &mut FastRng) 
 mod tests {
     use super::*;
 
-    fn query(name: &[u8], qtype: u16, opt: bool) -> Vec<u8> {
-        let mut p = vec![0x12, 0x34, 0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, u8::from(opt)];
+    fn query(name: &[u8], qtype: u16) -> Vec<u8> {
+        let mut p = vec![0x12, 0x34, 0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0];
         p.extend_from_slice(name);
         p.extend_from_slice(&qtype.to_be_bytes());
         p.extend_from_slice(&[0, 1]);
-        if opt {
-            p.extend_from_slice(&[0, 0, 41, 0x10, 0, 0, 0, 0, 0, 0, 0]);
-        }
+        p
+    }
+
+    fn query_edns(name: &[u8], qtype: u16) -> Vec<u8> {
+        let mut p = query(name, qtype);
+        p[11] = 1;
+        p.extend_from_slice(&[0, 0, 41, 0x10, 0, 0, 0, 0, 0, 0, 0]);
         p
     }
 
     #[test]
     fn parses_plain_and_edns_queries() {
         let mut lower = [0u8; 256];
-        let p = query(b"\x03FoO\x05weave\x05local\x00", 1, false);
+        let p = query(b"\x03FoO\x05weave\x05local\x00", 1);
         let Parse::Fast(q) = parse(&p, &mut lower) else {
             panic!()
         };
@@ -322,7 +353,7 @@ mod tests {
         assert_eq!(q.question(), &p[12..]);
         assert_eq!((q.qtype, q.qclass, q.edns), (1, 1, None));
         assert_eq!(q.udp_limit(), 512);
-        let p = query(b"\x03foo\x00", 28, true);
+        let p = query_edns(b"\x03foo\x00", 28);
         let Parse::Fast(q) = parse(&p, &mut lower) else {
             panic!()
         };
@@ -334,18 +365,18 @@ mod tests {
     fn unusual_packets_go_slow_or_drop() {
         let mut lower = [0u8; 256];
         assert!(matches!(parse(&[1, 2, 3], &mut lower), Parse::Drop));
-        let mut resp = query(b"\x01a\x00", 1, false);
+        let mut resp = query(b"\x01a\x00", 1);
         resp[2] |= 0x80;
         assert!(matches!(parse(&resp, &mut lower), Parse::Drop));
-        let compressed = query(b"\x01a\xc0\x0c", 1, false);
+        let compressed = query(b"\x01a\xc0\x0c", 1);
         assert!(matches!(parse(&compressed, &mut lower), Parse::Slow));
-        let mut trailing = query(b"\x01a\x00", 1, false);
+        let mut trailing = query(b"\x01a\x00", 1);
         trailing.push(0);
         assert!(matches!(parse(&trailing, &mut lower), Parse::Slow));
-        let truncated = &query(b"\x01a\x00", 1, false)[..15];
+        let truncated = &query(b"\x01a\x00", 1)[..15];
         assert!(matches!(parse(truncated, &mut lower), Parse::Slow));
         let long = [&[63u8][..], &[b'x'; 63]].concat().repeat(4);
-        let long = query(&[&long[..], &[0]].concat(), 1, false);
+        let long = query(&[&long[..], &[0]].concat(), 1);
         assert!(matches!(parse(&long, &mut lower), Parse::Slow));
     }
 

@@ -8,8 +8,9 @@ use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use dwara_discovery::{DiscoveryConfig, DiscoveryError};
+use dwara_discovery::DiscoveryError;
 use dwara_discovery_consul::ConsulConfig;
+use dwara_discovery_dns::DnsDiscoveryConfig;
 use dwara_discovery_k8s::EndpointSliceConfig;
 use dwara_lb::Policy;
 use serde::{Deserialize, Serialize};
@@ -29,7 +30,7 @@ pub struct UpstreamConfig {
     pub policy: Policy,
     /// DNS discovery.
     #[serde(default)]
-    pub dns_discovery: Option<DiscoveryConfig>,
+    pub dns_discovery: Option<DnsDiscoveryConfig>,
     /// Consul discovery (not supported yet: rejected by validation).
     #[serde(default)]
     pub consul: Option<ConsulConfig>,

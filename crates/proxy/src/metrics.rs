@@ -146,8 +146,8 @@ impl Collector for DataplaneCollector {
         for up in &generation.upstreams {
             let c = up.discovery.stats.counters();
             for (outcome, n) in [
-                ("ok", c.answers.saturating_sub(c.empty_answers)),
-                ("empty", c.empty_answers),
+                ("ok", c.answers_nonempty),
+                ("empty", c.answers_empty),
                 ("failure", c.failures),
             ] {
                 let labels = [("upstream", up.config.name.as_str()), ("outcome", outcome)];

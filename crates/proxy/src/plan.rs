@@ -164,7 +164,10 @@ dns_discovery: {hostname: api.weave.local, port: 8080, nameservers: [127.0.0.1:1
         let changes: [fn(&mut UpstreamConfig); 4] = [
             |u| u.dns_discovery.as_mut().unwrap().hostname = "other.weave.local".into(),
             |u| u.dns_discovery.as_mut().unwrap().port = Some(9090),
-            |u| u.dns_discovery.as_mut().unwrap().record_type = dwara_discovery::RecordType::AAAA,
+            |u| {
+                u.dns_discovery.as_mut().unwrap().record_type =
+                    dwara_discovery_dns::RecordType::AAAA
+            },
             |u| u.dns_discovery.as_mut().unwrap().nameservers = vec![],
         ];
         for change in changes {

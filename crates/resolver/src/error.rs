@@ -4,6 +4,11 @@
 //! said the name or the type does not exist), everything else is a *failure* (we do
 //! not know the answer). Discovery keeps or clears endpoints on failures by policy,
 //! and treats an empty answer as zero endpoints.
+//!
+//! Failures keep hickory's error as their [`source`](std::error::Error::source)
+//! (an `Arc<NetError>`, so the error stays cheap to clone).
+
+use std::sync::Arc;
 
 use hickory_resolver::net::{DnsError, NetError};
 use hickory_resolver::proto::op::ResponseCode;
@@ -52,18 +57,20 @@ pub enum ResolveError {
         code: ResponseCode,
     },
     /// Network or protocol failure talking to the servers.
-    #[error("DNS query for {name} ({record_type}) failed: {message}")]
+    #[error("DNS query for {name} ({record_type}) failed: {source}")]
     Transport {
         /// The queried name.
         name: String,
         /// The queried type.
         record_type: RecordType,
-        /// What the transport reported.
-        message: String,
+        /// What the transport reported (shared: the error is cloned to every
+        /// caller waiting on the same lookup).
+        #[source]
+        source: Arc<NetError>,
     },
     /// The resolver could not be built.
     #[error("cannot build the DNS resolver: {0}")]
-    Config(String),
+    Config(#[source] Arc<NetError>),
 }
 
 impl ResolveError {
@@ -131,7 +138,7 @@ impl ResolveError {
                     Self::Transport {
                         name,
                         record_type,
-                        message,
+                        source: Arc::new(other),
                     }
                 }
             }

@@ -9,8 +9,14 @@
 //!
 //! Name servers come from, in order: an explicit list
 //! ([`ResolverConfig::nameservers`]); the system's `/etc/resolv.conf` when readable
-//! and non-empty; Google's public resolvers. The choice is logged and available as
-//! [`DnsResolver::source`]. The hosts file is never consulted.
+//! and listing a server; Google's public resolvers. The choice is logged and
+//! available as [`DnsResolver::source`]. The hosts file is never consulted.
+//!
+//! resolv.conf is read by [`parse_resolv_conf`], the workspace's one reader (the
+//! name server's fallback forwarder uses it too): `nameserver IP`, plus
+//! `nameserver IP:PORT` / `[IPv6]:PORT` for a server on another port; the last
+//! `search` or `domain` line gives the search list. The full grammar is in its
+//! docs.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), dwara_resolver::ResolveError> {
@@ -29,9 +35,11 @@
 #![warn(missing_docs)]
 
 mod error;
+mod resolv_conf;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::try_join_all;
@@ -48,6 +56,7 @@ pub use error::ResolveError;
 /// The DNS record type carried by [`ResolveError`], re-exported so callers need not
 /// depend on hickory-proto.
 pub use hickory_resolver::proto::rr::RecordType;
+pub use resolv_conf::{ResolvConf, parse_resolv_conf};
 
 /// Google's public resolvers, the last resort when nothing else is configured.
 pub const GOOGLE_NAMESERVERS: [SocketAddr; 2] = [
@@ -130,37 +139,30 @@ impl std::fmt::Debug for DnsResolver {
     }
 }
 
-/// Picks the name servers: explicit list, else a readable resolv.conf, else Google.
-fn select_source(config: &ResolverConfig) -> (NameServerSource, Option<HickoryConfig>) {
+/// Picks the name servers: explicit list, else a readable resolv.conf (read by
+/// [`parse_resolv_conf`]), else Google. Also returns the file's search list.
+fn select_source(config: &ResolverConfig) -> (NameServerSource, Vec<String>) {
     if !config.nameservers.is_empty() {
-        return (NameServerSource::Explicit(config.nameservers.clone()), None);
+        return (
+            NameServerSource::Explicit(config.nameservers.clone()),
+            Vec::new(),
+        );
     }
-    match std::fs::read(&config.resolv_conf) {
-        Ok(data) => match hickory_resolver::system_conf::parse_resolv_conf(&data) {
-            Ok((parsed, _opts)) if !parsed.name_servers().is_empty() => {
-                let mut servers = Vec::new();
-                for ns in parsed.name_servers() {
-                    let port = ns.connections.first().map_or(53, |c| c.port);
-                    let addr = SocketAddr::new(ns.ip, port);
-                    if !servers.contains(&addr) {
-                        servers.push(addr);
-                    }
-                }
-                let source = NameServerSource::ResolvConf(config.resolv_conf.clone(), servers);
-                (source, Some(parsed))
+    let path = &config.resolv_conf;
+    match std::fs::read(path) {
+        Ok(data) => {
+            let parsed = parse_resolv_conf(&String::from_utf8_lossy(&data));
+            if parsed.nameservers.is_empty() {
+                warn!(path = %path.display(), "resolv.conf lists no usable name server; using Google's public resolvers");
+                (NameServerSource::Google, parsed.search)
+            } else {
+                let source = NameServerSource::ResolvConf(path.clone(), parsed.nameservers);
+                (source, parsed.search)
             }
-            Ok(_) => {
-                warn!(path = %config.resolv_conf.display(), "resolv.conf lists no name server; using Google's public resolvers");
-                (NameServerSource::Google, None)
-            }
-            Err(e) => {
-                warn!(path = %config.resolv_conf.display(), error = %e, "cannot parse resolv.conf; using Google's public resolvers");
-                (NameServerSource::Google, None)
-            }
-        },
+        }
         Err(e) => {
-            warn!(path = %config.resolv_conf.display(), error = %e, "cannot read resolv.conf; using Google's public resolvers");
-            (NameServerSource::Google, None)
+            warn!(path = %path.display(), error = %e, "cannot read resolv.conf; using Google's public resolvers");
+            (NameServerSource::Google, Vec::new())
         }
     }
 }
@@ -178,16 +180,15 @@ fn nameserver(addr: SocketAddr) -> NameServerConfig {
 impl DnsResolver {
     /// Builds a resolver; the name-server choice is logged at info level.
     pub fn new(config: ResolverConfig) -> Result<Self, ResolveError> {
-        let (source, parsed) = select_source(&config);
-        let (domain, search) = match parsed {
-            Some(p) => {
-                let (domain, search, _) = p.into_parts();
-                (domain, search)
-            }
-            None => (None, Vec::new()),
-        };
+        let (source, search) = select_source(&config);
+        // A search domain that is not a valid name is skipped, as hickory's own
+        // reader does.
+        let search = search
+            .iter()
+            .filter_map(|d| Name::from_utf8(d).ok())
+            .collect();
         let servers = source.servers().iter().copied().map(nameserver).collect();
-        let hickory = HickoryConfig::from_parts(domain, search, servers);
+        let hickory = HickoryConfig::from_parts(None, search, servers);
 
         let mut opts = ResolverOpts::default();
         opts.cache_size = 0;
@@ -201,7 +202,7 @@ impl DnsResolver {
         let inner = TokioResolver::builder_with_config(hickory, TokioRuntimeProvider::default())
             .with_options(opts)
             .build()
-            .map_err(|e| ResolveError::Config(e.to_string()))?;
+            .map_err(|e| ResolveError::Config(Arc::new(e)))?;
         match &source {
             NameServerSource::Explicit(s) => info!(servers = ?s, "resolver: explicit name servers"),
             NameServerSource::ResolvConf(p, s) => {

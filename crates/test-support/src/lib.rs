@@ -20,7 +20,6 @@
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 pub mod dig;
 pub mod dns_server;

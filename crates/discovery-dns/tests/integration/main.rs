@@ -11,10 +11,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use dwara_discovery::{
-    DiscoveryConfig, DiscoverySnapshot, DiscoverySource, DiscoveryTasks, RecordType, RefreshPolicy,
-    UpstreamDiscovery,
+    DiscoverySnapshot, DiscoverySource, DiscoveryTasks, RefreshPolicy, UpstreamDiscovery,
 };
-use dwara_discovery_dns::DnsSource;
+use dwara_discovery_dns::{DnsDiscoveryConfig, DnsSource, RecordType};
 use dwara_lb::{EndpointSet, Policy, UpstreamLb};
 use dwara_resolver::{DnsResolver, ResolverConfig};
 use test_support::dns_server::{FailureMode, SrvRecord, TestDnsServer};
@@ -38,7 +37,7 @@ fn source(
         ..ResolverConfig::default()
     })
     .unwrap();
-    let mut config = DiscoveryConfig::new(host);
+    let mut config = DnsDiscoveryConfig::new(host);
     config.record_type = rtype;
     config.port = port;
     Arc::new(DnsSource::with_resolver(&config, resolver).unwrap())
@@ -246,7 +245,7 @@ async fn nxdomain_is_an_empty_answer_judged_by_the_floor() {
         vec!["10.0.0.1:80".parse::<SocketAddr>().unwrap()]
     );
     let c = floored.up.stats.counters();
-    assert!(c.empty_answers >= 1 && c.below_floor >= 1, "{c:?}");
+    assert!(c.answers_empty >= 1 && c.below_floor >= 1, "{c:?}");
     assert_eq!(c.failures, 0, "NXDOMAIN is an answer, not a failure");
     assert_eq!(floored.up.stats.last().unwrap().outcome, "empty");
 }
@@ -429,5 +428,28 @@ async fn srv_discovery_carries_ports_weights_and_priorities() {
     assert!(
         server.query_count_for("c.test.") >= 1,
         "targets are resolved explicitly"
+    );
+}
+
+#[tokio::test]
+async fn a_failed_resolution_keeps_the_resolver_error_as_its_source() {
+    use std::error::Error as _;
+
+    let server = TestDnsServer::start().await.unwrap();
+    server.set_a("api.test.", &[ip("10.0.0.1")], 1);
+    server.set_failure(FailureMode::ServFail);
+    let source = source(&server, "api.test.", RecordType::A, Some(80));
+    let e = source.resolve().await.unwrap_err();
+    assert_eq!(e.kind(), "servfail", "{e:?}");
+    let resolve = e
+        .source()
+        .and_then(|s| s.downcast_ref::<dwara_resolver::ResolveError>())
+        .unwrap_or_else(|| panic!("no typed ResolveError behind {e:?}"));
+    assert!(
+        matches!(
+            resolve,
+            dwara_resolver::ResolveError::ServerError { name, .. } if name == "api.test."
+        ),
+        "{resolve:?}"
     );
 }

@@ -21,10 +21,9 @@ fn answer(addrs: &[&str], ttl: Option<u64>) -> Result<Resolution, DiscoveryError
 }
 
 fn failure() -> Result<Resolution, DiscoveryError> {
-    Err(DiscoveryError::Resolve {
+    Err(DiscoveryError::Timeout {
         source_name: "test".into(),
-        kind: "servfail",
-        message: "SERVFAIL".into(),
+        after: Duration::from_secs(1),
     })
 }
 
@@ -147,4 +146,51 @@ fn failures_back_off_up_to_the_interval() {
         next_delay(&p, &failure(), u32::MAX, 0.0),
         Duration::from_secs(10)
     );
+}
+
+/// A reader racing the refresh loop sees each outcome counted on its own: with only
+/// empty answers and failures recorded, a snapshot never shows a non-empty answer
+/// (deriving it as `answers - empty_answers` from two loads once did, or underflowed).
+#[test]
+fn outcome_counts_stay_consistent_while_the_loop_records() {
+    use std::sync::atomic::AtomicUsize;
+
+    const ROUNDS: u64 = 1_000_000;
+    let stats = Arc::new(DiscoveryStats::default());
+    let running = Arc::new(AtomicUsize::new(2));
+    let writers: Vec<_> = [answer(&[], None), failure()]
+        .into_iter()
+        .map(|result| {
+            let (stats, running) = (stats.clone(), running.clone());
+            std::thread::spawn(move || {
+                for _ in 0..ROUNDS {
+                    stats.record_resolution(&result);
+                }
+                running.fetch_sub(1, Ordering::SeqCst);
+            })
+        })
+        .collect();
+    let mut reads = 0u64;
+    let mut last = Counters::default();
+    while running.load(Ordering::SeqCst) > 0 {
+        let c = stats.counters();
+        assert!(
+            c.answers_nonempty == 0
+                && c.answers_empty >= last.answers_empty
+                && c.failures >= last.failures
+                && c.resolutions() <= 2 * ROUNDS,
+            "inconsistent snapshot after {reads} reads: {c:?} (before: {last:?})"
+        );
+        last = c;
+        reads += 1;
+    }
+    for w in writers {
+        w.join().unwrap();
+    }
+    let c = stats.counters();
+    assert_eq!(
+        (c.answers_nonempty, c.answers_empty, c.failures),
+        (0, ROUNDS, ROUNDS)
+    );
+    assert_eq!((c.answers(), c.resolutions()), (ROUNDS, 2 * ROUNDS));
 }

@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 
 use super::*;
-use crate::ManualClock;
+use crate::ManualEjectionClock;
 use crate::picker::Picker;
 
 fn addr(i: usize) -> SocketAddr {
@@ -387,8 +387,8 @@ fn consistent_hash_weighted_remaps_close_to_the_departed_share() {
     );
 }
 
-fn ejecting_lb(policy: Policy, set: EndpointSet) -> (UpstreamLb, Arc<ManualClock>) {
-    let clock = Arc::new(ManualClock::new());
+fn ejecting_lb(policy: Policy, set: EndpointSet) -> (UpstreamLb, Arc<ManualEjectionClock>) {
+    let clock = Arc::new(ManualEjectionClock::new());
     let lb = UpstreamLb::builder(policy)
         .seed(3)
         .ejection(EjectionConfig::new(3, Duration::from_secs(10)))

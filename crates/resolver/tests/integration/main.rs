@@ -259,3 +259,37 @@ async fn nameserver_selection_explicit_then_resolv_conf_then_google() {
     .unwrap();
     assert_eq!(r.source(), &NameServerSource::Google);
 }
+
+/// resolv.conf may name a server on another port (`IP:PORT`, `[IPv6]:PORT`), as the
+/// name server's fallback reader always accepted: one grammar for both halves.
+#[tokio::test]
+async fn resolv_conf_servers_on_other_ports_are_asked() {
+    let server = TestDnsServer::start().await.unwrap();
+    server.set_a("api.test.", &["10.0.0.9".parse().unwrap()], 5);
+    let dir = tempfile::tempdir().unwrap();
+    let conf = dir.path().join("resolv.conf");
+    std::fs::write(
+        &conf,
+        format!("nameserver {}\nnameserver [::1]:5354\n", server.addr()),
+    )
+    .unwrap();
+    let r = DnsResolver::new(ResolverConfig {
+        resolv_conf: conf.clone(),
+        timeout: Duration::from_millis(300),
+        attempts: 1,
+        ..ResolverConfig::default()
+    })
+    .unwrap();
+    assert_eq!(
+        r.source(),
+        &NameServerSource::ResolvConf(conf, vec![server.addr(), "[::1]:5354".parse().unwrap()])
+    );
+    let ips: Vec<IpAddr> = r
+        .lookup_a("api.test.")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|(ip, _)| ip)
+        .collect();
+    assert_eq!(ips, ["10.0.0.9".parse::<IpAddr>().unwrap()]);
+}

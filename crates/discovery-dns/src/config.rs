@@ -6,8 +6,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::DiscoveryError;
-use crate::refresh::RefreshPolicy;
+use dwara_discovery::{DiscoveryError, RefreshPolicy};
 
 /// Which records a DNS source asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
@@ -73,11 +72,11 @@ fn default_min_endpoints() -> usize {
 ///   nameservers: [127.0.0.1:1053]   # optional; default: the system resolver
 /// ```
 ///
-/// Numbers are read wide and checked by [`DiscoveryConfig::validate`], so a port of
+/// Numbers are read wide and checked by [`DnsDiscoveryConfig::validate`], so a port of
 /// 70000 is reported as a bad port rather than as a YAML type error.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct DiscoveryConfig {
+pub struct DnsDiscoveryConfig {
     /// The name to resolve.
     pub hostname: String,
     /// A, AAAA or SRV.
@@ -100,7 +99,7 @@ pub struct DiscoveryConfig {
     pub nameservers: Vec<SocketAddr>,
 }
 
-impl DiscoveryConfig {
+impl DnsDiscoveryConfig {
     /// A config for `hostname` with every default (A records, no port yet).
     pub fn new(hostname: impl Into<String>) -> Self {
         Self {
@@ -207,8 +206,8 @@ pub fn validate_hostname(name: &str) -> Result<(), String> {
 mod tests {
     use super::*;
 
-    fn cfg(yaml: &str) -> Result<DiscoveryConfig, String> {
-        let c: DiscoveryConfig = serde_yaml_ng::from_str(yaml).map_err(|e| e.to_string())?;
+    fn cfg(yaml: &str) -> Result<DnsDiscoveryConfig, String> {
+        let c: DnsDiscoveryConfig = serde_yaml_ng::from_str(yaml).map_err(|e| e.to_string())?;
         c.validate().map_err(|e| e.to_string())?;
         Ok(c)
     }
