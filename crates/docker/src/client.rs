@@ -1,10 +1,13 @@
 //! Connecting to the daemon and choosing the API version the requests carry.
 //!
-//! bollard prefixes every request path with its client version (`/v1.53/…` in
-//! 0.21.1) and its `negotiate_version()` asks `/v1.53/version`, which a daemon older
-//! than API 1.53 refuses ("client version 1.53 is too new"). So the version is
-//! negotiated here: one unversioned `GET /version` (the daemon answers it with its
-//! own API version), then every request carries `min(daemon, bollard's)`.
+//! bollard 0.21.1 means to prefix every path with its client version, but builds the
+//! URL with `Url::join` of an absolute path, which drops the prefix (bollard #736):
+//! every request goes out unversioned, `negotiate_version()` included, and the daemon
+//! answers in its own newest API version, whatever the client version says. So the
+//! version is chosen here: one unversioned `GET /version` (the daemon's API version),
+//! then every request is rewritten to carry `/v{min(daemon, bollard's)}` (or the
+//! pinned version): what the daemon answers is then the shape bollard's models
+//! describe, and the same code keeps working once bollard fixes the prefix.
 
 use std::path::Path;
 use std::time::Duration;
@@ -50,7 +53,9 @@ pub(crate) async fn connect(config: &DockerConfig) -> Result<(Docker, ApiVersion
         major_version: usize::from(version.major),
         minor_version: usize::from(version.minor),
     };
-    let docker = client(socket, config.request_timeout, &client_version).map_err(unreachable)?;
+    let docker = client(socket, config.request_timeout, &client_version)
+        .map_err(unreachable)?
+        .with_request_modifier(move |req| versioned(req, version));
     if config.api_version.is_some() {
         // Nothing was asked yet: make sure the daemon answers at that version.
         docker.ping().await.map_err(unreachable)?;
@@ -76,17 +81,26 @@ fn client(
     Docker::connect_with_unix(&socket.to_string_lossy(), secs, version)
 }
 
-/// Drops the `/vMAJOR.MINOR` prefix bollard puts on the path.
-fn unversioned(mut req: BollardRequest) -> BollardRequest {
+/// The request without any `/vMAJOR.MINOR` path prefix.
+fn unversioned(req: BollardRequest) -> BollardRequest {
+    rewrite_path(req, |path| strip_version(path).unwrap_or(path).to_owned())
+}
+
+/// The request with exactly one `/v{version}` path prefix.
+fn versioned(req: BollardRequest, version: ApiVersion) -> BollardRequest {
+    rewrite_path(req, |path| {
+        format!("/v{version}{}", strip_version(path).unwrap_or(path))
+    })
+}
+
+fn rewrite_path(mut req: BollardRequest, f: impl FnOnce(&str) -> String) -> BollardRequest {
     let uri = req.uri().clone();
     let Some(pq) = uri.path_and_query() else {
         return req;
     };
-    let Some(rest) = strip_version(pq.as_str()).map(str::to_owned) else {
-        return req;
-    };
+    let new = f(pq.as_str());
     let mut parts = uri.into_parts();
-    parts.path_and_query = rest.parse().ok();
+    parts.path_and_query = new.parse().ok();
     if let Ok(uri) = http::Uri::from_parts(parts) {
         *req.uri_mut() = uri;
     }
@@ -118,5 +132,28 @@ mod tests {
         assert_eq!(strip_version("/version"), None);
         assert_eq!(strip_version("/volumes/x"), None);
         assert_eq!(strip_version("/v1/x"), None);
+    }
+
+    fn request(uri: &str) -> BollardRequest {
+        let body = http_body_util::Either::Left(http_body_util::Full::new(Default::default()));
+        http::Request::builder().uri(uri).body(body).unwrap()
+    }
+
+    #[test]
+    fn requests_carry_exactly_the_chosen_version() {
+        let v = ApiVersion::new(1, 41);
+        let host = "unix://2f7661722f72756e2f646f636b65722e736f636b";
+        for path in ["/events?since=1.5", "/v1.53/events?since=1.5"] {
+            let r = versioned(request(&format!("{host}{path}")), v);
+            assert_eq!(
+                r.uri().path_and_query().unwrap().as_str(),
+                "/v1.41/events?since=1.5"
+            );
+            let r = unversioned(request(&format!("{host}{path}")));
+            assert_eq!(
+                r.uri().path_and_query().unwrap().as_str(),
+                "/events?since=1.5"
+            );
+        }
     }
 }
