@@ -1,0 +1,164 @@
+//! Unit tests of the name and liveness rules, on inspect answers shaped like the
+//! daemon's (API 1.41).
+
+use super::*;
+
+const ID: &str = "af101f233493d3eee9d8737a89f96ac82889d80eff05f653d64193b01763d84f";
+
+fn inspect(json: serde_json::Value) -> ContainerInspectResponse {
+    serde_json::from_value(json).unwrap()
+}
+
+fn container(status: &str, restarting: bool, host: &str, domain: &str) -> ContainerInspectResponse {
+    inspect(serde_json::json!({
+        "Id": ID,
+        "Name": "/web_1",
+        "State": {
+            "Status": status, "Running": status == "running" || restarting,
+            "Restarting": restarting, "Paused": false,
+            "StartedAt": "2026-12-01T08:56:11.510697296Z"
+        },
+        "Config": { "Hostname": host, "Domainname": domain },
+        "NetworkSettings": { "Networks": {
+            "bridge": { "IPAddress": "172.17.0.2", "GlobalIPv6Address": "", "Aliases": null },
+            "front": {
+                "IPAddress": "10.5.0.3", "GlobalIPv6Address": "fd00::3",
+                "Aliases": ["api", "af101f233493", "db.weave.local"]
+            }
+        }}
+    }))
+}
+
+fn naming(sources: &str, network: Option<&str>) -> Naming {
+    Naming {
+        domain: Domain::new("weave.local").unwrap(),
+        sources: sources.parse().unwrap(),
+        network: network.map(str::to_owned),
+    }
+}
+
+fn names_of(records: &BTreeSet<Record>) -> BTreeSet<String> {
+    records.iter().map(|(_, n)| n.clone()).collect()
+}
+
+#[test]
+fn hostname_and_domainname_in_the_domain_register_every_address() {
+    let c = container("running", false, "web1", "weave.local");
+    let got = desired(&c, &naming("hostname", None), None);
+    let want: BTreeSet<Record> = ["172.17.0.2", "10.5.0.3", "fd00::3"]
+        .iter()
+        .map(|ip| (ip.parse().unwrap(), "web1.weave.local.".to_owned()))
+        .collect();
+    assert_eq!(got, want);
+}
+
+#[test]
+fn a_hostname_carrying_the_domain_counts_and_case_is_folded() {
+    let c = container("running", false, "Web1.Weave.Local", "");
+    let got = desired(&c, &naming("hostname", Some("bridge")), None);
+    assert_eq!(
+        names_of(&got),
+        BTreeSet::from(["web1.weave.local.".to_owned()])
+    );
+}
+
+#[test]
+fn outside_the_domain_registers_nothing() {
+    for (host, dom) in [
+        ("web1", ""),
+        ("web1", "example.com"),
+        ("weave", "local"),
+        ("", "weave.local"),
+    ] {
+        let c = container("running", false, host, dom);
+        assert!(
+            desired(&c, &naming("hostname", None), None).is_empty(),
+            "{host:?} {dom:?}"
+        );
+    }
+}
+
+#[test]
+fn names_and_aliases_come_under_the_domain_when_enabled() {
+    let c = container("running", false, "web1", "example.com");
+    let got = desired(&c, &naming("name,aliases", None), None);
+    assert_eq!(
+        names_of(&got),
+        BTreeSet::from([
+            "web_1.weave.local.".to_owned(),
+            "api.weave.local.".to_owned(),
+            "db.weave.local.".to_owned(),
+        ]),
+        "the short-id alias is skipped"
+    );
+    // An alias answers with its own network's addresses only.
+    let api: BTreeSet<IpAddr> = got
+        .iter()
+        .filter(|(_, n)| n == "api.weave.local.")
+        .map(|(ip, _)| *ip)
+        .collect();
+    assert_eq!(
+        api,
+        BTreeSet::from(["10.5.0.3".parse().unwrap(), "fd00::3".parse().unwrap()])
+    );
+}
+
+#[test]
+fn one_network_narrows_the_addresses() {
+    let c = container("running", false, "web1", "weave.local");
+    let got = desired(&c, &naming("hostname", Some("front")), None);
+    let ips: BTreeSet<IpAddr> = got.iter().map(|(ip, _)| *ip).collect();
+    assert_eq!(
+        ips,
+        BTreeSet::from(["10.5.0.3".parse().unwrap(), "fd00::3".parse().unwrap()])
+    );
+    assert!(desired(&c, &naming("hostname", Some("absent")), None).is_empty());
+}
+
+#[test]
+fn only_running_and_paused_containers_are_live() {
+    for (status, restarting, live) in [
+        ("running", false, true),
+        ("paused", false, true),
+        ("running", true, false),
+        ("restarting", true, false),
+        ("exited", false, false),
+        ("created", false, false),
+        ("dead", false, false),
+        ("removing", false, false),
+    ] {
+        let c = container(status, restarting, "web1", "weave.local");
+        assert_eq!(is_live(&c, None), live, "{status} restarting={restarting}");
+        assert_eq!(
+            desired(&c, &naming("hostname", None), None).is_empty(),
+            !live
+        );
+    }
+}
+
+#[test]
+fn a_die_after_the_current_start_means_that_incarnation_is_gone() {
+    let c = container("running", false, "web1", "weave.local");
+    let started = started_at(&c).unwrap();
+    // A late die of an older incarnation leaves the new one registered.
+    assert!(is_live(&c, Some(started - 1_000_000)));
+    // A die at or after the start of what inspect shows: that start is stale.
+    assert!(!is_live(&c, Some(started)));
+    assert!(!is_live(&c, Some(started + 5)));
+}
+
+#[test]
+fn empty_or_broken_addresses_are_skipped() {
+    let c = inspect(serde_json::json!({
+        "Id": ID, "Name": "/x",
+        "State": { "Status": "running", "Running": true, "StartedAt": "junk" },
+        "Config": { "Hostname": "web1", "Domainname": "weave.local" },
+        "NetworkSettings": { "Networks": {
+            "host": { "IPAddress": "", "GlobalIPv6Address": "" },
+            "odd": { "IPAddress": "not-an-ip" }
+        }}
+    }));
+    assert!(desired(&c, &naming("hostname", None), None).is_empty());
+    // An unparsable start time does not block registration.
+    assert!(is_live(&c, Some(0)));
+}

@@ -1,0 +1,312 @@
+//! The harness: engine check, image, container guard, in-process DNS queries, the
+//! socket proxy the reconnect tests cut and restore.
+
+use std::collections::BTreeSet;
+use std::net::{IpAddr, Ipv4Addr};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use dwara_docker::{Backoff, DockerConfig, DockerMode, DockerUpdater, Started};
+use dwara_nameserver::{Db, DbConfig, Domain, QueryHandler};
+use hickory_proto::op::{Message, MessageType, OpCode, Query, ResponseCode};
+use hickory_proto::rr::{Name, RData, RecordType};
+
+/// The locally built test image.
+pub(crate) const IMAGE: &str = "dwara-test-busybox:latest";
+/// The real daemon socket.
+pub(crate) const SOCKET: &str = "/var/run/docker.sock";
+
+/// Runs `docker ARGS`, returning trimmed stdout, or stderr as the error.
+pub(crate) fn docker(args: &[&str]) -> Result<String, String> {
+    let out = Command::new("docker")
+        .args(args)
+        .output()
+        .map_err(|e| format!("cannot run docker: {e}"))?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+    } else {
+        Err(format!(
+            "docker {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+/// `docker ARGS` from async code without blocking the runtime.
+pub(crate) async fn docker_async(args: &[&str]) -> Result<String, String> {
+    let args: Vec<String> = args.iter().map(|s| (*s).to_owned()).collect();
+    tokio::task::spawn_blocking(move || {
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        docker(&refs)
+    })
+    .await
+    .map_err(|e| e.to_string())?
+}
+
+/// Builds the image once per process; `Err` says why it cannot be.
+fn image() -> Result<(), String> {
+    static BUILT: OnceLock<Result<(), String>> = OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let busybox = Path::new("/bin/busybox");
+            if !busybox.exists() {
+                // CI runs as root on this machine kind: install the static busybox.
+                let status = Command::new("apt-get")
+                    .args(["install", "-y", "-q", "busybox-static"])
+                    .env("DEBIAN_FRONTEND", "noninteractive")
+                    .status()
+                    .map_err(|e| format!("cannot run apt-get: {e}"))?;
+                if !status.success() || !busybox.exists() {
+                    return Err("busybox-static is missing and apt-get install failed (run as root, or install busybox-static)".to_owned());
+                }
+            }
+            let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+            std::fs::copy(busybox, dir.path().join("busybox")).map_err(|e| e.to_string())?;
+            std::fs::write(
+                dir.path().join("Dockerfile"),
+                "FROM scratch\nCOPY busybox /bin/busybox\nRUN [\"/bin/busybox\", \"--install\", \"-s\", \"/bin\"]\nCMD [\"/bin/sh\"]\n",
+            )
+            .map_err(|e| e.to_string())?;
+            let path = dir.path().to_string_lossy().into_owned();
+            docker(&["build", "-q", "-t", IMAGE, &path]).map(|_| ())
+        })
+        .clone()
+}
+
+/// One test's view of the engine: its container prefix, its database, cleanup.
+pub(crate) struct Harness {
+    pub(crate) prefix: String,
+    pub(crate) db: Arc<Db>,
+    networks: Mutex<Vec<String>>,
+}
+
+impl Harness {
+    /// `None` (after printing why) when no Docker engine is reachable.
+    pub(crate) fn new(test: &str) -> Option<Self> {
+        test_support::init_tracing();
+        if let Err(e) = docker(&["version", "--format", "{{.Server.APIVersion}}"]) {
+            println!("SKIP {test}: no Docker engine reachable: {e}");
+            return None;
+        }
+        image().expect("build the test image");
+        let prefix = format!("dwt-{test}-{}", std::process::id());
+        Some(Self {
+            prefix,
+            db: new_db(),
+            networks: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// The full name of this test's container `name`.
+    pub(crate) fn name(&self, name: &str) -> String {
+        format!("{}-{name}", self.prefix)
+    }
+
+    /// `docker run -d --name PREFIX-name ARGS… IMAGE CMD…`; the full container id.
+    pub(crate) async fn run(&self, name: &str, args: &[&str], cmd: &[&str]) -> String {
+        let full = self.name(name);
+        let mut all = vec!["run", "-d", "--name", &full];
+        all.extend_from_slice(args);
+        all.push(IMAGE);
+        all.extend_from_slice(cmd);
+        docker_async(&all).await.expect("docker run")
+    }
+
+    /// A container that sleeps, with hostname `host` in `weave.local`.
+    pub(crate) async fn run_host(&self, name: &str, host: &str) -> String {
+        self.run(
+            name,
+            &["--hostname", host, "--domainname", "weave.local"],
+            &["sleep", "100000"],
+        )
+        .await
+    }
+
+    /// Creates a user-defined network named after the test.
+    pub(crate) async fn network(&self, name: &str) -> String {
+        let full = self.name(name);
+        docker_async(&["network", "create", &full])
+            .await
+            .expect("network create");
+        self.networks.lock().unwrap().push(full.clone());
+        full
+    }
+
+    /// Starts an updater on the real socket with `tweak` applied to the config.
+    pub(crate) async fn updater(&self, tweak: impl FnOnce(&mut DockerConfig)) -> DockerUpdater {
+        start_updater(self.db.clone(), SOCKET, tweak).await
+    }
+}
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        if let Ok(ids) = docker(&["ps", "-aq", "--filter", &format!("name={}", self.prefix)]) {
+            let ids: Vec<&str> = ids.split_whitespace().collect();
+            if !ids.is_empty() {
+                let mut args = vec!["rm", "-f"];
+                args.extend(ids);
+                let _ = docker(&args);
+            }
+        }
+        for net in self.networks.lock().unwrap().drain(..) {
+            let _ = docker(&["network", "rm", &net]);
+        }
+    }
+}
+
+/// A fresh records database for `weave.local`.
+pub(crate) fn new_db() -> Arc<Db> {
+    Arc::new(Db::new(DbConfig::new(Domain::new("weave.local").unwrap())))
+}
+
+/// Starts an updater (`on`, short backoff) on `socket`; panics if it does not run.
+pub(crate) async fn start_updater(
+    db: Arc<Db>,
+    socket: impl Into<PathBuf>,
+    tweak: impl FnOnce(&mut DockerConfig),
+) -> DockerUpdater {
+    let mut config = DockerConfig::with_socket(socket);
+    config.mode = DockerMode::On;
+    config.backoff = Backoff::new(Duration::from_millis(50), Duration::from_millis(400)).unwrap();
+    tweak(&mut config);
+    match DockerUpdater::start(config, db)
+        .await
+        .expect("updater starts")
+    {
+        Started::Running(u) => u,
+        Started::Off(why) => panic!("updater is off: {why}"),
+    }
+}
+
+/// The container's addresses as Docker reports them (every network).
+pub(crate) async fn container_ips(id: &str) -> BTreeSet<IpAddr> {
+    let out = docker_async(&[
+        "inspect",
+        "-f",
+        "{{range .NetworkSettings.Networks}}{{.IPAddress}} {{.GlobalIPv6Address}} {{end}}",
+        id,
+    ])
+    .await
+    .unwrap_or_default();
+    out.split_whitespace()
+        .filter_map(|s| s.parse().ok())
+        .collect()
+}
+
+/// The addresses the database has for `fqdn`, as a set.
+pub(crate) fn lookup(db: &Db, fqdn: &str) -> BTreeSet<IpAddr> {
+    db.lookup(fqdn).into_iter().collect()
+}
+
+/// Live entries whose id is `id`.
+pub(crate) fn entries_of(db: &Db, id: &str) -> usize {
+    db.entries()
+        .iter()
+        .filter(|e| e.id == id && !e.tombstone)
+        .count()
+}
+
+/// Waits up to `timeout` for `check`; the result is what the test asserts.
+pub(crate) async fn wait(timeout: Duration, mut check: impl FnMut() -> bool) -> bool {
+    test_support::wait_until(timeout, || std::future::ready(check())).await
+}
+
+/// An A query answered by the name server's own packet handler: (rcode, addresses).
+pub(crate) fn dns_a(db: &Db, fqdn: &str) -> (ResponseCode, Vec<Ipv4Addr>) {
+    let mut m = Message::new(0x4242, MessageType::Query, OpCode::Query);
+    m.metadata.recursion_desired = true;
+    m.add_query(Query::query(Name::from_ascii(fqdn).unwrap(), RecordType::A));
+    let packet = m.to_vec().unwrap();
+    let mut handler = QueryHandler::new(db);
+    let answer = handler
+        .answer_udp(&packet)
+        .expect("an answer from the handler");
+    let r = Message::from_vec(answer).unwrap();
+    let ips = r
+        .answers
+        .iter()
+        .filter_map(|a| match &a.data {
+            RData::A(a) => Some(a.0),
+            _ => None,
+        })
+        .collect();
+    (r.metadata.response_code, ips)
+}
+
+/// The updater's metrics in the text format.
+pub(crate) fn metrics_text(updater: &DockerUpdater) -> String {
+    let mut registry = prometheus_client::registry::Registry::default();
+    updater.register_metrics(&mut registry);
+    let mut out = String::new();
+    prometheus_client::encoding::text::encode(&mut out, &registry).unwrap();
+    out
+}
+
+/// The value of the metric line starting with `series` (0 when absent).
+pub(crate) fn metric(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series).and_then(|v| v.trim().parse().ok()))
+        .unwrap_or(0.0)
+}
+
+/// A unix-socket proxy to the real daemon that the test can cut (every connection
+/// closed, new ones closed at once) and restore.
+pub(crate) struct Proxy {
+    pub(crate) path: PathBuf,
+    cut: tokio::sync::watch::Sender<bool>,
+    _dir: tempfile::TempDir,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Proxy {
+    pub(crate) fn start() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("docker.sock");
+        let listener = tokio::net::UnixListener::bind(&path).unwrap();
+        let (cut, watch) = tokio::sync::watch::channel(false);
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((mut client, _)) = listener.accept().await else {
+                    return;
+                };
+                if *watch.borrow() {
+                    drop(client);
+                    continue;
+                }
+                let mut watch = watch.clone();
+                tokio::spawn(async move {
+                    let Ok(mut daemon) = tokio::net::UnixStream::connect(SOCKET).await else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut client, &mut daemon) => {}
+                        _ = watch.wait_for(|cut| *cut) => {}
+                    }
+                });
+            }
+        });
+        Self {
+            path,
+            cut,
+            _dir: dir,
+            task,
+        }
+    }
+
+    pub(crate) fn cut(&self) {
+        self.cut.send_replace(true);
+    }
+
+    pub(crate) fn restore(&self) {
+        self.cut.send_replace(false);
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
