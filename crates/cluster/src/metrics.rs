@@ -26,6 +26,7 @@ pub(crate) struct Metrics {
     pub(crate) entries_applied: Counter,
     pub(crate) rejected_values: Family<ReasonLabel, Counter>,
     pub(crate) pushes: Counter,
+    pub(crate) resyncs: Counter,
 }
 
 impl Metrics {
@@ -54,6 +55,11 @@ impl Metrics {
             "dwara_cluster_pushes",
             "Gossip rounds started at once to push a local change",
             self.pushes.clone(),
+        );
+        registry.register(
+            "dwara_cluster_resyncs",
+            "Times the local change feed lagged and the published keys were rebuilt from the database",
+            self.resyncs.clone(),
         );
     }
 

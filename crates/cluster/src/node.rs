@@ -373,6 +373,7 @@ impl Engine {
                     Ok(change) => self.publish(change).await,
                     Err(broadcast::error::RecvError::Lagged(missed)) => {
                         tracing::warn!(missed, "records db changes lagged; resynchronising from the database");
+                        self.shared.metrics.resyncs.inc();
                         self.resync_own().await;
                     }
                     Err(broadcast::error::RecvError::Closed) => break,
@@ -416,6 +417,8 @@ impl Engine {
             }
         }
         if lagged {
+            tracing::warn!("records db changes lagged; resynchronising from the database");
+            self.shared.metrics.resyncs.inc();
             self.resync_own().await;
             return;
         }
