@@ -27,6 +27,7 @@ pub(crate) struct Metrics {
     pub(crate) rejected_values: Family<ReasonLabel, Counter>,
     pub(crate) pushes: Counter,
     pub(crate) resyncs: Counter,
+    pub(crate) pulls: Counter,
 }
 
 impl Metrics {
@@ -55,6 +56,11 @@ impl Metrics {
             "dwara_cluster_pushes",
             "Gossip rounds started at once to push a local change",
             self.pushes.clone(),
+        );
+        registry.register(
+            "dwara_cluster_pulls",
+            "Gossip rounds started at once to catch up with a peer that sent a large delta",
+            self.pulls.clone(),
         );
         registry.register(
             "dwara_cluster_resyncs",

@@ -42,6 +42,10 @@ use crate::peers::{PeerInfo, PeerState};
 
 /// Prefix of the keys that carry entries.
 const ENTRY_PREFIX: &str = "n";
+/// A pass that learns at least this many keys of a peer asks that peer for more at
+/// once instead of waiting for the next round (chitchat sends one datagram of delta
+/// per exchange, so a newcomer catches up at network speed, not one datagram a round).
+const CATCH_UP_KEYS: usize = 64;
 
 /// A running cluster node. Dropping it stops replication (as [`Cluster::shutdown`]
 /// does, without waiting).
@@ -631,8 +635,17 @@ impl Engine {
             self.remotes.remove(&node_id);
             tracing::info!(node_id = %node_id, purged, "peer forgotten by gossip; its entries purged");
         }
+        let mut pull = Vec::new();
         for w in work {
+            if w.live && w.kvs.len() >= CATCH_UP_KEYS {
+                pull.push(w.id.gossip_advertise_addr);
+            }
             self.apply_node(w);
+        }
+        for addr in pull {
+            if self.handle.gossip(addr).is_ok() {
+                self.shared.metrics.pulls.inc();
+            }
         }
         if view_changed {
             self.refresh_view();
