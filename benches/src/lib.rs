@@ -49,8 +49,6 @@ mod tests {
     /// enum). A tidy check; it belongs with `xtask/src/tidy.rs`.
     #[test]
     fn no_library_function_is_called_with_a_bool_literal() {
-        // db.rs belongs to the lead's branch: `set_origin_hidden(origin, bool)`.
-        const PENDING: &[&str] = &["set_origin_hidden"];
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../crates");
         let mut files = Vec::new();
         for krate in std::fs::read_dir(&root).unwrap() {
@@ -72,7 +70,7 @@ mod tests {
                     .filter(|(_, p)| p.split(':').nth(1).is_some_and(|t| t.trim() == "bool"))
                     .map(|(i, _)| i)
                     .collect();
-                if !bools.is_empty() && !PENDING.contains(&name.as_str()) {
+                if !bools.is_empty() {
                     bool_params.push((name, bools));
                 }
             }

@@ -163,7 +163,7 @@ impl Writer {
 ///   tombstone for one of ours). The higher version wins; equal versions keep what
 ///   is there.
 /// - [`Db::purge_origin`], [`Db::gc_tombstones`]: forget entries for good.
-/// - [`Db::set_origin_hidden`]: hide (or show again) every entry of one origin from
+/// - [`Db::hide_origin`], [`Db::show_origin`]: hide (or show again) every entry of one origin from
 ///   DNS answers and lookups without forgetting them (a peer that is down).
 /// - [`Db::subscribe`]: a `tokio::sync::broadcast` of every [`Change`]. A receiver
 ///   that lags (`RecvError::Lagged`) must resynchronise from [`Db::entries`].
@@ -338,9 +338,18 @@ impl Db {
             .sum()
     }
 
-    /// Hides (or shows again) the entries of `origin` in DNS answers and lookups,
-    /// keeping them stored. Used for peers that are down.
-    pub fn set_origin_hidden(&self, origin: &str, hidden: bool) {
+    /// Hides the entries of `origin` from DNS answers and lookups, keeping them
+    /// stored. Used for peers that are down.
+    pub fn hide_origin(&self, origin: &str) {
+        self.set_origin_hidden(origin, true);
+    }
+
+    /// Shows the entries of `origin` again after [`Db::hide_origin`].
+    pub fn show_origin(&self, origin: &str) {
+        self.set_origin_hidden(origin, false);
+    }
+
+    fn set_origin_hidden(&self, origin: &str, hidden: bool) {
         let mut w = self.writer.lock();
         let o = w.origin_index(origin);
         if w.origins[o as usize].1 == hidden {

@@ -143,10 +143,10 @@ fn hidden_origins_and_purge() {
     })
     .unwrap();
     assert_eq!(db.lookup("a.weave.local").len(), 2);
-    db.set_origin_hidden("peer-b", true);
+    db.hide_origin("peer-b");
     assert_eq!(db.lookup("a.weave.local"), vec![ip("10.0.0.1")]);
     assert_eq!(db.len(), 2, "hidden entries are still stored");
-    db.set_origin_hidden("peer-b", false);
+    db.show_origin("peer-b");
     assert_eq!(db.lookup("a.weave.local").len(), 2);
     assert_eq!(db.purge_origin("peer-b"), 1);
     assert_eq!(db.lookup("a.weave.local"), vec![ip("10.0.0.1")]);

@@ -345,7 +345,7 @@ fn hidden_and_removed_records_are_not_served() {
     .unwrap();
     let q = query("remote.weave.local.", RecordType::A, None);
     assert_eq!(f.answer(&q, Transport::Udp).answers.len(), 1);
-    f.db.set_origin_hidden("peer-b", true);
+    f.db.hide_origin("peer-b");
     let m = f.answer(&q, Transport::Udp);
     assert_eq!(
         m.metadata.response_code,
@@ -355,7 +355,7 @@ fn hidden_and_removed_records_are_not_served() {
     // Its PTR is not ours any more either: forwarded.
     let ptr = query("1.0.9.10.in-addr.arpa.", RecordType::PTR, None);
     assert_eq!(f.ask(&ptr, Transport::Udp), Outcome::Forward { qtype: 12 });
-    f.db.set_origin_hidden("peer-b", false);
+    f.db.show_origin("peer-b");
     assert_eq!(f.answer(&q, Transport::Udp).answers.len(), 1);
     assert_eq!(f.answer(&ptr, Transport::Udp).answers.len(), 1);
     // Removing one of three addresses removes it from answers at once.

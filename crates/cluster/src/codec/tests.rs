@@ -1,0 +1,166 @@
+//! Unit and property tests of the record codec and the seal.
+
+use proptest::prelude::*;
+
+use super::*;
+
+fn binding(key: &str) -> Binding<'_> {
+    Binding {
+        cluster_id: "dwara",
+        node_id: "host-a",
+        generation: 7,
+        key,
+    }
+}
+
+fn sample() -> Record {
+    Record {
+        id: "c0ffee".into(),
+        ip: "10.1.2.3".parse().unwrap(),
+        fqdn: "web.weave.local.".into(),
+        version: 300,
+    }
+}
+
+#[test]
+fn known_encoding() {
+    let bytes = encode_record(&sample());
+    let mut want = vec![1, 0xac, 0x02, 0, 10, 1, 2, 3, 6];
+    want.extend_from_slice(b"c0ffee");
+    want.push(16);
+    want.extend_from_slice(b"web.weave.local.");
+    assert_eq!(bytes, want);
+    assert_eq!(decode_record(&bytes), Ok(sample()));
+}
+
+#[test]
+fn rejects_bad_records() {
+    let good = encode_record(&sample());
+    assert_eq!(decode_record(&[]), Err(DecodeError::Truncated));
+    assert_eq!(decode_record(&[2]), Err(DecodeError::UnknownFormat(2)));
+    let mut trailing = good.clone();
+    trailing.push(0);
+    assert_eq!(decode_record(&trailing), Err(DecodeError::Trailing));
+    for cut in 0..good.len() {
+        assert!(decode_record(&good[..cut]).is_err(), "cut at {cut}");
+    }
+    let mut flags = good.clone();
+    flags[3] = 0x80;
+    assert_eq!(decode_record(&flags), Err(DecodeError::UnknownFlags(0x80)));
+    // An 11-byte varint.
+    let mut long = vec![1];
+    long.extend_from_slice(&[0xff; 10]);
+    long.push(0);
+    assert_eq!(decode_record(&long), Err(DecodeError::BadVarint));
+    let mut bad_utf8 = good;
+    bad_utf8[9] = 0xff;
+    assert_eq!(decode_record(&bad_utf8), Err(DecodeError::BadField("id")));
+}
+
+#[test]
+fn max_version_round_trips() {
+    let mut r = sample();
+    r.version = u64::MAX;
+    assert_eq!(decode_record(&encode_record(&r)), Ok(r));
+}
+
+#[test]
+fn open_values_round_trip_and_need_no_key() {
+    let v = seal_value(&sample(), None, &binding("n0"));
+    assert_eq!(open_value(&v, None, &binding("n0")), Ok(sample()));
+    let key = ClusterKey::generate();
+    assert_eq!(
+        open_value(&v, Some(&key), &binding("n0")),
+        Err(DecodeError::Unsealed)
+    );
+}
+
+#[test]
+fn sealed_values_are_bound_to_key_node_generation_and_cluster() {
+    let key = ClusterKey::generate();
+    let b = binding("n0");
+    let v = seal_value(&sample(), Some(&key), &b);
+    assert_eq!(open_value(&v, Some(&key), &b), Ok(sample()));
+    assert_eq!(open_value(&v, None, &b), Err(DecodeError::SealedWithoutKey));
+    let other = ClusterKey::generate();
+    assert_eq!(open_value(&v, Some(&other), &b), Err(DecodeError::BadSeal));
+    for moved in [
+        Binding { key: "n1", ..b },
+        Binding {
+            node_id: "host-b",
+            ..b
+        },
+        Binding { generation: 8, ..b },
+        Binding {
+            cluster_id: "other",
+            ..b
+        },
+    ] {
+        assert_eq!(
+            open_value(&v, Some(&key), &moved),
+            Err(DecodeError::BadSeal)
+        );
+    }
+    // Flipping any byte of the envelope breaks it.
+    let raw = URL_SAFE_NO_PAD.decode(&v).unwrap();
+    for i in 0..raw.len() {
+        let mut bent = raw.clone();
+        bent[i] ^= 0x01;
+        let bent = URL_SAFE_NO_PAD.encode(bent);
+        assert!(open_value(&bent, Some(&key), &b).is_err(), "byte {i}");
+    }
+    // The plaintext does not appear in the sealed value.
+    assert!(!raw.windows(6).any(|w| w == b"c0ffee"));
+}
+
+fn record() -> impl Strategy<Value = Record> {
+    (
+        "[a-z0-9]{1,256}",
+        any::<[u8; 16]>(),
+        any::<bool>(),
+        "[a-z0-9-]{1,60}\\.weave\\.local\\.",
+        any::<u64>(),
+    )
+        .prop_map(|(id, ip, v6, fqdn, version)| Record {
+            id,
+            ip: if v6 {
+                IpAddr::from(ip)
+            } else {
+                IpAddr::from([ip[0], ip[1], ip[2], ip[3]])
+            },
+            fqdn,
+            version,
+        })
+}
+
+proptest! {
+    #[test]
+    fn records_round_trip(r in record()) {
+        prop_assert_eq!(decode_record(&encode_record(&r)), Ok(r));
+    }
+
+    #[test]
+    fn sealed_values_round_trip(r in record(), key in any::<[u8; 32]>()) {
+        let key = ClusterKey::from_bytes(key);
+        let v = seal_value(&r, Some(&key), &binding("n1f"));
+        prop_assert_eq!(open_value(&v, Some(&key), &binding("n1f")), Ok(r));
+    }
+
+    #[test]
+    fn decode_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..400)) {
+        let _ = decode_record(&bytes);
+        let key = ClusterKey::from_bytes([3; 32]);
+        let text = URL_SAFE_NO_PAD.encode(&bytes);
+        let _ = open_value(&text, None, &binding("n0"));
+        let _ = open_value(&text, Some(&key), &binding("n0"));
+        let _ = open_value(&String::from_utf8_lossy(&bytes), Some(&key), &binding("n0"));
+    }
+
+    #[test]
+    fn mutated_records_never_panic(r in record(), pos in any::<usize>(), byte in any::<u8>()) {
+        let mut bytes = encode_record(&r);
+        let i = pos % bytes.len();
+        bytes[i] = byte;
+        let _ = decode_record(&bytes);
+    }
+}

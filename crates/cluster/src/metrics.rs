@@ -1,0 +1,84 @@
+//! The cluster's Prometheus metrics (prometheus-client).
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+/// Label of a peer-count gauge.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub(crate) struct StateLabel {
+    pub(crate) state: &'static str,
+}
+
+/// Label of the rejected-values counter.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub(crate) struct ReasonLabel {
+    pub(crate) reason: &'static str,
+}
+
+/// The counters and gauges one cluster node keeps.
+#[derive(Debug, Default)]
+pub(crate) struct Metrics {
+    pub(crate) peers: Family<StateLabel, Gauge>,
+    pub(crate) keys_published: Gauge,
+    pub(crate) entries_applied: Counter,
+    pub(crate) rejected_values: Family<ReasonLabel, Counter>,
+    pub(crate) pushes: Counter,
+    pub(crate) resyncs: Counter,
+    pub(crate) pulls: Counter,
+}
+
+impl Metrics {
+    pub(crate) fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "dwara_cluster_peers",
+            "Peers (this node excluded) by failure-detector state",
+            self.peers.clone(),
+        );
+        registry.register(
+            "dwara_cluster_keys_published",
+            "This node's live entries published in gossip",
+            self.keys_published.clone(),
+        );
+        registry.register(
+            "dwara_cluster_entries_applied",
+            "Peer entries (and deletes) merged into the records database",
+            self.entries_applied.clone(),
+        );
+        registry.register(
+            "dwara_cluster_rejected_values",
+            "Gossiped values not applied, by reason (no_key, unsealed, bad_seal, malformed, version, outside_domain)",
+            self.rejected_values.clone(),
+        );
+        registry.register(
+            "dwara_cluster_pushes",
+            "Gossip rounds started at once to push a local change",
+            self.pushes.clone(),
+        );
+        registry.register(
+            "dwara_cluster_pulls",
+            "Gossip rounds started at once to catch up with a peer that sent a large delta",
+            self.pulls.clone(),
+        );
+        registry.register(
+            "dwara_cluster_resyncs",
+            "Times the local change feed lagged and the published keys were rebuilt from the database",
+            self.resyncs.clone(),
+        );
+    }
+
+    pub(crate) fn reject(&self, reason: &'static str) {
+        self.rejected_values
+            .get_or_create(&ReasonLabel { reason })
+            .inc();
+    }
+
+    /// The rejected-values count for one reason.
+    pub(crate) fn rejected(&self, reason: &'static str) -> u64 {
+        self.rejected_values
+            .get_or_create(&ReasonLabel { reason })
+            .get()
+    }
+}

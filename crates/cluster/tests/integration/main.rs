@@ -1,0 +1,12 @@
+//! Integration tests of `dwara-cluster`: in-process clusters over chitchat's
+//! `ChannelTransport` (links cut and healed with `remove_link`/`add_link`), and one
+//! over real UDP on loopback. Every wait is on an observable condition with a timeout.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+mod auth;
+mod clock;
+mod membership;
+mod replication;
+mod support;
+mod udp;
