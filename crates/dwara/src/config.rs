@@ -44,6 +44,8 @@ pub struct NameServerSection {
     pub fallback: Vec<SocketAddr>,
     /// resolv.conf naming the fallback servers (`--resolv-conf`).
     pub resolv_conf: Option<PathBuf>,
+    /// Where HTTP registrations are stored to survive restarts (`--data-dir`).
+    pub data_dir: Option<PathBuf>,
 }
 
 /// One entry of `upstreams:`.

@@ -42,6 +42,10 @@ pub(crate) struct NameServerArgs {
     /// UDP worker threads of the DNS server (default: one per core, at most 4).
     #[arg(long)]
     dns_workers: Option<usize>,
+    /// Directory of the store that keeps HTTP registrations across restarts
+    /// [default: none, registrations live in memory only]
+    #[arg(long, value_name = "DIR")]
+    data_dir: Option<PathBuf>,
 }
 
 fn parse_server(s: &str) -> Result<SocketAddr, String> {
@@ -81,6 +85,7 @@ impl NameServerArgs {
             config.dns.udp_workers = n.max(1);
         }
         config.http_listen = self.http_listen(section);
+        config.data_dir = self.data_dir.clone().or_else(|| file.data_dir.clone());
         config.fallback = if !self.fallback.is_empty() {
             Fallback::Servers(self.fallback.clone())
         } else if let Some(path) = &self.resolv_conf {

@@ -34,6 +34,7 @@
 
 mod answers;
 mod db;
+mod durable;
 mod error;
 mod forward;
 mod handler;
@@ -141,6 +142,9 @@ pub struct NameServerConfig {
     pub forwarder: ForwarderConfig,
     /// How often a resolv.conf fallback is re-read.
     pub resolv_conf_poll: Duration,
+    /// Where registrations made over HTTP are stored to survive a restart; `None`:
+    /// in memory only.
+    pub data_dir: Option<PathBuf>,
 }
 
 /// The default DNS listen address.
@@ -161,6 +165,7 @@ impl NameServerConfig {
             fallback: Fallback::ResolvConf(PathBuf::from("/etc/resolv.conf")),
             forwarder: ForwarderConfig::default(),
             resolv_conf_poll: Duration::from_secs(2),
+            data_dir: None,
         }
     }
 }
@@ -190,6 +195,14 @@ impl NameServer {
         extra_routes: axum::Router,
     ) -> Result<Self> {
         let db = Arc::new(Db::new(config.db.clone()));
+        // Loaded before anything listens, so DNS never answers without them.
+        let durable = match &config.data_dir {
+            Some(dir) => Some(Arc::new(durable::Durable::open(dir, &db).await?)),
+            None => {
+                tracing::info!("no data dir: registrations live in memory only");
+                None
+            }
+        };
         let metrics = Arc::new(Metrics::new());
         let http_listener = tokio::net::TcpListener::bind(config.http_listen)
             .await
@@ -231,6 +244,7 @@ impl NameServer {
         let router = http::router(http::ApiState {
             db: db.clone(),
             metrics: metrics.clone(),
+            durable,
         })
         .merge(extra_routes);
         let (http_stop, stopped) = tokio::sync::oneshot::channel::<()>();

@@ -5,11 +5,14 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 /// What went wrong with the store, and with which file.
+///
+/// The messages do not repeat their cause: it is the error's `source()`, so print
+/// the chain (`{:#}` with anyhow) to see it.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum StoreError {
     /// The data directory or a file in it could not be created, read or written.
-    #[error("data dir {}: cannot {action}: {source}", dir.display())]
+    #[error("data dir {}: cannot {action}", dir.display())]
     Io {
         /// The data directory.
         dir: PathBuf,
@@ -20,7 +23,7 @@ pub enum StoreError {
         source: io::Error,
     },
     /// Another process (another `dwara`) has the store open.
-    #[error("data dir {}: the store {} is in use by another process", dir.display(), file.display())]
+    #[error("data dir {} is in use by another process (it holds {})", dir.display(), file.display())]
     Locked {
         /// The data directory.
         dir: PathBuf,
@@ -29,7 +32,7 @@ pub enum StoreError {
     },
     /// The store file is not a readable database (truncated, garbage, corrupt).
     /// Nothing was written to it.
-    #[error("data dir {}: the store {} is damaged and was left as it is: {source}", dir.display(), file.display())]
+    #[error("data dir {}: the store {} is damaged and was left as it is", dir.display(), file.display())]
     Corrupt {
         /// The data directory.
         dir: PathBuf,
@@ -65,7 +68,7 @@ pub enum StoreError {
         supported: u64,
     },
     /// A database operation on an open store failed.
-    #[error("data dir {}: cannot {action}: {source}", dir.display())]
+    #[error("data dir {}: cannot {action}", dir.display())]
     Database {
         /// The data directory.
         dir: PathBuf,
@@ -77,7 +80,7 @@ pub enum StoreError {
     },
     /// A batch of writes could not be made durable; every write of the batch failed
     /// with this (shared) cause.
-    #[error("the registration was not stored: {source}")]
+    #[error("the change was not stored")]
     WriteFailed {
         /// Why the batch failed.
         #[source]

@@ -11,7 +11,8 @@
 //! Opening is careful with what is already there: a second process on the same
 //! directory gets [`StoreError::Locked`]; a file that is not a readable database
 //! gets [`StoreError::Corrupt`]; a store written in a newer format gets
-//! [`StoreError::NewerFormat`]. None of these touch the file. A row that does not
+//! [`StoreError::NewerFormat`]. None of these touch the file: the store is opened,
+//! checked and repaired as a copy that replaces it only once all is well. A row that does not
 //! decode is reported by [`Store::load`] in [`Loaded::undecodable`] and kept.
 //!
 //! # Example
@@ -47,6 +48,7 @@ use std::sync::Arc;
 use redb::{ReadableDatabase, ReadableTable, TableDefinition};
 
 pub use error::StoreError;
+pub use open::LOCK_NAME;
 pub use record::{Registration, decode};
 pub use writer::Pending;
 
@@ -112,8 +114,8 @@ impl Store {
     /// a newer format.
     pub fn open(dir: impl AsRef<Path>) -> Result<Self, StoreError> {
         let dir = dir.as_ref().to_path_buf();
-        let db = open::open(&dir)?;
-        let shared = Arc::new(writer::Shared::new(dir, db));
+        let opened = open::open(&dir)?;
+        let shared = Arc::new(writer::Shared::new(dir, opened));
         let thread = writer::spawn(shared.clone())?;
         Ok(Self {
             shared,

@@ -1,114 +1,148 @@
-//! Opening (or creating) the store file without ever overwriting one that exists.
+//! Opening (or creating) the store without ever writing to a file it then refuses.
 //!
-//! A new store is initialised under a temporary name (format version written and
-//! committed), then hard-linked to [`FILE_NAME`]: linking fails if the name exists,
-//! so two processes starting at once on an empty directory cannot replace each
-//! other's store, and a store file that exists is always a complete one. Any file
-//! found under [`FILE_NAME`] (empty, truncated, garbage) is opened as it is or
-//! refused; it is never reinitialised.
+//! 1. A lock file ([`LOCK_NAME`]) in the data directory is locked exclusively for
+//!    the life of the store: a second process gets [`StoreError::Locked`].
+//! 2. Under that lock the store file is copied to a temporary name and the copy is
+//!    opened with redb's integrity check (which also repairs what a crash left
+//!    behind, as redb always does after an unclean shutdown) and its format version
+//!    checked. Only when all of that succeeds is the copy renamed over the store
+//!    file. Any failure removes the copy: the store file is left byte for byte as it
+//!    was (a truncated or garbage file is refused, never reinitialised; redb's
+//!    repair, which writes, never runs on the original).
+//! 3. A missing store file is created the same way: initialised under the
+//!    temporary name with its format version, then renamed into place, so a store
+//!    file that exists is always a complete one.
+//!
+//! The copy costs one read and write of the file per start; the store holds tens of
+//! bytes per registration.
 
+use std::fs::{File, OpenOptions, TryLockError};
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use redb::{Database, DatabaseError, ReadableDatabase};
 
-use crate::{FILE_NAME, FORMAT_VERSION, META, StoreError};
+use crate::{FILE_NAME, FORMAT_VERSION, META, REGISTRATIONS, StoreError};
+
+/// The lock file's name inside the data directory.
+pub const LOCK_NAME: &str = "LOCK";
 
 /// redb's page cache; the store is small (tens of bytes per registration).
 const CACHE_BYTES: usize = 32 << 20;
 
+/// An open store file and the held directory lock.
+#[derive(Debug)]
+pub(crate) struct Opened {
+    pub(crate) db: Database,
+    pub(crate) lock: File,
+}
+
+fn io_err(dir: &Path, action: &'static str) -> impl FnOnce(io::Error) -> StoreError {
+    move |source| StoreError::Io {
+        dir: dir.to_path_buf(),
+        action,
+        source,
+    }
+}
+
 /// Opens the store in `dir`, creating the directory and the store if needed.
-pub(crate) fn open(dir: &Path) -> Result<Database, StoreError> {
-    let io_err = |action| {
-        move |source| StoreError::Io {
-            dir: dir.to_path_buf(),
-            action,
-            source,
+pub(crate) fn open(dir: &Path) -> Result<Opened, StoreError> {
+    std::fs::create_dir_all(dir).map_err(io_err(dir, "create it"))?;
+    let lock = lock(dir)?;
+    let file = dir.join(FILE_NAME);
+    let tmp = dir.join(format!("{FILE_NAME}.opening"));
+    // A leftover of a process that died while opening; we hold the lock, so it is
+    // nobody's.
+    match std::fs::remove_file(&tmp) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io_err(dir, "remove a leftover temporary store")(e)),
+    }
+    let exists = match std::fs::symlink_metadata(&file) {
+        Ok(_) => true,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => false,
+        Err(e) => return Err(io_err(dir, "look for the store file")(e)),
+    };
+    let prepared = if exists {
+        open_copy(dir, &file, &tmp)
+    } else {
+        create(dir, &tmp)
+    };
+    let db = match prepared {
+        Ok(db) => db,
+        Err(e) => {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(e);
         }
     };
-    std::fs::create_dir_all(dir).map_err(io_err("create it"))?;
-    let file = dir.join(FILE_NAME);
-    match std::fs::symlink_metadata(&file) {
-        Ok(_) => {}
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            if let Some(db) = create(dir, &file)? {
-                return Ok(db);
-            }
-            // Another process created it meanwhile: open theirs.
-        }
-        Err(e) => return Err(io_err("look for the store file")(e)),
+    let installed = File::open(&tmp)
+        .and_then(|f| f.sync_all())
+        .and_then(|()| std::fs::rename(&tmp, &file))
+        .and_then(|()| File::open(dir)?.sync_all());
+    if let Err(e) = installed {
+        drop(db);
+        let _ = std::fs::remove_file(&tmp);
+        return Err(io_err(dir, "put the opened store in place")(e));
     }
-    let db = builder()
-        .open(&file)
-        .map_err(|e| open_error(dir, &file, e))?;
-    check_format(dir, &file, &db)?;
-    Ok(db)
+    if !exists {
+        tracing::info!(file = %file.display(), "created a new registration store");
+    }
+    Ok(Opened { db, lock })
+}
+
+fn lock(dir: &Path) -> Result<File, StoreError> {
+    let path = dir.join(LOCK_NAME);
+    let lock = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .map_err(io_err(dir, "open the lock file"))?;
+    match lock.try_lock() {
+        Ok(()) => Ok(lock),
+        Err(TryLockError::WouldBlock) => Err(StoreError::Locked {
+            dir: dir.to_path_buf(),
+            file: path,
+        }),
+        Err(TryLockError::Error(e)) => Err(io_err(dir, "lock the lock file")(e)),
+    }
 }
 
 fn builder() -> redb::Builder {
     let mut b = Database::builder();
     b.set_cache_size(CACHE_BYTES);
     // Verify every page on open: a file damaged outside redb (truncated, overwritten)
-    // is then refused with an error instead of trusted. The store is small, so
-    // reading it whole at start is cheap.
+    // is then refused with an error instead of trusted.
     b.set_check_integrity_on_open(true);
     b
 }
 
-/// Initialises a new store under a temporary name and links it into place.
-/// `None` when a store file appeared meanwhile.
-fn create(dir: &Path, file: &Path) -> Result<Option<Database>, StoreError> {
-    let io_err = |action| {
-        move |source| StoreError::Io {
-            dir: dir.to_path_buf(),
-            action,
-            source,
-        }
-    };
-    static ATTEMPT: AtomicU64 = AtomicU64::new(0);
-    let attempt = ATTEMPT.fetch_add(1, Ordering::Relaxed);
-    let tmp = dir.join(format!("{FILE_NAME}.new.{}.{attempt}", std::process::id()));
-    // A leftover of a crashed process with our pid: nobody else can be using it.
-    match std::fs::remove_file(&tmp) {
-        Ok(()) => {}
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-        Err(e) => return Err(io_err("remove a leftover temporary store")(e)),
-    }
-    let db = builder()
-        .create(&tmp)
-        .map_err(|e| open_error(dir, &tmp, e))?;
+/// A new, empty store with its format version, at `tmp`.
+fn create(dir: &Path, tmp: &Path) -> Result<Database, StoreError> {
+    let db = builder().create(tmp).map_err(|e| open_error(dir, tmp, e))?;
     let write_format = || -> Result<(), redb::Error> {
         let txn = db.begin_write()?;
         txn.open_table(META)?.insert("format", FORMAT_VERSION)?;
-        txn.open_table(crate::REGISTRATIONS)?;
+        txn.open_table(REGISTRATIONS)?;
         txn.commit()?;
         Ok(())
     };
-    if let Err(source) = write_format() {
-        drop(db);
-        let _ = std::fs::remove_file(&tmp);
-        return Err(StoreError::Database {
-            dir: dir.to_path_buf(),
-            action: "initialise a new store",
-            source: Box::new(source),
-        });
-    }
-    let linked = std::fs::hard_link(&tmp, file);
-    let _ = std::fs::remove_file(&tmp);
-    match linked {
-        Ok(()) => {
-            sync_dir(dir).map_err(io_err("sync the directory"))?;
-            tracing::info!(file = %file.display(), "created a new registration store");
-            Ok(Some(db))
-        }
-        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(None),
-        Err(e) => Err(io_err("link the new store into place")(e)),
-    }
+    write_format().map_err(|source| StoreError::Database {
+        dir: dir.to_path_buf(),
+        action: "initialise a new store",
+        source: Box::new(source),
+    })?;
+    Ok(db)
 }
 
-fn sync_dir(dir: &Path) -> io::Result<()> {
-    std::fs::File::open(dir)?.sync_all()
+/// The store `file` copied to `tmp` and opened there, checked and repaired.
+fn open_copy(dir: &Path, file: &Path, tmp: &Path) -> Result<Database, StoreError> {
+    std::fs::copy(file, tmp).map_err(io_err(dir, "copy the store file to open it"))?;
+    // Errors name the store file: the copy is an implementation detail.
+    let db = builder().open(tmp).map_err(|e| open_error(dir, file, e))?;
+    check_format(dir, file, &db)?;
+    Ok(db)
 }
 
 fn open_error(dir: &Path, file: &Path, e: DatabaseError) -> StoreError {

@@ -57,15 +57,18 @@ pub(crate) struct Shared {
     pub(crate) db: Database,
     queue: Mutex<Queue>,
     wake: Condvar,
+    /// Held (and released when dropped, after `db` is closed) for the store's life.
+    _lock: std::fs::File,
 }
 
 impl Shared {
-    pub(crate) fn new(dir: PathBuf, db: Database) -> Self {
+    pub(crate) fn new(dir: PathBuf, opened: crate::open::Opened) -> Self {
         Self {
             dir,
-            db,
+            db: opened.db,
             queue: Mutex::new(Queue::default()),
             wake: Condvar::new(),
+            _lock: opened.lock,
         }
     }
 
