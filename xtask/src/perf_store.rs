@@ -42,9 +42,7 @@ fn parse_args(args: &[String]) -> anyhow::Result<Options> {
     };
     let mut it = args.iter();
     while let Some(flag) = it.next() {
-        let value = it
-            .next()
-            .with_context(|| format!("{flag} needs a value"))?;
+        let value = it.next().with_context(|| format!("{flag} needs a value"))?;
         match flag.as_str() {
             "--names" => opts.names = value.parse().context("--names")?,
             "--connections" => opts.connections = value.parse().context("--connections")?,
