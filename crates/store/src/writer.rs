@@ -190,10 +190,17 @@ fn run(shared: &Shared) {
                     action: "commit registrations",
                     source: Box::new(source),
                 });
+                let mut cause = error.to_string();
+                let mut next = std::error::Error::source(&*error);
+                while let Some(c) = next {
+                    cause.push_str(": ");
+                    cause.push_str(&c.to_string());
+                    next = c.source();
+                }
                 tracing::error!(
                     dir = %shared.dir.display(),
                     writes = writes.len(),
-                    error = %error,
+                    error = %cause,
                     "store batch failed; its writes are not durable"
                 );
                 for reply in replies {

@@ -356,3 +356,82 @@ fn without_a_data_dir_the_log_says_memory_only() {
     let _ = child.wait();
     assert!(said);
 }
+
+/// `dwara serve --data-dir DIR` whose files may not grow past `max_bytes`
+/// (`prlimit --fsize`, with SIGXFSZ ignored so a write fails with EFBIG instead).
+fn serve_with_file_size_limit(data_dir: &Path, max_bytes: u64) -> Serve {
+    let mut child = Command::new("sh")
+        .arg("-c")
+        .arg(r#"trap "" XFSZ; exec prlimit --fsize="$0" -- "$@""#)
+        .arg(max_bytes.to_string())
+        .arg(BIN)
+        .arg("serve")
+        .args(LISTEN)
+        .args(["--fallback", "127.0.0.1:9", "--data-dir"])
+        .arg(data_dir)
+        .env("NO_COLOR", "1")
+        .env("DWARA_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            eprintln!("[dwara] {line}");
+            if line.contains("name server ready") {
+                let addr = |key: &str| -> Option<SocketAddr> {
+                    line.split_whitespace()
+                        .find_map(|w| w.strip_prefix(key))
+                        .and_then(|v| v.parse().ok())
+                };
+                let _ = tx.send((addr("dns="), addr("http=")));
+            }
+        }
+    });
+    match rx.recv_timeout(Duration::from_secs(20)) {
+        Ok((Some(dns), Some(http))) => Serve { child, dns, http },
+        other => {
+            let _ = child.kill();
+            panic!("dwara serve did not become ready: {other:?}");
+        }
+    }
+}
+
+#[test]
+fn a_registration_the_disk_refuses_gets_500_and_acknowledged_ones_survive() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = serve_with_file_size_limit(dir.path(), 150_000);
+    let mut acked = 0;
+    let failure = loop {
+        assert!(acked < 20_000, "the file size limit never hit");
+        let (status, body) = request(
+            s.http,
+            "PUT",
+            &format!("/name/c{acked}/10.0.{}.{}", acked / 250, acked % 250 + 1),
+            Some(&format!("fqdn=n{acked}.weave.local")),
+        );
+        match status {
+            204 => acked += 1,
+            _ => break (status, body),
+        }
+    };
+    assert_eq!(failure.0, 500, "{failure:?}");
+    assert!(
+        failure.1.contains("not stored") && failure.1.contains("File too large"),
+        "{failure:?}"
+    );
+    kill(s);
+    let s = serve(dir.path());
+    let (status, body) = request(s.http, "GET", "/name", None);
+    assert_eq!(status, 200);
+    let entries: Vec<serde_json::Value> = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        entries.len(),
+        acked,
+        "every acknowledged registration, no more"
+    );
+    assert_eq!(a(&s, &format!("n{}.weave.local", acked - 1)).len(), 1);
+}
