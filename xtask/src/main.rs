@@ -4,6 +4,8 @@
 //!   `cargo fmt --check`, `cargo clippy --all-targets -- -D warnings` and `cargo test`.
 //! - `cargo xtask bench [ARGS]` runs the criterion benchmarks.
 //! - `cargo xtask perf dns [--names N]` compares the name server with dnsmasq and unbound.
+//! - `cargo xtask perf store [--names N] [--connections C]` times HTTP registration in
+//!   memory vs with `--data-dir`.
 //! - `cargo xtask fuzz [TARGET] [--seconds N]` runs the cargo-fuzz targets (nightly).
 
 #![forbid(unsafe_code)]
@@ -11,6 +13,7 @@
 
 mod fuzz;
 mod perf_dns;
+mod perf_store;
 mod tidy;
 mod tools;
 
@@ -34,7 +37,8 @@ fn main() -> anyhow::Result<()> {
                 tools::ensure()?;
                 perf_dns::run(rest)
             }
-            _ => bail!("usage: cargo xtask perf dns [--names N] [--rounds R]"),
+            Some((what, rest)) if what == "store" => perf_store::run(rest),
+            _ => bail!("usage: cargo xtask perf dns|store [--names N] [--rounds R]"),
         },
         _ => {
             println!("usage: cargo xtask <ci|tools|bench|fuzz|perf dns>");

@@ -4,7 +4,8 @@
 //! - every crate root forbids unsafe code;
 //! - every workspace member inherits the workspace lints;
 //! - the name-server half never depends on the load-balancer half and vice versa
-//!   (checked over `cargo metadata`, transitively).
+//!   (checked over `cargo metadata`, transitively); `dwara-store` depends on no
+//!   workspace crate.
 
 #[cfg(test)]
 mod tests {
@@ -153,7 +154,12 @@ mod tests {
     #[test]
     fn nameserver_half_and_lb_half_stay_apart() {
         let deps = internal_deps();
-        let nameserver_half = ["dwara-nameserver"];
+        let nameserver_half = [
+            "dwara-nameserver",
+            "dwara-store",
+            "dwara-cluster",
+            "dwara-docker",
+        ];
         let lb_half = [
             "dwara-lb",
             "dwara-discovery",
@@ -181,6 +187,12 @@ mod tests {
                 );
             }
         }
+        // The store knows registrations, not the name server.
+        assert!(
+            deps.get("dwara-store").is_some_and(BTreeSet::is_empty),
+            "dwara-store depends on {:?}",
+            deps.get("dwara-store")
+        );
         // And the binary joins both halves.
         let bin = &deps["dwara"];
         assert!(bin.contains("dwara-nameserver") && bin.contains("dwara-lb"));

@@ -80,6 +80,8 @@ pub struct NameServerSection {
     pub resolv_conf: Option<PathBuf>,
     /// Seconds a tombstone is kept before it is forgotten (`--tombstone-grace`).
     pub tombstone_grace_s: Option<u64>,
+    /// Where HTTP registrations are stored to survive restarts (`--data-dir`).
+    pub data_dir: Option<PathBuf>,
 }
 
 impl Config {

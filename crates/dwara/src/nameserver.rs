@@ -45,6 +45,10 @@ pub(crate) struct NameServerArgs {
     /// Seconds a deleted entry's tombstone is kept before it is forgotten [default: 600]
     #[arg(long = "tombstone-grace", value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(1..))]
     tombstone_grace_s: Option<u64>,
+    /// Directory of the store that keeps HTTP registrations across restarts
+    /// [default: none, registrations live in memory only]
+    #[arg(long, value_name = "DIR")]
+    data_dir: Option<PathBuf>,
 }
 
 fn parse_server(s: &str) -> Result<SocketAddr, String> {
@@ -90,6 +94,7 @@ impl NameServerArgs {
             .tombstone_grace_s
             .or(file.tombstone_grace_s)
             .map_or(DEFAULT_TOMBSTONE_GRACE, Duration::from_secs);
+        config.data_dir = self.data_dir.clone().or_else(|| file.data_dir.clone());
         config.fallback = if !self.fallback.is_empty() {
             Fallback::Servers(self.fallback.clone())
         } else if let Some(path) = &self.resolv_conf {

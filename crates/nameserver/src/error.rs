@@ -39,6 +39,9 @@ pub enum Error {
         /// The operating system's error.
         source: io::Error,
     },
+    /// The registration store (`--data-dir`) could not be opened or read.
+    #[error(transparent)]
+    Store(#[from] dwara_store::StoreError),
     /// Any other I/O failure, with what was being done.
     #[error("{context}: {source}")]
     Io {

@@ -11,6 +11,9 @@
 //! | `GET /name` | 200 JSON array of every live entry; `?tombstones=true` adds tombstones |
 //! | `GET /domain` | the domain as text |
 //!
+//! With a data dir, `PUT` and `DELETE` answer only once the change is durable, and
+//! 500 with a message when the store could not confirm it.
+//!
 //! The form value is read from the body whatever its content type (so `curl -d` and
 //! bare clients both work), and from the query string as well; both are decoded by
 //! `form_urlencoded`.
@@ -36,6 +39,8 @@ pub struct ApiState {
     pub db: Arc<Db>,
     /// Counts responses by status.
     pub metrics: Arc<Metrics>,
+    /// Where registrations are made durable, when a data dir is configured.
+    pub(crate) durable: Option<Arc<crate::durable::Durable>>,
 }
 
 /// The API's routes, for the binary to merge onto its listener.
@@ -95,9 +100,18 @@ async fn add(
     if id.is_empty() {
         return bad_request("empty id");
     }
-    match state.db.add(&id, ip, &fqdn) {
-        Ok(_) => StatusCode::NO_CONTENT.into_response(),
-        Err(e) => bad_request(e),
+    let done = crate::durable::add(&state.db, state.durable.as_ref(), &id, ip, &fqdn).await;
+    outcome(done)
+}
+
+fn outcome(done: Result<(), crate::durable::Failure>) -> Response {
+    match done {
+        Ok(()) => StatusCode::NO_CONTENT.into_response(),
+        Err(crate::durable::Failure::Rejected(e)) => bad_request(e),
+        Err(crate::durable::Failure::NotStored(e)) => {
+            let msg = crate::durable::chain(&e);
+            (StatusCode::INTERNAL_SERVER_ERROR, format!("{msg}\n")).into_response()
+        }
     }
 }
 
@@ -112,13 +126,12 @@ async fn remove(
         Err(e) => return bad_request(e),
     };
     let fqdn = fqdn_param(&body, query.as_deref());
-    state.db.remove(&id, Some(ip), fqdn.as_deref());
-    StatusCode::NO_CONTENT.into_response()
+    let durable = state.durable.as_ref();
+    outcome(crate::durable::remove(&state.db, durable, &id, Some(ip), fqdn.as_deref()).await)
 }
 
 async fn remove_all(State(state): State<ApiState>, Path(id): Path<String>) -> Response {
-    state.db.remove_all(&id);
-    StatusCode::NO_CONTENT.into_response()
+    outcome(crate::durable::remove(&state.db, state.durable.as_ref(), &id, None, None).await)
 }
 
 async fn lookup(State(state): State<ApiState>, Path(fqdn): Path<String>) -> Response {

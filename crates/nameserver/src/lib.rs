@@ -40,6 +40,7 @@
 
 mod answers;
 mod db;
+mod durable;
 mod error;
 mod forward;
 mod handler;
@@ -147,6 +148,9 @@ pub struct NameServerConfig {
     pub resolv_conf_poll: Duration,
     /// How long a tombstone is kept before it is forgotten (`--tombstone-grace`).
     pub tombstone_grace: Duration,
+    /// Where registrations made over HTTP are stored to survive a restart; `None`:
+    /// in memory only.
+    pub data_dir: Option<PathBuf>,
 }
 
 /// The default DNS listen address.
@@ -170,6 +174,7 @@ impl NameServerConfig {
             forwarder: ForwarderConfig::default(),
             resolv_conf_poll: Duration::from_secs(2),
             tombstone_grace: DEFAULT_TOMBSTONE_GRACE,
+            data_dir: None,
         }
     }
 }
@@ -183,6 +188,7 @@ pub struct NameServer {
     metrics: Arc<Metrics>,
     forwarder: Arc<Forwarder>,
     dns: DnsServer,
+    durable: Option<Arc<durable::Durable>>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
@@ -190,6 +196,14 @@ impl NameServer {
     /// Starts everything with an empty database.
     pub async fn start(config: NameServerConfig) -> Result<Self> {
         let db = Arc::new(Db::new(config.db.clone()));
+        // Loaded before anything listens, so DNS never answers without them.
+        let durable = match &config.data_dir {
+            Some(dir) => Some(Arc::new(durable::Durable::open(dir, &db).await?)),
+            None => {
+                tracing::info!("no data dir: registrations live in memory only");
+                None
+            }
+        };
         let metrics = Arc::new(Metrics::new());
         let forwarder = Arc::new(Forwarder::new(Vec::new(), config.forwarder.clone()));
         let dns =
@@ -223,6 +237,7 @@ impl NameServer {
             metrics,
             forwarder,
             dns,
+            durable,
             tasks,
         })
     }
@@ -252,6 +267,7 @@ impl NameServer {
         http::router(http::ApiState {
             db: self.db.clone(),
             metrics: self.metrics.clone(),
+            durable: self.durable.clone(),
         })
     }
 

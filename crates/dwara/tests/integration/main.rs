@@ -5,4 +5,5 @@
 
 mod nameserver;
 mod serve;
+mod store;
 mod watch;

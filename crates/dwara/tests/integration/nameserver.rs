@@ -9,13 +9,13 @@ use std::time::{Duration, Instant};
 use test_support::dig::Dig;
 use test_support::dnsmasq::{Dnsmasq, DnsmasqOptions};
 
-const BIN: &str = env!("CARGO_BIN_EXE_dwara");
+pub(crate) const BIN: &str = env!("CARGO_BIN_EXE_dwara");
 
 /// A running `dwara serve`; killed on drop.
-struct Serve {
-    child: Child,
-    dns: SocketAddr,
-    http: SocketAddr,
+pub(crate) struct Serve {
+    pub(crate) child: Child,
+    pub(crate) dns: SocketAddr,
+    pub(crate) http: SocketAddr,
 }
 
 fn field(line: &str, key: &str) -> Option<SocketAddr> {
@@ -26,7 +26,7 @@ fn field(line: &str, key: &str) -> Option<SocketAddr> {
 
 impl Serve {
     /// Starts `dwara serve ARGS` and waits for its "name server ready" line.
-    fn start(args: &[&str]) -> Self {
+    pub(crate) fn start(args: &[&str]) -> Self {
         let mut child = Command::new(BIN)
             .arg("serve")
             .args(args)
@@ -58,7 +58,7 @@ impl Serve {
         Self { child, dns, http }
     }
 
-    fn dig(&self) -> Dig {
+    pub(crate) fn dig(&self) -> Dig {
         Dig::new(self.dns)
     }
 
@@ -78,7 +78,7 @@ impl Serve {
     }
 
     /// Sends `SIG<sig>` and waits (at most 10 s) for the exit.
-    fn signal_and_wait(mut self, sig: &str) -> ExitStatus {
+    pub(crate) fn signal_and_wait(mut self, sig: &str) -> ExitStatus {
         test_support::signal(self.child.id(), sig).unwrap();
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {

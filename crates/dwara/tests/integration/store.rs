@@ -1,0 +1,437 @@
+//! `dwara serve --data-dir`: registrations survive SIGKILL and restarts; a data dir
+//! that is locked, damaged or from a newer dwara is refused with one clear line.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use redb::{ReadableDatabase, ReadableTableMetadata, TableDefinition};
+use test_support::http::request;
+
+use crate::nameserver::{BIN, Serve};
+
+const LISTEN: [&str; 4] = [
+    "--dns-listen",
+    "127.0.0.1:0",
+    "--http-listen",
+    "127.0.0.1:0",
+];
+
+fn serve(data_dir: &Path) -> Serve {
+    let dir = data_dir.to_str().unwrap();
+    let mut args = LISTEN.to_vec();
+    args.extend(["--fallback", "127.0.0.1:9", "--data-dir", dir]);
+    Serve::start(&args)
+}
+
+/// Runs `dwara serve` on `data_dir` expecting it to refuse to start.
+fn refused(data_dir: &Path) -> Output {
+    let out = Command::new(BIN)
+        .arg("serve")
+        .args(LISTEN)
+        .args(["--fallback", "127.0.0.1:9", "--data-dir"])
+        .arg(data_dir)
+        .env("NO_COLOR", "1")
+        .env("DWARA_LOG", "warn")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "{out:?}");
+    out
+}
+
+/// The one error line of a refused start.
+fn error_line(out: &Output) -> String {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("dwara: "))
+        .collect();
+    assert_eq!(lines.len(), 1, "{stderr}");
+    lines[0].to_owned()
+}
+
+fn put(s: &Serve, id: &str, ip: &str, fqdn: &str) {
+    let (status, body) = request(
+        s.http,
+        "PUT",
+        &format!("/name/{id}/{ip}"),
+        Some(&format!("fqdn={fqdn}")),
+    );
+    assert_eq!(status, 204, "PUT {id} {ip} {fqdn}: {body}");
+}
+
+fn delete(s: &Serve, path: &str) {
+    let (status, body) = request(s.http, "DELETE", path, None);
+    assert_eq!(status, 204, "DELETE {path}: {body}");
+}
+
+fn a(s: &Serve, name: &str) -> Vec<String> {
+    s.dig().query(name, "A").unwrap().data("A")
+}
+
+fn kill(s: Serve) {
+    let status = s.signal_and_wait("KILL");
+    assert!(!status.success());
+}
+
+#[test]
+fn registrations_and_deletes_survive_sigkill() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = serve(dir.path());
+    put(&s, "c1", "10.32.0.1", "web.weave.local");
+    put(&s, "c2", "10.32.0.2", "Web.Weave.Local.");
+    put(&s, "c2", "fd00::2", "web.weave.local");
+    put(&s, "c3", "10.32.0.3", "db.weave.local");
+    put(&s, "c3", "10.32.0.4", "db.weave.local");
+    put(&s, "c4", "10.32.0.5", "cache.weave.local");
+    kill(s);
+
+    // Restarted with the config file's data_dir naming the same directory.
+    let etc = tempfile::tempdir().unwrap();
+    let config = etc.path().join("dwara.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "nameserver:\n  dns_listen: 127.0.0.1:0\n  http_listen: 127.0.0.1:0\n  \
+             fallback: [127.0.0.1:9]\n  data_dir: {}\n",
+            dir.path().display()
+        ),
+    )
+    .unwrap();
+    let s = Serve::start(&["--config", config.to_str().unwrap()]);
+    assert_eq!(a(&s, "web.weave.local"), ["10.32.0.1", "10.32.0.2"]);
+    assert_eq!(
+        s.dig()
+            .query("web.weave.local", "AAAA")
+            .unwrap()
+            .data("AAAA"),
+        ["fd00::2"]
+    );
+    assert_eq!(a(&s, "db.weave.local"), ["10.32.0.3", "10.32.0.4"]);
+    assert_eq!(a(&s, "cache.weave.local"), ["10.32.0.5"]);
+    assert_eq!(
+        s.dig().reverse("10.32.0.3").unwrap().data("PTR"),
+        ["db.weave.local."]
+    );
+    // The ids came back too: deletes by id and by id and address work.
+    delete(&s, "/name/c2");
+    delete(&s, "/name/c3/10.32.0.3");
+    delete(&s, "/name/c4/10.32.0.5?fqdn=CACHE.weave.local");
+    assert_eq!(a(&s, "web.weave.local"), ["10.32.0.1"]);
+    assert_eq!(a(&s, "db.weave.local"), ["10.32.0.4"]);
+    assert_eq!(
+        s.dig().query("cache.weave.local", "A").unwrap().status,
+        "NXDOMAIN"
+    );
+    kill(s);
+
+    // Deleted names stay deleted.
+    let s = Serve::start(&["--config", config.to_str().unwrap()]);
+    assert_eq!(a(&s, "web.weave.local"), ["10.32.0.1"]);
+    assert!(
+        s.dig()
+            .query("web.weave.local", "AAAA")
+            .unwrap()
+            .data("AAAA")
+            .is_empty()
+    );
+    assert_eq!(a(&s, "db.weave.local"), ["10.32.0.4"]);
+    assert_eq!(
+        s.dig().query("cache.weave.local", "A").unwrap().status,
+        "NXDOMAIN"
+    );
+    let status = s.signal_and_wait("TERM");
+    assert!(status.success(), "{status:?}");
+}
+
+/// The store file in the data dir.
+const STORE_FILE: &str = "registrations.redb";
+
+/// One PUT on its own connection; `None` when the server is gone.
+fn try_put(addr: SocketAddr, id: &str, ip: &str, fqdn: &str) -> Option<u16> {
+    let body = format!("fqdn={fqdn}");
+    let req = format!(
+        "PUT /name/{id}/{ip} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\
+         Content-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    s.write_all(req.as_bytes()).ok()?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).ok()?;
+    let raw = String::from_utf8_lossy(&raw);
+    raw.strip_prefix("HTTP/1.1 ")?.get(..3)?.parse().ok()
+}
+
+#[test]
+fn sigkill_during_concurrent_registrations_loses_no_acknowledged_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = serve(dir.path());
+    let addr = s.http;
+    let acked = Mutex::new(Vec::new());
+    let count = AtomicUsize::new(0);
+    std::thread::scope(|scope| {
+        for t in 0..50 {
+            let (acked, count) = (&acked, &count);
+            scope.spawn(move || {
+                for i in 0..20 {
+                    let n = t * 20 + i;
+                    let id = format!("c{n}");
+                    let ip = format!("10.1.{}.{}", n / 250, n % 250 + 1);
+                    let fqdn = format!("n{n}.weave.local");
+                    match try_put(addr, &id, &ip, &fqdn) {
+                        Some(204) => {
+                            acked.lock().unwrap().push((id, ip, fqdn));
+                            count.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Some(other) => panic!("PUT {id}: {other}"),
+                        None => return,
+                    }
+                }
+            });
+        }
+        // Kill once a good part of the 1,000 has been acknowledged.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while count.load(Ordering::Relaxed) < 300 {
+            assert!(Instant::now() < deadline, "registrations too slow");
+            std::thread::yield_now();
+        }
+        test_support::signal(s.child.id(), "KILL").unwrap();
+    });
+    let acked = acked.into_inner().unwrap();
+    drop(s);
+    assert!(acked.len() >= 300, "{}", acked.len());
+    eprintln!("{} of 1000 acknowledged before SIGKILL", acked.len());
+
+    let s = serve(dir.path());
+    let (status, body) = request(s.http, "GET", "/name", None);
+    assert_eq!(status, 200);
+    let entries: Vec<serde_json::Value> = serde_json::from_str(&body).unwrap();
+    let have: std::collections::HashSet<(String, String, String)> = entries
+        .iter()
+        .map(|e| {
+            (
+                e["id"].as_str().unwrap().to_owned(),
+                e["ip"].as_str().unwrap().to_owned(),
+                e["fqdn"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    for (id, ip, fqdn) in &acked {
+        assert!(
+            have.contains(&(id.clone(), ip.clone(), format!("{fqdn}."))),
+            "acknowledged {id} {ip} {fqdn} is lost"
+        );
+    }
+    // And DNS answers them.
+    for (_, ip, fqdn) in acked.iter().step_by(37) {
+        assert_eq!(a(&s, fqdn), std::slice::from_ref(ip));
+    }
+}
+
+#[test]
+fn a_second_dwara_on_one_data_dir_refuses() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = serve(dir.path());
+    put(&first, "c1", "10.32.0.1", "web.weave.local");
+    let out = refused(dir.path());
+    let line = error_line(&out);
+    assert!(
+        line.contains(&dir.path().display().to_string()) && line.contains("in use"),
+        "{line}"
+    );
+    // The first one is unharmed.
+    assert_eq!(a(&first, "web.weave.local"), ["10.32.0.1"]);
+    put(&first, "c2", "10.32.0.2", "web.weave.local");
+    let status = first.signal_and_wait("TERM");
+    assert!(status.success(), "{status:?}");
+    let s = serve(dir.path());
+    assert_eq!(a(&s, "web.weave.local"), ["10.32.0.1", "10.32.0.2"]);
+}
+
+#[test]
+fn a_damaged_store_is_refused_and_left_as_it_is() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = serve(dir.path());
+    for i in 0..50 {
+        put(
+            &s,
+            &format!("c{i}"),
+            &format!("10.0.0.{i}"),
+            "web.weave.local",
+        );
+    }
+    kill(s);
+    let file = dir.path().join(STORE_FILE);
+    let good = std::fs::read(&file).unwrap();
+    let damaged: [(&str, Vec<u8>); 3] = [
+        ("truncated", good[..good.len() / 2].to_vec()),
+        ("garbage", b"not a database at all\n".repeat(100)),
+        ("empty", Vec::new()),
+    ];
+    for (what, bytes) in damaged {
+        std::fs::write(&file, &bytes).unwrap();
+        let out = refused(dir.path());
+        let line = error_line(&out);
+        assert!(
+            line.contains(&file.display().to_string()) && line.contains("damaged"),
+            "{what}: {line}"
+        );
+        assert!(
+            std::fs::read(&file).unwrap() == bytes,
+            "{what}: file changed"
+        );
+    }
+    // The intact file is still good.
+    std::fs::write(&file, &good).unwrap();
+    let s = serve(dir.path());
+    assert_eq!(a(&s, "web.weave.local").len(), 50);
+}
+
+#[test]
+fn a_store_of_a_newer_format_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = serve(dir.path());
+    put(&s, "c1", "10.32.0.1", "web.weave.local");
+    let status = s.signal_and_wait("TERM");
+    assert!(status.success(), "{status:?}");
+    let file = dir.path().join(STORE_FILE);
+    const META: TableDefinition<'_, &str, u64> = TableDefinition::new("meta");
+    {
+        let db = redb::Database::open(&file).unwrap();
+        let txn = db.begin_write().unwrap();
+        txn.open_table(META).unwrap().insert("format", 99).unwrap();
+        txn.commit().unwrap();
+    }
+    let out = refused(dir.path());
+    let line = error_line(&out);
+    assert!(
+        line.contains("format 99") && line.contains("newer"),
+        "{line}"
+    );
+    // Nothing was overwritten: the registration is still in the file.
+    let db = redb::Database::open(&file).unwrap();
+    let read = db.begin_read().unwrap();
+    let regs: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("registrations");
+    assert_eq!(read.open_table(regs).unwrap().len().unwrap(), 1);
+    assert_eq!(
+        read.open_table(META)
+            .unwrap()
+            .get("format")
+            .unwrap()
+            .unwrap()
+            .value(),
+        99
+    );
+}
+
+#[test]
+fn without_a_data_dir_the_log_says_memory_only() {
+    let mut child = Command::new(BIN)
+        .arg("serve")
+        .args(LISTEN)
+        .args(["--fallback", "127.0.0.1:9"])
+        .env("NO_COLOR", "1")
+        .env("DWARA_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut said = false;
+    for line in stderr.lines().map_while(Result::ok) {
+        said |= line.contains("registrations live in memory only");
+        if line.contains("name server ready") {
+            break;
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(said);
+}
+
+/// `dwara serve --data-dir DIR` whose files may not grow past `max_bytes`
+/// (`prlimit --fsize`, with SIGXFSZ ignored so a write fails with EFBIG instead).
+fn serve_with_file_size_limit(data_dir: &Path, max_bytes: u64) -> Serve {
+    let mut child = Command::new("sh")
+        .arg("-c")
+        .arg(r#"trap "" XFSZ; exec prlimit --fsize="$0" -- "$@""#)
+        .arg(max_bytes.to_string())
+        .arg(BIN)
+        .arg("serve")
+        .args(LISTEN)
+        .args(["--fallback", "127.0.0.1:9", "--data-dir"])
+        .arg(data_dir)
+        .env("NO_COLOR", "1")
+        .env("DWARA_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            eprintln!("[dwara] {line}");
+            if line.contains("name server ready") {
+                let addr = |key: &str| -> Option<SocketAddr> {
+                    line.split_whitespace()
+                        .find_map(|w| w.strip_prefix(key))
+                        .and_then(|v| v.parse().ok())
+                };
+                let _ = tx.send((addr("dns="), addr("http=")));
+            }
+        }
+    });
+    match rx.recv_timeout(Duration::from_secs(20)) {
+        Ok((Some(dns), Some(http))) => Serve { child, dns, http },
+        other => {
+            let _ = child.kill();
+            panic!("dwara serve did not become ready: {other:?}");
+        }
+    }
+}
+
+#[test]
+fn a_registration_the_disk_refuses_gets_500_and_acknowledged_ones_survive() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = serve_with_file_size_limit(dir.path(), 150_000);
+    let mut acked = 0;
+    let failure = loop {
+        assert!(acked < 20_000, "the file size limit never hit");
+        let (status, body) = request(
+            s.http,
+            "PUT",
+            &format!("/name/c{acked}/10.0.{}.{}", acked / 250, acked % 250 + 1),
+            Some(&format!("fqdn=n{acked}.weave.local")),
+        );
+        match status {
+            204 => acked += 1,
+            _ => break (status, body),
+        }
+    };
+    assert_eq!(failure.0, 500, "{failure:?}");
+    assert!(
+        failure.1.contains("not stored") && failure.1.contains("File too large"),
+        "{failure:?}"
+    );
+    kill(s);
+    let s = serve(dir.path());
+    let (status, body) = request(s.http, "GET", "/name", None);
+    assert_eq!(status, 200);
+    let entries: Vec<serde_json::Value> = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        entries.len(),
+        acked,
+        "every acknowledged registration, no more"
+    );
+    assert_eq!(a(&s, &format!("n{}.weave.local", acked - 1)).len(), 1);
+}

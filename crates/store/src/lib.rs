@@ -1,0 +1,204 @@
+//! Crash-safe store of the name registrations a node acknowledged over HTTP.
+//!
+//! A [`Store`] is one [redb](https://docs.rs/redb) file in a data directory. It keeps
+//! registrations, `(id, ip, fqdn)`, one row each: a put inserts the row, a delete
+//! removes the matching rows, so churn never grows the store (there are no
+//! tombstones to collect). Writes are queued in call order and made durable by a
+//! background thread that commits everything queued so far in one write
+//! transaction with one fsync (group commit); every writer then learns the outcome
+//! from its [`Pending`].
+//!
+//! Opening is careful with what is already there: a second process on the same
+//! directory gets [`StoreError::Locked`]; a file that is not a readable database
+//! gets [`StoreError::Corrupt`]; a store written in a newer format gets
+//! [`StoreError::NewerFormat`]. None of these touch the file: the store is opened,
+//! checked and repaired as a copy that replaces it only once all is well. A row that does not
+//! decode is reported by [`Store::load`] in [`Loaded::undecodable`] and kept.
+//!
+//! # Example
+//!
+//! ```
+//! use dwara_store::{Registration, Store, Write};
+//!
+//! # fn main() -> Result<(), dwara_store::StoreError> {
+//! let dir = tempfile::tempdir().unwrap();
+//! let store = Store::open(dir.path())?;
+//! let r = Registration::new("c1", "10.32.0.7".parse().unwrap(), "web.weave.local.");
+//! store.submit(Write::Put(r.clone())).wait_blocking()?;
+//! drop(store);
+//!
+//! let store = Store::open(dir.path())?;
+//! assert_eq!(store.load()?.registrations, vec![r]);
+//! # Ok(())
+//! # }
+//! ```
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+mod error;
+mod open;
+mod record;
+mod writer;
+
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use redb::{ReadableDatabase, ReadableTable, TableDefinition};
+
+pub use error::StoreError;
+pub use open::LOCK_NAME;
+pub use record::{Registration, decode};
+pub use writer::Pending;
+
+/// The newest store format this build reads and the one it writes.
+pub const FORMAT_VERSION: u64 = 1;
+
+/// The store's file name inside the data directory.
+pub const FILE_NAME: &str = "registrations.redb";
+
+/// `"format"` → the store format version.
+const META: TableDefinition<'_, &str, u64> = TableDefinition::new("meta");
+/// Encoded [`Registration`] → empty.
+const REGISTRATIONS: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("registrations");
+
+/// One change to the store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Write {
+    /// Store this registration (a no-op if it is there already).
+    Put(Registration),
+    /// Remove the registrations of `id`, narrowed to one address and/or one fqdn
+    /// when given (the fqdn compares as stored, byte for byte).
+    Delete {
+        /// The container id.
+        id: String,
+        /// Only this address.
+        ip: Option<IpAddr>,
+        /// Only this name.
+        fqdn: Option<String>,
+    },
+}
+
+/// A row of the store that does not decode.
+#[derive(Debug)]
+pub struct Undecodable {
+    /// The row's key as stored.
+    pub key: Vec<u8>,
+    /// What is wrong with it.
+    pub error: StoreError,
+}
+
+/// What [`Store::load`] read.
+#[derive(Debug, Default)]
+pub struct Loaded {
+    /// Every registration, in key order (grouped by id).
+    pub registrations: Vec<Registration>,
+    /// Rows that do not decode; they stay in the file.
+    pub undecodable: Vec<Undecodable>,
+}
+
+/// An open store: one redb file in a data directory, locked for this process,
+/// and its group-commit writer thread. Dropping it finishes the queued writes.
+#[derive(Debug)]
+pub struct Store {
+    shared: Arc<writer::Shared>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Store {
+    /// Opens the store in `dir`, creating the directory and an empty store if needed.
+    ///
+    /// Fails without writing anything when the directory cannot be created, another
+    /// process has the store open, the file is not a readable dwara store, or it has
+    /// a newer format.
+    pub fn open(dir: impl AsRef<Path>) -> Result<Self, StoreError> {
+        let dir = dir.as_ref().to_path_buf();
+        let opened = open::open(&dir)?;
+        let shared = Arc::new(writer::Shared::new(dir, opened));
+        let thread = writer::spawn(shared.clone())?;
+        Ok(Self {
+            shared,
+            thread: Some(thread),
+        })
+    }
+
+    /// The data directory.
+    pub fn dir(&self) -> &Path {
+        &self.shared.dir
+    }
+
+    /// The store file.
+    pub fn file(&self) -> PathBuf {
+        self.shared.dir.join(FILE_NAME)
+    }
+
+    /// Every stored registration, and the rows that do not decode.
+    pub fn load(&self) -> Result<Loaded, StoreError> {
+        let dir = &self.shared.dir;
+        let db_err = |action| {
+            move |e: redb::Error| StoreError::Database {
+                dir: dir.clone(),
+                action,
+                source: Box::new(e),
+            }
+        };
+        let read = self
+            .shared
+            .db
+            .begin_read()
+            .map_err(|e| db_err("begin a read")(e.into()))?;
+        let table = match read.open_table(REGISTRATIONS) {
+            Ok(t) => t,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Loaded::default()),
+            Err(e) => return Err(db_err("open the registrations table")(e.into())),
+        };
+        let mut loaded = Loaded::default();
+        let rows = table
+            .iter()
+            .map_err(|e| db_err("read the registrations")(e.into()))?;
+        for row in rows {
+            let (key, _) = row.map_err(|e| db_err("read the registrations")(e.into()))?;
+            let key = key.value();
+            match decode(key) {
+                Ok(r) => loaded.registrations.push(r),
+                Err(error) => loaded.undecodable.push(Undecodable {
+                    key: key.to_vec(),
+                    error,
+                }),
+            }
+        }
+        Ok(loaded)
+    }
+
+    /// Queues `write` behind every write submitted before it. The returned
+    /// [`Pending`] resolves once the write is durable (or failed).
+    ///
+    /// Submitting never blocks on the disk, so a caller may submit under the same
+    /// lock that orders its in-memory change.
+    pub fn submit(&self, write: Write) -> Pending {
+        writer::submit(&self.shared, write)
+    }
+
+    /// Waits for every queued write, then stops the writer thread and closes the file.
+    pub fn close(mut self) {
+        self.stop();
+    }
+
+    fn stop(&mut self) {
+        self.shared.close();
+        if let Some(thread) = self.thread.take() {
+            // The writer does not panic on its own; if it did, there is nothing to add.
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,415 @@
+//! Unit tests of the store against real files in temporary directories.
+
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+use std::path::Path;
+
+use redb::{ReadableDatabase, ReadableTableMetadata};
+
+use super::*;
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+fn reg(id: &str, addr: &str, fqdn: &str) -> Registration {
+    Registration::new(id, ip(addr), fqdn)
+}
+
+fn put(store: &Store, r: &Registration) {
+    store.submit(Write::Put(r.clone())).wait_blocking().unwrap();
+}
+
+fn delete(store: &Store, id: &str, ip: Option<&str>, fqdn: Option<&str>) {
+    store
+        .submit(Write::Delete {
+            id: id.to_owned(),
+            ip: ip.map(|s| s.parse().unwrap()),
+            fqdn: fqdn.map(str::to_owned),
+        })
+        .wait_blocking()
+        .unwrap();
+}
+
+fn stored(dir: &Path) -> BTreeSet<Registration> {
+    let store = Store::open(dir).unwrap();
+    let loaded = store.load().unwrap();
+    assert!(loaded.undecodable.is_empty(), "{:?}", loaded.undecodable);
+    loaded.registrations.into_iter().collect()
+}
+
+#[test]
+fn puts_and_deletes_survive_reopening() {
+    let dir = tempfile::tempdir().unwrap();
+    let a1 = reg("a", "10.0.0.1", "x.weave.local.");
+    let a2 = reg("a", "10.0.0.2", "x.weave.local.");
+    let a3 = reg("a", "10.0.0.1", "y.weave.local.");
+    let a4 = reg("a", "fd00::1", "y.weave.local.");
+    let ab = reg("ab", "10.0.0.1", "x.weave.local.");
+    let b = reg("b", "10.0.0.9", "z.weave.local.");
+    {
+        let store = Store::open(dir.path()).unwrap();
+        for r in [&a1, &a2, &a3, &a4, &ab, &b, &b] {
+            put(&store, r);
+        }
+    }
+    assert_eq!(
+        stored(dir.path()),
+        BTreeSet::from([
+            a1.clone(),
+            a2.clone(),
+            a3.clone(),
+            a4.clone(),
+            ab.clone(),
+            b.clone()
+        ])
+    );
+    {
+        let store = Store::open(dir.path()).unwrap();
+        // Narrowed to ip and fqdn, to ip only, then to fqdn only.
+        delete(&store, "a", Some("10.0.0.1"), Some("x.weave.local."));
+        assert_eq!(
+            store.load().unwrap().registrations.len(),
+            5,
+            "only a1 is gone"
+        );
+        delete(&store, "a", Some("10.0.0.2"), None);
+        delete(&store, "a", None, Some("y.weave.local."));
+        // Nothing matches: fine.
+        delete(&store, "nobody", None, None);
+    }
+    // "ab" shares a prefix of bytes with "a" but is another id.
+    assert_eq!(stored(dir.path()), BTreeSet::from([ab.clone(), b.clone()]));
+    {
+        let store = Store::open(dir.path()).unwrap();
+        delete(&store, "b", None, None);
+        delete(&store, "ab", None, None);
+    }
+    assert_eq!(stored(dir.path()), BTreeSet::new());
+}
+
+#[test]
+fn writes_apply_in_submission_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = reg("c", "10.0.0.1", "x.weave.local.");
+    {
+        let store = Store::open(dir.path()).unwrap();
+        // Submitted back to back, so they very likely share one batch: order matters.
+        let pendings = vec![
+            store.submit(Write::Put(r.clone())),
+            store.submit(Write::Delete {
+                id: "c".to_owned(),
+                ip: None,
+                fqdn: None,
+            }),
+            store.submit(Write::Put(r.clone())),
+            store.submit(Write::Delete {
+                id: "c".to_owned(),
+                ip: Some(r.ip),
+                fqdn: None,
+            }),
+            store.submit(Write::Put(r.clone())),
+        ];
+        for p in pendings {
+            p.wait_blocking().unwrap();
+        }
+    }
+    assert_eq!(stored(dir.path()), BTreeSet::from([r]));
+}
+
+#[test]
+fn concurrent_writers_are_all_durable() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = Store::open(dir.path()).unwrap();
+        std::thread::scope(|s| {
+            for t in 0..32 {
+                let store = &store;
+                s.spawn(move || {
+                    for i in 0..50 {
+                        let r = reg(&format!("c{t}-{i}"), "10.0.0.1", "x.weave.local.");
+                        put(store, &r);
+                    }
+                });
+            }
+        });
+    }
+    assert_eq!(stored(dir.path()).len(), 32 * 50);
+}
+
+#[test]
+fn churn_does_not_grow_the_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join(FILE_NAME);
+    let store = Store::open(dir.path()).unwrap();
+    let round = |n: u32| {
+        let pendings: Vec<Pending> = (0..1000)
+            .map(|i| {
+                store.submit(Write::Put(reg(
+                    &format!("c{n}-{i}"),
+                    "10.0.0.1",
+                    "x.weave.local.",
+                )))
+            })
+            .collect();
+        for p in pendings {
+            p.wait_blocking().unwrap();
+        }
+        let pendings: Vec<Pending> = (0..1000)
+            .map(|i| {
+                store.submit(Write::Delete {
+                    id: format!("c{n}-{i}"),
+                    ip: None,
+                    fqdn: None,
+                })
+            })
+            .collect();
+        for p in pendings {
+            p.wait_blocking().unwrap();
+        }
+    };
+    for n in 0..3 {
+        round(n);
+    }
+    let early = std::fs::metadata(&file).unwrap().len();
+    for n in 3..30 {
+        round(n);
+    }
+    let late = std::fs::metadata(&file).unwrap().len();
+    assert!(store.load().unwrap().registrations.is_empty());
+    assert!(
+        late <= early * 2,
+        "27 more rounds of 1000 puts and deletes grew the file from {early} to {late} bytes"
+    );
+}
+
+#[test]
+fn a_second_open_of_one_dir_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = Store::open(dir.path()).unwrap();
+    let err = Store::open(dir.path()).unwrap_err();
+    assert!(matches!(err, StoreError::Locked { .. }), "{err:?}");
+    let msg = err.to_string();
+    assert!(
+        msg.contains(&dir.path().display().to_string()) && msg.contains("in use"),
+        "{msg}"
+    );
+    drop(first);
+    Store::open(dir.path()).unwrap();
+}
+
+#[test]
+fn racing_first_opens_end_with_one_store() {
+    for _ in 0..20 {
+        let dir = tempfile::tempdir().unwrap();
+        let results: Vec<Result<Store, StoreError>> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..4)
+                .map(|_| s.spawn(|| Store::open(dir.path())))
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let mut winners = 0;
+        for r in &results {
+            match r {
+                Ok(store) => {
+                    winners += 1;
+                    put(store, &reg("c", "10.0.0.1", "x.weave.local."));
+                }
+                Err(StoreError::Locked { .. }) => {}
+                Err(e) => panic!("{e}"),
+            }
+        }
+        assert_eq!(winners, 1);
+        drop(results);
+        assert_eq!(stored(dir.path()).len(), 1);
+        // No temporary file is left behind.
+        let mut names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        assert_eq!(names, [LOCK_NAME, FILE_NAME]);
+    }
+}
+
+/// A store with one registration, closed; returns the store file's path.
+fn one_registration(dir: &Path) -> PathBuf {
+    let store = Store::open(dir).unwrap();
+    put(&store, &reg("c", "10.0.0.1", "x.weave.local."));
+    drop(store);
+    dir.join(FILE_NAME)
+}
+
+fn assert_refused_untouched(dir: &Path, bytes: &[u8], want: &str) {
+    let file = dir.join(FILE_NAME);
+    std::fs::write(&file, bytes).unwrap();
+    let err = Store::open(dir).unwrap_err();
+    assert!(matches!(err, StoreError::Corrupt { .. }), "{want}: {err:?}");
+    let msg = err.to_string();
+    assert!(
+        msg.contains(&file.display().to_string()) && msg.contains("damaged"),
+        "{want}: {msg}"
+    );
+    assert_eq!(std::fs::read(&file).unwrap(), bytes, "{want}: file changed");
+}
+
+#[test]
+fn damaged_files_are_refused_and_left_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = one_registration(dir.path());
+    let good = std::fs::read(&file).unwrap();
+    assert_refused_untouched(dir.path(), b"", "empty file");
+    assert_refused_untouched(dir.path(), b"this is not a database\n", "garbage");
+    assert_refused_untouched(dir.path(), &vec![0xa5; good.len()], "noise");
+    for cut in [1, 9, 100, 511, 4096, good.len() / 2, good.len() - 1] {
+        assert_refused_untouched(dir.path(), &good[..cut], &format!("truncated to {cut}"));
+    }
+}
+
+#[test]
+fn a_newer_format_is_refused_and_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = one_registration(dir.path());
+    {
+        let db = redb::Database::open(&file).unwrap();
+        let txn = db.begin_write().unwrap();
+        txn.open_table(META)
+            .unwrap()
+            .insert("format", FORMAT_VERSION + 1)
+            .unwrap();
+        txn.commit().unwrap();
+    }
+    let before = std::fs::read(&file).unwrap();
+    let err = Store::open(dir.path()).unwrap_err();
+    assert_eq!(std::fs::read(&file).unwrap(), before, "file changed");
+    assert!(
+        matches!(
+            err,
+            StoreError::NewerFormat {
+                found: 2,
+                supported: 1,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("newer"), "{err}");
+    // The data is still there.
+    let db = redb::Database::open(&file).unwrap();
+    let read = db.begin_read().unwrap();
+    assert_eq!(read.open_table(REGISTRATIONS).unwrap().len().unwrap(), 1);
+}
+
+#[test]
+fn a_foreign_database_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join(FILE_NAME);
+    {
+        let db = redb::Database::create(&file).unwrap();
+        let txn = db.begin_write().unwrap();
+        txn.open_table(REGISTRATIONS).unwrap();
+        txn.commit().unwrap();
+    }
+    let err = Store::open(dir.path()).unwrap_err();
+    assert!(matches!(err, StoreError::NotAStore { .. }), "{err:?}");
+}
+
+#[test]
+fn undecodable_rows_are_reported_and_the_rest_loaded() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = one_registration(dir.path());
+    {
+        let db = redb::Database::open(&file).unwrap();
+        let txn = db.begin_write().unwrap();
+        txn.open_table(REGISTRATIONS)
+            .unwrap()
+            .insert(&b"\x01\x00\x00\x00\x01c\x09junk"[..], &b""[..])
+            .unwrap();
+        txn.commit().unwrap();
+    }
+    let store = Store::open(dir.path()).unwrap();
+    let loaded = store.load().unwrap();
+    assert_eq!(
+        loaded.registrations,
+        vec![reg("c", "10.0.0.1", "x.weave.local.")]
+    );
+    assert_eq!(loaded.undecodable.len(), 1);
+    assert_eq!(loaded.undecodable[0].key, b"\x01\x00\x00\x00\x01c\x09junk");
+    // A delete of that id removes what decodes and keeps the rest for inspection.
+    delete(&store, "c", None, None);
+    let loaded = store.load().unwrap();
+    assert!(loaded.registrations.is_empty());
+    assert_eq!(loaded.undecodable.len(), 1);
+}
+
+#[test]
+fn unencodable_writes_fail_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let err = store
+        .submit(Write::Put(reg("c", "10.0.0.1", "")))
+        .wait_blocking()
+        .unwrap_err();
+    assert!(matches!(err, StoreError::Unencodable { .. }), "{err:?}");
+}
+
+#[test]
+fn a_dir_that_cannot_be_created_is_an_io_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let blocker = dir.path().join("file");
+    std::fs::write(&blocker, b"").unwrap();
+    let err = Store::open(blocker.join("sub")).unwrap_err();
+    assert!(matches!(err, StoreError::Io { .. }), "{err:?}");
+    assert!(err.to_string().contains("sub"), "{err}");
+}
+
+/// A store file as a crash leaves it (never closed, so redb must repair it), with
+/// `n` registrations.
+fn crashed_store(dir: &Path, n: u32) -> Vec<u8> {
+    let file = dir.join(FILE_NAME);
+    drop(Store::open(dir).unwrap());
+    let db = redb::Database::open(&file).unwrap();
+    let txn = db.begin_write().unwrap();
+    {
+        let mut table = txn.open_table(REGISTRATIONS).unwrap();
+        for i in 0..n {
+            let key = reg(&format!("c{i}"), "10.0.0.1", "x.weave.local.")
+                .encode()
+                .unwrap();
+            table.insert(&key[..], &b""[..]).unwrap();
+        }
+    }
+    txn.commit().unwrap();
+    // Never closed: the file keeps redb's "recovery required" mark (the leaked
+    // handle also keeps redb's own lock, on this inode only).
+    std::mem::forget(db);
+    std::fs::read(&file).unwrap()
+}
+
+#[test]
+fn a_crashed_store_is_repaired_and_opens() {
+    let dir = tempfile::tempdir().unwrap();
+    let bytes = crashed_store(dir.path(), 100);
+    // Put the bytes on a fresh inode, as a restarted process would find them.
+    let file = dir.path().join(FILE_NAME);
+    std::fs::remove_file(&file).unwrap();
+    std::fs::write(&file, &bytes).unwrap();
+    assert_eq!(stored(dir.path()).len(), 100);
+}
+
+#[test]
+fn a_crashed_and_damaged_store_is_refused_and_left_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = crashed_store(dir.path(), 100);
+    std::fs::remove_file(dir.path().join(FILE_NAME)).unwrap();
+    for cut in [100, 4096, good.len() / 2, good.len() - 4096] {
+        assert_refused_untouched(dir.path(), &good[..cut], &format!("truncated to {cut}"));
+    }
+    let mut flipped = good.clone();
+    for b in &mut flipped[4096..] {
+        *b ^= 0x5a;
+    }
+    assert_refused_untouched(dir.path(), &flipped, "all pages after the header flipped");
+}

@@ -1,0 +1,251 @@
+//! The group-commit writer: one thread, one write transaction per batch.
+//!
+//! Writers append to a queue under a short lock and get a [`Pending`]. The thread
+//! takes everything queued, applies it in order in one redb write transaction,
+//! commits it (one fsync for the batch) and then answers every [`Pending`] of the
+//! batch. While it commits, new writes queue up for the next batch, so N concurrent
+//! writers share about two fsyncs instead of paying N.
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::task::{Context, Poll};
+
+use redb::{Database, ReadableTable};
+use tokio::sync::oneshot;
+
+use crate::record::id_prefix;
+use crate::{REGISTRATIONS, StoreError, Write, decode};
+
+type Reply = oneshot::Sender<Result<(), StoreError>>;
+
+/// A [`Write`] with its keys encoded.
+#[derive(Debug)]
+enum Encoded {
+    Put(Vec<u8>),
+    Delete {
+        prefix: Vec<u8>,
+        ip: Option<std::net::IpAddr>,
+        fqdn: Option<String>,
+    },
+}
+
+impl Encoded {
+    fn new(write: Write) -> Result<Self, StoreError> {
+        Ok(match write {
+            Write::Put(r) => Self::Put(r.encode()?),
+            Write::Delete { id, ip, fqdn } => Self::Delete {
+                prefix: id_prefix(&id)?,
+                ip,
+                fqdn,
+            },
+        })
+    }
+}
+
+#[derive(Debug, Default)]
+struct Queue {
+    writes: Vec<(Encoded, Reply)>,
+    closing: bool,
+}
+
+/// What the store handle and the writer thread share.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub(crate) dir: PathBuf,
+    pub(crate) db: Database,
+    queue: Mutex<Queue>,
+    wake: Condvar,
+    /// Held (and released when dropped, after `db` is closed) for the store's life.
+    _lock: std::fs::File,
+}
+
+impl Shared {
+    pub(crate) fn new(dir: PathBuf, opened: crate::open::Opened) -> Self {
+        Self {
+            dir,
+            db: opened.db,
+            queue: Mutex::new(Queue::default()),
+            wake: Condvar::new(),
+            _lock: opened.lock,
+        }
+    }
+
+    fn queue(&self) -> MutexGuard<'_, Queue> {
+        // The queue stays consistent even if a holder panicked: it is only pushed to
+        // and swapped out.
+        self.queue.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Lets the thread finish what is queued and stop.
+    pub(crate) fn close(&self) {
+        self.queue().closing = true;
+        self.wake.notify_all();
+    }
+}
+
+/// A submitted write: resolves once it is durable, or with why it is not.
+///
+/// Await it from async code, or call [`Pending::wait_blocking`] from a plain thread.
+#[derive(Debug)]
+#[must_use = "a write is only known to be durable once its Pending resolves"]
+pub struct Pending {
+    rx: oneshot::Receiver<Result<(), StoreError>>,
+    dir: PathBuf,
+}
+
+impl Pending {
+    /// Blocks the calling thread until the write is durable. Must not be called from
+    /// an async context (await the `Pending` there).
+    pub fn wait_blocking(self) -> Result<(), StoreError> {
+        let dir = self.dir;
+        self.rx
+            .blocking_recv()
+            .unwrap_or(Err(StoreError::Closed { dir }))
+    }
+}
+
+impl Future for Pending {
+    type Output = Result<(), StoreError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match Pin::new(&mut self.rx).poll(cx) {
+            Poll::Ready(Ok(result)) => Poll::Ready(result),
+            Poll::Ready(Err(_)) => Poll::Ready(Err(StoreError::Closed {
+                dir: self.dir.clone(),
+            })),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+pub(crate) fn submit(shared: &Shared, write: Write) -> Pending {
+    let (tx, rx) = oneshot::channel();
+    let pending = Pending {
+        rx,
+        dir: shared.dir.clone(),
+    };
+    let write = match Encoded::new(write) {
+        Ok(w) => w,
+        Err(e) => {
+            let _ = tx.send(Err(e));
+            return pending;
+        }
+    };
+    let mut q = shared.queue();
+    if q.closing {
+        // Dropping tx resolves the Pending with Closed.
+        drop(tx);
+    } else {
+        q.writes.push((write, tx));
+        if q.writes.len() == 1 {
+            shared.wake.notify_one();
+        }
+    }
+    pending
+}
+
+pub(crate) fn spawn(shared: Arc<Shared>) -> Result<std::thread::JoinHandle<()>, StoreError> {
+    let dir = shared.dir.clone();
+    std::thread::Builder::new()
+        .name("dwara-store".to_owned())
+        .spawn(move || run(&shared))
+        .map_err(|source| StoreError::Io {
+            dir,
+            action: "start the store writer thread",
+            source,
+        })
+}
+
+fn run(shared: &Shared) {
+    loop {
+        let batch = {
+            let mut q = shared.queue();
+            while q.writes.is_empty() && !q.closing {
+                q = shared.wake.wait(q).unwrap_or_else(PoisonError::into_inner);
+            }
+            if q.writes.is_empty() {
+                return;
+            }
+            std::mem::take(&mut q.writes)
+        };
+        let (writes, replies): (Vec<Encoded>, Vec<Reply>) = batch.into_iter().unzip();
+        let started = std::time::Instant::now();
+        match commit(&shared.db, &writes) {
+            Ok(()) => {
+                tracing::trace!(
+                    writes = writes.len(),
+                    micros = started.elapsed().as_micros() as u64,
+                    "store batch committed"
+                );
+                for reply in replies {
+                    // A writer that stopped waiting does not need the answer.
+                    let _ = reply.send(Ok(()));
+                }
+            }
+            Err(source) => {
+                let error = Arc::new(StoreError::Database {
+                    dir: shared.dir.clone(),
+                    action: "commit registrations",
+                    source: Box::new(source),
+                });
+                let mut cause = error.to_string();
+                let mut next = std::error::Error::source(&*error);
+                while let Some(c) = next {
+                    cause.push_str(": ");
+                    cause.push_str(&c.to_string());
+                    next = c.source();
+                }
+                tracing::error!(
+                    dir = %shared.dir.display(),
+                    writes = writes.len(),
+                    error = %cause,
+                    "store batch failed; its writes are not durable"
+                );
+                for reply in replies {
+                    let _ = reply.send(Err(StoreError::WriteFailed {
+                        source: error.clone(),
+                    }));
+                }
+            }
+        }
+    }
+}
+
+/// Applies `writes` in order in one write transaction and commits it durably.
+fn commit(db: &Database, writes: &[Encoded]) -> Result<(), redb::Error> {
+    let txn = db.begin_write()?;
+    {
+        let mut table = txn.open_table(REGISTRATIONS)?;
+        for write in writes {
+            match write {
+                Encoded::Put(key) => {
+                    table.insert(&key[..], &[][..])?;
+                }
+                Encoded::Delete { prefix, ip, fqdn } => {
+                    let mut doomed = Vec::new();
+                    for row in table.range(&prefix[..]..)? {
+                        let (key, _) = row?;
+                        let key = key.value();
+                        if !key.starts_with(prefix) {
+                            break;
+                        }
+                        // Rows that do not decode are kept for the operator to see.
+                        let Ok(r) = decode(key) else { continue };
+                        if ip.is_none_or(|ip| ip == r.ip)
+                            && fqdn.as_deref().is_none_or(|f| f == r.fqdn)
+                        {
+                            doomed.push(key.to_vec());
+                        }
+                    }
+                    for key in doomed {
+                        table.remove(&key[..])?;
+                    }
+                }
+            }
+        }
+    }
+    txn.commit()?;
+    Ok(())
+}

@@ -1,0 +1,266 @@
+//! `cargo xtask perf store`: registering names over HTTP in memory vs with
+//! `--data-dir`, in one run.
+//!
+//! ```text
+//! cargo xtask perf store [--names N] [--connections C] [--rounds R] [--dir PARENT]
+//! ```
+//!
+//! Each round starts `dwara serve` (release build) twice, once in memory and once
+//! with a fresh data dir under `PARENT` (default: the system temp dir; it must be a
+//! real disk for the fsyncs to mean anything), and registers `N` names
+//! (`nI.weave.local` → one address each) over `C` keep-alive HTTP connections with
+//! one request in flight per connection, timing the whole. Both variants use the same
+//! concurrency, so the comparison is fair: with a data dir every `204` waits for its
+//! registration's fsync, and concurrent requests share one (group commit). The
+//! data-dir server is then killed (SIGKILL) and restarted on the same dir, timing
+//! the start until `GET /name` lists all `N` names.
+//!
+//! Prints the median per variant, the ratio data-dir / memory and the restart time.
+//! Everything listens on 127.0.0.1 only.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+
+struct Options {
+    names: usize,
+    connections: usize,
+    rounds: usize,
+    dir: PathBuf,
+}
+
+fn parse_args(args: &[String]) -> anyhow::Result<Options> {
+    let mut opts = Options {
+        names: 100_000,
+        connections: 64,
+        rounds: 3,
+        dir: std::env::temp_dir(),
+    };
+    let mut it = args.iter();
+    while let Some(flag) = it.next() {
+        let value = it.next().with_context(|| format!("{flag} needs a value"))?;
+        match flag.as_str() {
+            "--names" => opts.names = value.parse().context("--names")?,
+            "--connections" => opts.connections = value.parse().context("--connections")?,
+            "--rounds" => opts.rounds = value.parse().context("--rounds")?,
+            "--dir" => opts.dir = PathBuf::from(value),
+            other => bail!("unknown option {other}"),
+        }
+    }
+    if opts.names == 0 || opts.connections == 0 || opts.rounds == 0 {
+        bail!("--names, --connections and --rounds must be at least 1");
+    }
+    Ok(opts)
+}
+
+fn free_addr() -> anyhow::Result<SocketAddr> {
+    Ok(TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?.local_addr()?)
+}
+
+/// A `dwara serve`; killed on drop.
+struct Dwara {
+    http: SocketAddr,
+    child: Child,
+}
+
+impl Drop for Dwara {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn dwara_bin() -> PathBuf {
+    let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(
+        || Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"),
+        PathBuf::from,
+    );
+    target.join("release/dwara")
+}
+
+fn start(data_dir: Option<&Path>) -> anyhow::Result<Dwara> {
+    let http = free_addr()?;
+    let dns = free_addr()?;
+    let bin = dwara_bin();
+    let mut cmd = Command::new(&bin);
+    cmd.args(["serve", "--fallback", "127.0.0.1:9", "--dns-listen"])
+        .arg(dns.to_string())
+        .arg("--http-listen")
+        .arg(http.to_string())
+        .env("DWARA_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit());
+    if let Some(dir) = data_dir {
+        cmd.arg("--data-dir").arg(dir);
+    }
+    let child = cmd
+        .spawn()
+        .with_context(|| format!("cannot start {}", bin.display()))?;
+    let mut d = Dwara { http, child };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while TcpStream::connect(http).is_err() {
+        if let Some(status) = d.child.try_wait()? {
+            bail!("dwara serve exited: {status}");
+        }
+        if Instant::now() > deadline {
+            bail!("dwara serve did not listen on {http} within 60 s");
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    Ok(d)
+}
+
+/// Reads one response off a keep-alive connection: (status line, body).
+fn read_response(reader: &mut BufReader<TcpStream>) -> anyhow::Result<(String, Vec<u8>)> {
+    let mut status = String::new();
+    if reader.read_line(&mut status)? == 0 {
+        bail!("connection closed");
+    }
+    let mut length = 0usize;
+    let mut line = String::new();
+    loop {
+        line.clear();
+        if reader.read_line(&mut line)? == 0 {
+            bail!("connection closed in the headers");
+        }
+        let l = line.trim();
+        if l.is_empty() {
+            break;
+        }
+        if let Some(v) = l.to_ascii_lowercase().strip_prefix("content-length:") {
+            length = v.trim().parse().unwrap_or(0);
+        }
+    }
+    let mut body = vec![0u8; length];
+    reader.read_exact(&mut body)?;
+    Ok((status.trim().to_owned(), body))
+}
+
+/// Registers names `k, k + step, …` below `n` over one keep-alive connection.
+fn register_share(http: SocketAddr, k: usize, step: usize, n: usize) -> anyhow::Result<()> {
+    let mut stream = TcpStream::connect(http)?;
+    stream.set_nodelay(true)?;
+    let mut reader = BufReader::new(stream.try_clone()?);
+    for i in (k..n).step_by(step) {
+        let body = format!("fqdn=n{i}.weave.local");
+        let ip = Ipv4Addr::from(0x0a00_0000 + u32::try_from(i)?);
+        let req = format!(
+            "PUT /name/c{i}/{ip} HTTP/1.1\r\nHost: perf\r\n\
+             Content-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        stream.write_all(req.as_bytes())?;
+        let (status, body) = read_response(&mut reader)?;
+        if !status.starts_with("HTTP/1.1 204") {
+            bail!(
+                "registration {i} failed: {status} {}",
+                String::from_utf8_lossy(&body)
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Registers `n` names over `c` connections; returns the time taken.
+fn register(http: SocketAddr, n: usize, c: usize) -> anyhow::Result<Duration> {
+    let started = Instant::now();
+    std::thread::scope(|s| {
+        let workers: Vec<_> = (0..c)
+            .map(|k| s.spawn(move || register_share(http, k, c, n)))
+            .collect();
+        for w in workers {
+            w.join()
+                .map_err(|_| anyhow::anyhow!("a registration thread panicked"))??;
+        }
+        anyhow::Ok(())
+    })?;
+    Ok(started.elapsed())
+}
+
+/// How many entries `GET /name` lists.
+fn count_entries(http: SocketAddr) -> anyhow::Result<usize> {
+    let stream = TcpStream::connect(http)?;
+    let mut reader = BufReader::new(stream.try_clone()?);
+    (&stream).write_all(b"GET /name HTTP/1.1\r\nHost: perf\r\n\r\n")?;
+    let (status, body) = read_response(&mut reader)?;
+    if !status.starts_with("HTTP/1.1 200") {
+        bail!("GET /name: {status}");
+    }
+    let entries: serde_json::Value = serde_json::from_slice(&body)?;
+    Ok(entries.as_array().map_or(0, Vec::len))
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+/// Runs the comparison.
+pub(crate) fn run(args: &[String]) -> anyhow::Result<()> {
+    let opts = parse_args(args)?;
+    crate::cargo(&["build", "--release", "-p", "dwara"])?;
+    let parent = opts
+        .dir
+        .join(format!("dwara-perf-store-{}", std::process::id()));
+    std::fs::create_dir_all(&parent)?;
+    let result = run_in(&parent, &opts);
+    let _ = std::fs::remove_dir_all(&parent);
+    result
+}
+
+fn run_in(parent: &Path, opts: &Options) -> anyhow::Result<()> {
+    let (n, c) = (opts.names, opts.connections);
+    println!(
+        "perf store: {n} registrations over {c} keep-alive connections, {} rounds, data dirs in {}",
+        opts.rounds,
+        parent.display()
+    );
+    let (mut memory, mut durable, mut restart) = (Vec::new(), Vec::new(), Vec::new());
+    for round in 0..opts.rounds {
+        let d = start(None)?;
+        let t = register(d.http, n, c)?;
+        drop(d);
+        memory.push(t);
+
+        let dir = parent.join(format!("round-{round}"));
+        let d = start(Some(&dir))?;
+        let td = register(d.http, n, c)?;
+        drop(d); // SIGKILL
+        durable.push(td);
+
+        let started = Instant::now();
+        let d = start(Some(&dir))?;
+        let loaded = count_entries(d.http)?;
+        let tr = started.elapsed();
+        if loaded != n {
+            bail!("after SIGKILL and restart {loaded} of {n} registrations are back");
+        }
+        restart.push(tr);
+        println!(
+            "round {}: memory {:.2} s, data dir {:.2} s ({:.2}x), restart with {n} stored {:.2} s",
+            round + 1,
+            t.as_secs_f64(),
+            td.as_secs_f64(),
+            td.as_secs_f64() / t.as_secs_f64(),
+            tr.as_secs_f64()
+        );
+    }
+    let (m, dd, r) = (median(memory), median(durable), median(restart));
+    let rate = |d: Duration| n as f64 / d.as_secs_f64();
+    println!(
+        "median: memory {:.2} s ({:.0}/s), data dir {:.2} s ({:.0}/s): data dir / memory = {:.2}x; \
+         restart loading {n}: {:.2} s",
+        m.as_secs_f64(),
+        rate(m),
+        dd.as_secs_f64(),
+        rate(dd),
+        dd.as_secs_f64() / m.as_secs_f64(),
+        r.as_secs_f64()
+    );
+    Ok(())
+}
