@@ -35,10 +35,12 @@ pub enum ConfigError {
     /// A value is out of range or inconsistent; the message starts with its key.
     #[error(transparent)]
     Invalid(#[from] dwara_proxy::Error),
-    /// A value of the `nameserver:` section is out of range.
-    #[error("nameserver.{key}: {message}")]
-    NameServer {
-        /// The key under `nameserver:`.
+    /// A value of the `nameserver:`, `cluster:` or `docker:` section is invalid.
+    #[error("{section}.{key}: {message}")]
+    Section {
+        /// The section.
+        section: &'static str,
+        /// The key under it.
         key: &'static str,
         /// What is wrong with it.
         message: String,
@@ -59,6 +61,54 @@ pub struct Config {
     /// L4 upstreams that follow discovery.
     #[serde(default)]
     pub upstreams: Vec<UpstreamConfig>,
+    /// Replication of the name server's records to its peers (needs the name server).
+    #[serde(default)]
+    pub cluster: Option<ClusterSection>,
+    /// The Docker updater (needs the name server).
+    #[serde(default)]
+    pub docker: Option<DockerSection>,
+}
+
+/// `cluster:` — every key optional; command-line flags override them. Gossip runs
+/// when `gossip_listen` (or `--gossip-listen`) is set.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterSection {
+    /// This node's id, unique in the cluster (`--node-id`; default: the host name).
+    pub node_id: Option<String>,
+    /// UDP gossip listen address (`--gossip-listen`).
+    pub gossip_listen: Option<SocketAddr>,
+    /// The address peers reach this node at (`--gossip-advertise`).
+    pub gossip_advertise: Option<SocketAddr>,
+    /// Seed peers, `host:port` (`--peer`).
+    #[serde(default)]
+    pub peers: Vec<String>,
+    /// Only nodes with the same id talk to each other (`--cluster-id`).
+    pub cluster_id: Option<String>,
+    /// Milliseconds between periodic gossip rounds (`--gossip-interval-ms`).
+    pub gossip_interval_ms: Option<u64>,
+    /// File holding the base64 cluster key (`--gossip-key-file`).
+    pub gossip_key_file: Option<PathBuf>,
+    /// Failure detector: phi above which a peer is declared dead (default 8).
+    pub phi_threshold: Option<f64>,
+    /// Seconds a dead peer is remembered, its entries hidden, before they are
+    /// forgotten (default 3600).
+    pub dead_node_grace_s: Option<u64>,
+}
+
+/// `docker:` — every key optional; command-line flags override them.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DockerSection {
+    /// `auto` (on when the socket exists), `on` or `off` (`--docker`).
+    pub mode: Option<String>,
+    /// The daemon's unix socket (`--docker-socket`).
+    pub socket: Option<PathBuf>,
+    /// Register addresses of this network only (`--docker-network`).
+    pub network: Option<String>,
+    /// Which names to register: `hostname`, `name`, `aliases`, comma-separated
+    /// (`--docker-names`).
+    pub names: Option<String>,
 }
 
 /// `nameserver:` — every key optional; command-line flags override them.
@@ -113,10 +163,53 @@ impl Config {
                 tracing::warn!("nameserver.ttl is 0: answers will not be cached by clients");
             }
             if ns.tombstone_grace_s == Some(0) {
-                return Err(ConfigError::NameServer {
+                return Err(ConfigError::Section {
+                    section: "nameserver",
                     key: "tombstone_grace_s",
                     message: "must be at least 1 second".into(),
                 });
+            }
+        }
+        let section = |section, key, message: String| ConfigError::Section {
+            section,
+            key,
+            message,
+        };
+        if let Some(c) = &self.cluster {
+            if c.gossip_interval_ms == Some(0) {
+                return Err(section(
+                    "cluster",
+                    "gossip_interval_ms",
+                    "must be at least 1".into(),
+                ));
+            }
+            if c.node_id
+                .as_deref()
+                .is_some_and(|n| n.is_empty() || n.len() > 255)
+            {
+                return Err(section(
+                    "cluster",
+                    "node_id",
+                    "must be 1 to 255 bytes".into(),
+                ));
+            }
+            if c.phi_threshold.is_some_and(|p| !(p.is_finite() && p > 0.0)) {
+                return Err(section(
+                    "cluster",
+                    "phi_threshold",
+                    "must be a positive number".into(),
+                ));
+            }
+        }
+        if let Some(d) = &self.docker {
+            if let Some(mode) = &d.mode {
+                mode.parse::<dwara_docker::DockerMode>()
+                    .map_err(|e| section("docker", "mode", e.to_string()))?;
+            }
+            if let Some(names) = &d.names {
+                names
+                    .parse::<dwara_docker::NameSources>()
+                    .map_err(|e| section("docker", "names", e.to_string()))?;
             }
         }
         Ok(())

@@ -6,7 +6,9 @@
 #![forbid(unsafe_code)]
 #![allow(clippy::print_stdout)]
 
+mod cluster;
 mod dns_cmd;
+mod docker;
 mod nameserver;
 mod serve;
 mod signals;
@@ -27,7 +29,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run the name server and/or the configured upstreams.
-    Serve(serve::ServeArgs),
+    Serve(Box<serve::ServeArgs>),
     /// Follow one name through DNS discovery and print endpoint-set changes.
     Watch(watch::WatchArgs),
     /// Validate a configuration file without serving.
@@ -39,6 +41,8 @@ enum Command {
     /// Talk to a running name server's HTTP API.
     #[command(subcommand)]
     Dns(dns_cmd::DnsCommand),
+    /// Print a new random cluster key (base64) for --gossip-key-file.
+    Keygen,
 }
 
 fn init_tracing() {
@@ -92,10 +96,14 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(async move {
         match cli.command {
-            Command::Serve(args) => serve::run(args).await,
+            Command::Serve(args) => serve::run(*args).await,
             Command::Watch(args) => watch::run(args).await,
             Command::Check { config } => check(&config),
             Command::Dns(cmd) => dns_cmd::run(cmd).await,
+            Command::Keygen => {
+                println!("{}", dwara_cluster::generate_key());
+                Ok(())
+            }
         }
     });
     match result {

@@ -6,7 +6,10 @@
 //! override the section's values), its `upstreams:` run the L4 dataplane. Each
 //! component is built from its section and hands over its routes and metrics; this
 //! module owns the listener (`GET /upstreams`, `POST /reload`, `GET /metrics` and,
-//! with the name server, its API) and the one metrics registry.
+//! with the name server, its API and `GET /peers`) and the one metrics registry.
+//! The name-server half is the name server plus what writes into its database: the
+//! cluster (with `--gossip-listen`) and the Docker updater (`--docker`, default
+//! `auto`).
 //!
 //! SIGHUP and `POST /reload` re-read the file and apply its upstreams (a reload
 //! either fully applies or changes nothing); SIGTERM and ctrl-c stop accepting, stop
@@ -24,12 +27,16 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use clap::Args;
+use dwara_cluster::Cluster;
+use dwara_docker::{DockerUpdater, Started};
 use dwara_nameserver::NameServer;
 use dwara_proxy::Dataplane;
 use prometheus_client::registry::Registry;
 use tokio::signal::unix::{SignalKind, signal};
 use tracing::{error, info};
 
+use crate::cluster::ClusterArgs;
+use crate::docker::DockerArgs;
 use crate::nameserver::NameServerArgs;
 use dwara::config::Config;
 
@@ -44,6 +51,10 @@ pub(crate) struct ServeArgs {
     pub(crate) drain_timeout_s: u64,
     #[command(flatten)]
     pub(crate) nameserver: NameServerArgs,
+    #[command(flatten)]
+    pub(crate) cluster: ClusterArgs,
+    #[command(flatten)]
+    pub(crate) docker: DockerArgs,
 }
 
 /// Re-reads the config file and applies its upstreams.
@@ -143,6 +154,85 @@ impl Admin {
     }
 }
 
+/// The name-server half: the name server, and the cluster and Docker updater that
+/// write into its database.
+struct NameHalf {
+    nameserver: NameServer,
+    cluster: Option<Cluster>,
+    docker: Option<DockerUpdater>,
+}
+
+impl NameHalf {
+    async fn start(
+        args: &ServeArgs,
+        config: &Config,
+        registry: &mut Registry,
+    ) -> anyhow::Result<Self> {
+        let section = config.nameserver.as_ref();
+        let mut ns_config = args.nameserver.config(section)?;
+        let cluster_section = config.cluster.as_ref();
+        let cluster_config = args
+            .cluster
+            .config(cluster_section, ns_config.tombstone_grace)?;
+        // The entries this node makes carry its node id, the name peers know it by.
+        if let Some(c) = &cluster_config {
+            ns_config.db.origin = c.node_id.clone();
+        } else if let Some(id) = args.cluster.explicit_node_id(cluster_section) {
+            ns_config.db.origin = id;
+        }
+        let docker_config = args.docker.config(config.docker.as_ref())?;
+
+        let nameserver = NameServer::start(ns_config).await?;
+        nameserver.register_metrics(registry);
+        let db = nameserver.db().clone();
+        let cluster = match cluster_config {
+            Some(c) => {
+                let cluster = Cluster::start(c, db.clone()).await?;
+                cluster.register_metrics(registry);
+                Some(cluster)
+            }
+            None => {
+                info!("cluster off (no --gossip-listen): this node serves its own entries only");
+                None
+            }
+        };
+        let docker = match DockerUpdater::start(docker_config, db).await? {
+            Started::Running(updater) => {
+                updater.register_metrics(registry);
+                Some(updater)
+            }
+            Started::Off(why) => {
+                info!("{why}");
+                None
+            }
+        };
+        Ok(Self {
+            nameserver,
+            cluster,
+            docker,
+        })
+    }
+
+    fn router(&self) -> Router {
+        let router = self.nameserver.router();
+        match &self.cluster {
+            Some(cluster) => router.merge(cluster.router()),
+            None => router,
+        }
+    }
+
+    /// Docker first (it writes into the database), then gossip, then DNS.
+    async fn shutdown(self) {
+        if let Some(docker) = self.docker {
+            docker.shutdown().await;
+        }
+        if let Some(cluster) = self.cluster {
+            cluster.shutdown().await;
+        }
+        self.nameserver.shutdown().await;
+    }
+}
+
 /// Runs `dwara serve` until SIGTERM or ctrl-c.
 pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let config = match &args.config {
@@ -165,24 +255,25 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
     );
 
     let section = config.nameserver.as_ref();
-    let nameserver = if args.config.is_none() || section.is_some() {
-        let ns = NameServer::start(args.nameserver.config(section)?).await?;
-        ns.register_metrics(&mut registry);
-        router = router.merge(ns.router());
-        Some(ns)
-    } else {
-        None
-    };
-
+    let mut name_half = None;
+    if args.config.is_none() || section.is_some() {
+        let half = NameHalf::start(&args, &config, &mut registry).await?;
+        router = router.merge(half.router());
+        name_half = Some(half);
+    } else if config.cluster.is_some() || config.docker.is_some() {
+        anyhow::bail!(
+            "the cluster: and docker: sections need the name server: add a nameserver: section"
+        );
+    }
     let router = router
         .route("/metrics", get(metrics).with_state(Arc::new(registry)))
         .fallback(|| async { (StatusCode::NOT_FOUND, "no such endpoint\n") });
     let (admin, http) = Admin::serve(args.nameserver.http_listen(section), router).await?;
-    match &nameserver {
-        Some(ns) => info!(
-            dns = %ns.dns_addr(),
+    match &name_half {
+        Some(half) => info!(
+            dns = %half.nameserver.dns_addr(),
             %http,
-            domain = %ns.db().domain(),
+            domain = %half.nameserver.db().domain(),
             "name server ready"
         ),
         None => info!(%http, "HTTP status API listening"),
@@ -202,8 +293,8 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
     }
     info!("shutting down");
     admin.shutdown().await;
-    if let Some(ns) = nameserver {
-        ns.shutdown().await;
+    if let Some(half) = name_half {
+        half.shutdown().await;
     }
     dataplane
         .shutdown(Duration::from_secs(args.drain_timeout_s))

@@ -293,6 +293,39 @@ impl Db {
         self.remove(id, None, None)
     }
 
+    /// The origins (nodes) owning a live entry of container `id`, narrowed like
+    /// [`Db::remove`], sorted and without duplicates. Used to tell a delete that
+    /// matches only other nodes' entries from one that matches nothing.
+    pub fn live_origins(&self, id: &str, ip: Option<IpAddr>, fqdn: Option<&str>) -> Vec<String> {
+        let only = match fqdn {
+            Some(f) => match parse_name(f) {
+                Ok(n) => Some(wire_lower(&n)),
+                Err(_) => return Vec::new(),
+            },
+            None => None,
+        };
+        let w = self.writer.lock();
+        let Some(names) = w.by_id.get(id) else {
+            return Vec::new();
+        };
+        let mut origins: Vec<String> = Vec::new();
+        for name in names
+            .iter()
+            .filter(|n| only.as_deref().is_none_or(|o| &n[..] == o))
+        {
+            self.tables.names.read(&name[..], |recs| {
+                for r in recs.into_iter().flatten() {
+                    if !r.tombstone && &*r.id == id && ip.is_none_or(|ip| ip == r.ip) {
+                        origins.push(w.origin_name(r.origin).to_owned());
+                    }
+                }
+            });
+        }
+        origins.sort_unstable();
+        origins.dedup();
+        origins
+    }
+
     /// Merges an entry learnt from elsewhere (replication): inserted when unknown,
     /// replaces the known one when its version is higher, ignored otherwise.
     /// Returns whether anything changed. Fails if the name is not inside the domain.

@@ -7,6 +7,7 @@
 //! | `PUT /name/<id>/<ip>`, form `fqdn=…` | add; 204; 400 with a message for a bad IP, a missing fqdn or one outside the domain |
 //! | `DELETE /name/<id>/<ip>` (`fqdn` optional, form body or query) | tombstone; 204 also when nothing matched |
 //! | `DELETE /name/<id>` | tombstone every entry of the id; 204 |
+//! | either DELETE matching only other nodes' live entries | 409, JSON `{"error", "owners": [node…]}` |
 //! | `GET /name/<fqdn>` | 200 JSON array of IPs; 404 when none |
 //! | `GET /name` | 200 JSON array of every live entry; `?tombstones=true` adds tombstones |
 //! | `GET /domain` | the domain as text |
@@ -126,12 +127,32 @@ async fn remove(
         Err(e) => return bad_request(e),
     };
     let fqdn = fqdn_param(&body, query.as_deref());
+    if let Some(conflict) = owned_elsewhere(&state.db, &id, Some(ip), fqdn.as_deref()) {
+        return conflict;
+    }
     let durable = state.durable.as_ref();
     outcome(crate::durable::remove(&state.db, durable, &id, Some(ip), fqdn.as_deref()).await)
 }
 
 async fn remove_all(State(state): State<ApiState>, Path(id): Path<String>) -> Response {
+    if let Some(conflict) = owned_elsewhere(&state.db, &id, None, None) {
+        return conflict;
+    }
     outcome(crate::durable::remove(&state.db, state.durable.as_ref(), &id, None, None).await)
+}
+
+/// `409` naming the owners when a delete matches live entries of other nodes only:
+/// a node deletes only what it owns. Nothing matched anywhere stays a `204`.
+fn owned_elsewhere(db: &Db, id: &str, ip: Option<IpAddr>, fqdn: Option<&str>) -> Option<Response> {
+    let origins = db.live_origins(id, ip, fqdn);
+    if origins.is_empty() || origins.iter().any(|o| o == db.origin()) {
+        return None;
+    }
+    let body = serde_json::json!({
+        "error": format!("{id}: owned by other nodes; delete it on its owner"),
+        "owners": origins,
+    });
+    Some((StatusCode::CONFLICT, axum::Json(body)).into_response())
 }
 
 async fn lookup(State(state): State<ApiState>, Path(fqdn): Path<String>) -> Response {

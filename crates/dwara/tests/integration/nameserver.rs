@@ -28,7 +28,7 @@ impl Serve {
     /// Starts `dwara serve ARGS` and waits for its "name server ready" line.
     pub(crate) fn start(args: &[&str]) -> Self {
         let mut child = Command::new(BIN)
-            .arg("serve")
+            .args(["serve", "--docker", "off"])
             .args(args)
             .env("NO_COLOR", "1")
             .env("DWARA_LOG", "info")

@@ -149,6 +149,8 @@ impl Serve {
         let child = Command::new(env!("CARGO_BIN_EXE_dwara"))
             .args([
                 "serve",
+                "--docker",
+                "off",
                 "--config",
                 config.to_str().unwrap(),
                 "--http-listen",

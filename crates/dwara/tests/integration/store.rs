@@ -31,7 +31,7 @@ fn serve(data_dir: &Path) -> Serve {
 /// Runs `dwara serve` on `data_dir` expecting it to refuse to start.
 fn refused(data_dir: &Path) -> Output {
     let out = Command::new(BIN)
-        .arg("serve")
+        .args(["serve", "--docker", "off"])
         .args(LISTEN)
         .args(["--fallback", "127.0.0.1:9", "--data-dir"])
         .arg(data_dir)
@@ -334,7 +334,7 @@ fn a_store_of_a_newer_format_is_refused() {
 #[test]
 fn without_a_data_dir_the_log_says_memory_only() {
     let mut child = Command::new(BIN)
-        .arg("serve")
+        .args(["serve", "--docker", "off"])
         .args(LISTEN)
         .args(["--fallback", "127.0.0.1:9"])
         .env("NO_COLOR", "1")
@@ -365,7 +365,7 @@ fn serve_with_file_size_limit(data_dir: &Path, max_bytes: u64) -> Serve {
         .arg(r#"trap "" XFSZ; exec prlimit --fsize="$0" -- "$@""#)
         .arg(max_bytes.to_string())
         .arg(BIN)
-        .arg("serve")
+        .args(["serve", "--docker", "off"])
         .args(LISTEN)
         .args(["--fallback", "127.0.0.1:9", "--data-dir"])
         .arg(data_dir)

@@ -268,3 +268,45 @@ fn tombstones_are_forgotten_after_the_grace() {
     }
     assert!(s.db().entries().is_empty());
 }
+
+#[test]
+fn deletes_touch_only_own_entries_and_name_the_owners_otherwise() {
+    let s = TestServer::start(Vec::new());
+    let theirs = dwara_nameserver::Entry {
+        id: "c9".into(),
+        ip: "10.32.9.9".parse().unwrap(),
+        fqdn: "peer.weave.local.".into(),
+        origin: "peer-b".into(),
+        version: 1,
+        tombstone: false,
+    };
+    s.db().apply(theirs.clone()).unwrap();
+    s.db()
+        .apply(dwara_nameserver::Entry {
+            origin: "peer-a".into(),
+            ..theirs.clone()
+        })
+        .unwrap();
+    for path in ["/name/c9", "/name/c9/10.32.9.9"] {
+        let (status, body) = s.http("DELETE", path, None);
+        assert_eq!(status, 409, "{path}: {body}");
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(
+            v["owners"],
+            serde_json::json!(["peer-a", "peer-b"]),
+            "{body}"
+        );
+    }
+    assert_eq!(s.db().lookup("peer.weave.local"), [theirs.ip]);
+    // Another address of the same id matches nothing anywhere: 204.
+    assert_eq!(s.http("DELETE", "/name/c9/10.32.9.8", None).0, 204);
+    // Once this node owns one too, the delete removes only its own.
+    s.put("c9", "10.32.9.9", "peer.weave.local");
+    assert_eq!(s.http("DELETE", "/name/c9", None).0, 204);
+    let mut live: Vec<String> = listing(&s, "/name")
+        .iter()
+        .map(|e| e["origin"].as_str().unwrap().to_owned())
+        .collect();
+    live.sort();
+    assert_eq!(live, ["peer-a", "peer-b"]);
+}
