@@ -5,7 +5,9 @@
 //! - every workspace member inherits the workspace lints;
 //! - the name-server half never depends on the load-balancer half and vice versa
 //!   (checked over `cargo metadata`, transitively); `dwara-store` depends on no
-//!   workspace crate.
+//!   workspace crate;
+//! - no library function with a `bool` parameter is called with a `true`/`false`
+//!   literal (split it or take an enum).
 
 #[cfg(test)]
 mod tests {
@@ -196,5 +198,117 @@ mod tests {
         // And the binary joins both halves.
         let bin = &deps["dwara"];
         assert!(bin.contains("dwara-nameserver") && bin.contains("dwara-lb"));
+    }
+
+    /// Library functions with a `bool` parameter that some call passes a `true` or
+    /// `false` literal to (rust-analyzer's style: split the function or take an
+    /// enum). A text scan of the library crates, not a parser.
+    #[test]
+    fn no_library_function_is_called_with_a_bool_literal() {
+        let mut files = Vec::new();
+        for krate in member_dirs() {
+            let library = krate.join("src/lib.rs").exists() && !krate.ends_with("dwara");
+            if library && !krate.ends_with("xtask") {
+                rust_files(&krate.join("src"), &mut files);
+            }
+        }
+        let texts: Vec<(String, String)> = files
+            .iter()
+            .map(|f| {
+                (
+                    f.display().to_string(),
+                    std::fs::read_to_string(f).expect("readable source"),
+                )
+            })
+            .collect();
+        let mut bool_params: Vec<(String, Vec<usize>)> = Vec::new();
+        for (_, text) in &texts {
+            for (name, params) in signatures(text) {
+                let bools: Vec<usize> = params
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, p)| p.split(':').nth(1).is_some_and(|t| t.trim() == "bool"))
+                    .map(|(i, _)| i)
+                    .collect();
+                if !bools.is_empty() {
+                    bool_params.push((name, bools));
+                }
+            }
+        }
+        let mut offenders = Vec::new();
+        for (file, text) in &texts {
+            for (name, bools) in &bool_params {
+                for args in calls(text, name) {
+                    if bools
+                        .iter()
+                        .any(|&i| matches!(args.get(i).map(String::as_str), Some("true" | "false")))
+                    {
+                        offenders.push(format!("{file}: {name}({})", args.join(", ")));
+                    }
+                }
+            }
+        }
+        assert!(offenders.is_empty(), "bool literals passed: {offenders:#?}");
+    }
+
+    /// The text inside the parentheses that open at `open`, split at top-level commas.
+    fn args_at(text: &str, open: usize) -> Option<Vec<String>> {
+        let (mut depth, mut start, mut args) = (0i32, open + 1, Vec::new());
+        for (i, c) in text[open..].char_indices().map(|(i, c)| (open + i, c)) {
+            match c {
+                '(' | '[' | '{' | '<' if !(c == '<' && depth == 0 && i == open) => depth += 1,
+                ')' | ']' | '}' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        let last = text[start..i].trim();
+                        if !last.is_empty() {
+                            args.push(last.to_owned());
+                        }
+                        return Some(args);
+                    }
+                }
+                '>' if !text[..i].ends_with('-') && !text[..i].ends_with('=') => depth -= 1,
+                ',' if depth == 1 => {
+                    args.push(text[start..i].trim().to_owned());
+                    start = i + 1;
+                }
+                _ => {}
+            }
+        }
+        None
+    }
+
+    /// `(name, parameters without self)` of every `fn name(...)` in `text`.
+    fn signatures(text: &str) -> Vec<(String, Vec<String>)> {
+        let mut out = Vec::new();
+        for (at, _) in text.match_indices("fn ") {
+            let rest = &text[at + 3..];
+            let name: String = rest
+                .chars()
+                .take_while(|c| c.is_alphanumeric() || *c == '_')
+                .collect();
+            let Some(open) = rest[name.len()..].find('(') else {
+                continue;
+            };
+            let open = at + 3 + name.len() + open;
+            if let Some(mut params) = args_at(text, open) {
+                params.retain(|p| !p.contains("self"));
+                out.push((name, params));
+            }
+        }
+        out
+    }
+
+    /// The argument lists of every call `name(...)` or `.name(...)` in `text`.
+    fn calls(text: &str, name: &str) -> Vec<Vec<String>> {
+        let needle = format!("{name}(");
+        text.match_indices(&needle)
+            .filter(|(at, _)| {
+                let before = text[..*at].chars().next_back();
+                !text[..*at].ends_with("fn ")
+                    && !before.is_some_and(|c| c.is_alphanumeric() || c == '_')
+            })
+            .filter_map(|(at, _)| args_at(text, at + name.len()))
+            .collect()
     }
 }

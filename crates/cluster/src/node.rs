@@ -285,14 +285,21 @@ impl Ident {
         }
     }
 
-    fn entry(&self, origin: &str, version: u64, tombstone: bool) -> Entry {
+    fn live(&self, origin: &str, version: u64) -> Entry {
         Entry {
             id: self.id.clone(),
             ip: self.ip,
             fqdn: self.fqdn.clone(),
             origin: origin.to_owned(),
             version,
-            tombstone,
+            tombstone: false,
+        }
+    }
+
+    fn tombstone(&self, origin: &str, version: u64) -> Entry {
+        Entry {
+            tombstone: true,
+            ..self.live(origin, version)
         }
     }
 }
@@ -724,7 +731,7 @@ impl Engine {
             match opened {
                 None => {
                     if let Some(old) = ks.ident.take() {
-                        apply(old.entry(&node_id, version, true));
+                        apply(old.tombstone(&node_id, version));
                     }
                 }
                 Some(Ok(record)) if record.version == version => {
@@ -736,9 +743,9 @@ impl Engine {
                     if let Some(old) = ks.ident.take()
                         && old != ident
                     {
-                        apply(old.entry(&node_id, version, true));
+                        apply(old.tombstone(&node_id, version));
                     }
-                    if apply(ident.entry(&node_id, version, false)) {
+                    if apply(ident.live(&node_id, version)) {
                         ks.ident = Some(ident);
                     }
                 }
@@ -765,7 +772,7 @@ impl Engine {
                     ident: Some(old), ..
                 }) = remote.keys.remove(&key)
                 {
-                    apply(old.entry(&node_id, floor, true));
+                    apply(old.tombstone(&node_id, floor));
                 }
             }
         }

@@ -180,6 +180,13 @@ pub struct Db {
     epoch: Instant,
 }
 
+/// Whether an origin's entries are served.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Visibility {
+    Shown,
+    Hidden,
+}
+
 /// What to do to the records of one name.
 enum Edit<'a> {
     /// Add or revive (local origin) / merge (`apply`) one record.
@@ -374,15 +381,16 @@ impl Db {
     /// Hides the entries of `origin` from DNS answers and lookups, keeping them
     /// stored. Used for peers that are down.
     pub fn hide_origin(&self, origin: &str) {
-        self.set_origin_hidden(origin, true);
+        self.set_origin_visibility(origin, Visibility::Hidden);
     }
 
     /// Shows the entries of `origin` again after [`Db::hide_origin`].
     pub fn show_origin(&self, origin: &str) {
-        self.set_origin_hidden(origin, false);
+        self.set_origin_visibility(origin, Visibility::Shown);
     }
 
-    fn set_origin_hidden(&self, origin: &str, hidden: bool) {
+    fn set_origin_visibility(&self, origin: &str, visibility: Visibility) {
+        let hidden = visibility == Visibility::Hidden;
         let mut w = self.writer.lock();
         let o = w.origin_index(origin);
         if w.origins[o as usize].1 == hidden {

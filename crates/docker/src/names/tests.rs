@@ -9,7 +9,23 @@ fn inspect(json: serde_json::Value) -> ContainerInspectResponse {
     serde_json::from_value(json).unwrap()
 }
 
-fn container(status: &str, restarting: bool, host: &str, domain: &str) -> ContainerInspectResponse {
+fn running(host: &str, domain: &str) -> ContainerInspectResponse {
+    container("running", Restarting::No, host, domain)
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Restarting {
+    No,
+    Yes,
+}
+
+fn container(
+    status: &str,
+    restarting: Restarting,
+    host: &str,
+    domain: &str,
+) -> ContainerInspectResponse {
+    let restarting = restarting == Restarting::Yes;
     inspect(serde_json::json!({
         "Id": ID,
         "Name": "/web_1",
@@ -43,7 +59,7 @@ fn names_of(records: &BTreeSet<Record>) -> BTreeSet<String> {
 
 #[test]
 fn hostname_and_domainname_in_the_domain_register_every_address() {
-    let c = container("running", false, "web1", "weave.local");
+    let c = running("web1", "weave.local");
     let got = desired(&c, &naming("hostname", None), None);
     let want: BTreeSet<Record> = ["172.17.0.2", "10.5.0.3", "fd00::3"]
         .iter()
@@ -54,7 +70,7 @@ fn hostname_and_domainname_in_the_domain_register_every_address() {
 
 #[test]
 fn a_hostname_carrying_the_domain_counts_and_case_is_folded() {
-    let c = container("running", false, "Web1.Weave.Local", "");
+    let c = running("Web1.Weave.Local", "");
     let got = desired(&c, &naming("hostname", Some("bridge")), None);
     assert_eq!(
         names_of(&got),
@@ -70,7 +86,7 @@ fn outside_the_domain_registers_nothing() {
         ("weave", "local"),
         ("", "weave.local"),
     ] {
-        let c = container("running", false, host, dom);
+        let c = running(host, dom);
         assert!(
             desired(&c, &naming("hostname", None), None).is_empty(),
             "{host:?} {dom:?}"
@@ -80,7 +96,7 @@ fn outside_the_domain_registers_nothing() {
 
 #[test]
 fn names_and_aliases_come_under_the_domain_when_enabled() {
-    let c = container("running", false, "web1", "example.com");
+    let c = running("web1", "example.com");
     let got = desired(&c, &naming("name,aliases", None), None);
     assert_eq!(
         names_of(&got),
@@ -105,7 +121,7 @@ fn names_and_aliases_come_under_the_domain_when_enabled() {
 
 #[test]
 fn one_network_narrows_the_addresses() {
-    let c = container("running", false, "web1", "weave.local");
+    let c = running("web1", "weave.local");
     let got = desired(&c, &naming("hostname", Some("front")), None);
     let ips: BTreeSet<IpAddr> = got.iter().map(|(ip, _)| *ip).collect();
     assert_eq!(
@@ -117,18 +133,23 @@ fn one_network_narrows_the_addresses() {
 
 #[test]
 fn only_running_and_paused_containers_are_live() {
+    use Restarting::{No, Yes};
     for (status, restarting, live) in [
-        ("running", false, true),
-        ("paused", false, true),
-        ("running", true, false),
-        ("restarting", true, false),
-        ("exited", false, false),
-        ("created", false, false),
-        ("dead", false, false),
-        ("removing", false, false),
+        ("running", No, true),
+        ("paused", No, true),
+        ("running", Yes, false),
+        ("restarting", Yes, false),
+        ("exited", No, false),
+        ("created", No, false),
+        ("dead", No, false),
+        ("removing", No, false),
     ] {
         let c = container(status, restarting, "web1", "weave.local");
-        assert_eq!(is_live(&c, None), live, "{status} restarting={restarting}");
+        assert_eq!(
+            is_live(&c, None),
+            live,
+            "{status} restarting={restarting:?}"
+        );
         assert_eq!(
             desired(&c, &naming("hostname", None), None).is_empty(),
             !live
@@ -138,7 +159,7 @@ fn only_running_and_paused_containers_are_live() {
 
 #[test]
 fn a_die_after_the_current_start_means_that_incarnation_is_gone() {
-    let c = container("running", false, "web1", "weave.local");
+    let c = running("web1", "weave.local");
     let started = started_at(&c).unwrap();
     // A late die of an older incarnation leaves the new one registered.
     assert!(is_live(&c, Some(started - 1_000_000)));
