@@ -35,21 +35,19 @@ async fn what_changed_while_cut_is_repaired_after_restore() {
         lookup(&h.db, &new_fqdn),
         lookup(&h.db, &old_fqdn)
     );
-    let text = metrics_text(&updater);
+    // The counters are bumped around the repair; wait for them as well.
+    let counted = |text: &str| {
+        metric(text, "dwara_docker_reconnects_total") >= 1.0
+            && metric(text, "dwara_docker_reconciles_total") >= 2.0
+            && metric(
+                text,
+                "dwara_docker_reconcile_repairs_total{change=\"removed\"}",
+            ) >= 1.0
+    };
     assert!(
-        metric(&text, "dwara_docker_reconnects_total") >= 1.0,
-        "{text}"
-    );
-    assert!(
-        metric(&text, "dwara_docker_reconciles_total") >= 2.0,
-        "{text}"
-    );
-    assert!(
-        metric(
-            &text,
-            "dwara_docker_reconcile_repairs_total{change=\"removed\"}"
-        ) >= 1.0,
-        "{text}"
+        wait(CONVERGE, || counted(&metrics_text(&updater))).await,
+        "{}",
+        metrics_text(&updater)
     );
     updater.shutdown().await;
 }
