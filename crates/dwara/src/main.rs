@@ -55,6 +55,22 @@ fn init_tracing() {
         .init();
 }
 
+/// An error and its causes on one line, `a: b: c`, leaving out a cause whose text
+/// the line already holds (errors that show their source in their own message).
+pub(crate) fn one_line(e: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if !line.contains(&text) {
+            if !line.is_empty() {
+                line.push_str(": ");
+            }
+            line.push_str(&text);
+        }
+    }
+    line
+}
+
 /// Loads a configuration file; errors name the file.
 fn load_config(path: &std::path::Path) -> anyhow::Result<dwara::config::Config> {
     use dwara::config::{Config, ConfigError};
@@ -109,7 +125,7 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("dwara: {e:#}");
+            eprintln!("dwara: {}", one_line(&e));
             ExitCode::FAILURE
         }
     }

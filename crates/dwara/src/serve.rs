@@ -80,7 +80,7 @@ impl Reloader {
         match &result {
             Ok(n) => info!(generation = n, path = %path.display(), "configuration reloaded"),
             Err(e) => {
-                error!(error = %format!("{e:#}"), path = %path.display(), "reload rejected; the previous configuration keeps running")
+                error!(error = %crate::one_line(e), path = %path.display(), "reload rejected; the previous configuration keeps running")
             }
         }
         result
@@ -94,7 +94,7 @@ async fn reload(State(reloader): State<Arc<Reloader>>) -> Response {
         }
         Err(e) => (
             StatusCode::BAD_REQUEST,
-            axum::Json(serde_json::json!({ "error": format!("{e:#}") })),
+            axum::Json(serde_json::json!({ "error": crate::one_line(&e) })),
         )
             .into_response(),
     }

@@ -43,14 +43,37 @@ pub fn init_tracing() {
 }
 
 /// A loopback port that is free for both UDP and TCP at the time of the call.
+///
+/// Ports come from 20000–32767, below Linux's ephemeral range (32768–60999): a
+/// server a test stops and starts again on its port (a dnsmasq restart) cannot lose
+/// it to some client socket's ephemeral bind in the meantime. Successive calls in
+/// one process walk the range from a random start, so they never repeat a port.
 pub fn free_port() -> u16 {
-    loop {
-        let udp = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind udp on loopback");
-        let port = udp.local_addr().expect("local addr").port();
-        if TcpListener::bind((Ipv4Addr::LOCALHOST, port)).is_ok() {
+    use std::hash::{BuildHasher, Hasher};
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const FIRST: u32 = 20_000;
+    const COUNT: u32 = 12_768;
+    static NEXT: AtomicU32 = AtomicU32::new(u32::MAX);
+    if NEXT.load(Ordering::Relaxed) == u32::MAX {
+        let seed = std::collections::hash_map::RandomState::new()
+            .build_hasher()
+            .finish();
+        let _ = NEXT.compare_exchange(
+            u32::MAX,
+            (seed % u64::from(COUNT)) as u32,
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        );
+    }
+    for _ in 0..COUNT {
+        let port = (FIRST + NEXT.fetch_add(1, Ordering::Relaxed) % COUNT) as u16;
+        if UdpSocket::bind((Ipv4Addr::LOCALHOST, port)).is_ok()
+            && TcpListener::bind((Ipv4Addr::LOCALHOST, port)).is_ok()
+        {
             return port;
         }
     }
+    panic!("no free loopback port in {FIRST}..{}", FIRST + COUNT);
 }
 
 /// `127.0.0.1:<free port>`.
