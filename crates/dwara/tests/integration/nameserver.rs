@@ -25,11 +25,18 @@ fn field(line: &str, key: &str) -> Option<SocketAddr> {
 }
 
 impl Serve {
-    /// Starts `dwara serve ARGS` and waits for its "name server ready" line.
+    /// Starts `dwara serve ARGS` (Docker off) and waits for its "name server ready"
+    /// line.
     pub(crate) fn start(args: &[&str]) -> Self {
-        let mut child = Command::new(BIN)
-            .args(["serve", "--docker", "off"])
-            .args(args)
+        let mut cmd = Command::new(BIN);
+        cmd.args(["serve", "--docker", "off"]).args(args);
+        Self::spawn(cmd)
+    }
+
+    /// Runs `cmd` (a `dwara serve`, perhaps behind a wrapper) and waits for its
+    /// "name server ready" line; stderr is echoed for the life of the process.
+    pub(crate) fn spawn(mut cmd: Command) -> Self {
+        let mut child = cmd
             .env("NO_COLOR", "1")
             .env("DWARA_LOG", "info")
             .stdin(Stdio::null())
@@ -39,7 +46,6 @@ impl Serve {
             .unwrap();
         let stderr = child.stderr.take().unwrap();
         let (tx, rx) = mpsc::channel();
-        // Keeps draining stderr for the life of the process.
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
                 eprintln!("[dwara] {line}");
@@ -52,7 +58,7 @@ impl Serve {
             Ok((Some(dns), Some(http))) => (dns, http),
             other => {
                 let _ = child.kill();
-                panic!("dwara serve {args:?} did not become ready: {other:?}");
+                panic!("{cmd:?} did not become ready: {other:?}");
             }
         };
         Self { child, dns, http }

@@ -360,44 +360,16 @@ fn without_a_data_dir_the_log_says_memory_only() {
 /// `dwara serve --data-dir DIR` whose files may not grow past `max_bytes`
 /// (`prlimit --fsize`, with SIGXFSZ ignored so a write fails with EFBIG instead).
 fn serve_with_file_size_limit(data_dir: &Path, max_bytes: u64) -> Serve {
-    let mut child = Command::new("sh")
-        .arg("-c")
+    let mut cmd = Command::new("sh");
+    cmd.arg("-c")
         .arg(r#"trap "" XFSZ; exec prlimit --fsize="$0" -- "$@""#)
         .arg(max_bytes.to_string())
         .arg(BIN)
         .args(["serve", "--docker", "off"])
         .args(LISTEN)
         .args(["--fallback", "127.0.0.1:9", "--data-dir"])
-        .arg(data_dir)
-        .env("NO_COLOR", "1")
-        .env("DWARA_LOG", "info")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stderr = child.stderr.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            eprintln!("[dwara] {line}");
-            if line.contains("name server ready") {
-                let addr = |key: &str| -> Option<SocketAddr> {
-                    line.split_whitespace()
-                        .find_map(|w| w.strip_prefix(key))
-                        .and_then(|v| v.parse().ok())
-                };
-                let _ = tx.send((addr("dns="), addr("http=")));
-            }
-        }
-    });
-    match rx.recv_timeout(Duration::from_secs(20)) {
-        Ok((Some(dns), Some(http))) => Serve { child, dns, http },
-        other => {
-            let _ = child.kill();
-            panic!("dwara serve did not become ready: {other:?}");
-        }
-    }
+        .arg(data_dir);
+    Serve::spawn(cmd)
 }
 
 #[test]
