@@ -18,7 +18,6 @@
 //! Prints the median per variant, the ratio data-dir / memory and the restart time.
 //! Everything listens on 127.0.0.1 only.
 
-use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -115,51 +114,30 @@ fn start(data_dir: Option<&Path>) -> anyhow::Result<Dwara> {
     Ok(d)
 }
 
-/// Reads one response off a keep-alive connection: (status line, body).
-fn read_response(reader: &mut BufReader<TcpStream>) -> anyhow::Result<(String, Vec<u8>)> {
-    let mut status = String::new();
-    if reader.read_line(&mut status)? == 0 {
-        bail!("connection closed");
-    }
-    let mut length = 0usize;
-    let mut line = String::new();
-    loop {
-        line.clear();
-        if reader.read_line(&mut line)? == 0 {
-            bail!("connection closed in the headers");
-        }
-        let l = line.trim();
-        if l.is_empty() {
-            break;
-        }
-        if let Some(v) = l.to_ascii_lowercase().strip_prefix("content-length:") {
-            length = v.trim().parse().unwrap_or(0);
-        }
-    }
-    let mut body = vec![0u8; length];
-    reader.read_exact(&mut body)?;
-    Ok((status.trim().to_owned(), body))
+/// A client with one keep-alive connection (reqwest's pool, one idle connection).
+fn client() -> anyhow::Result<reqwest::blocking::Client> {
+    Ok(reqwest::blocking::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .no_proxy()
+        .pool_max_idle_per_host(1)
+        .build()?)
 }
 
 /// Registers names `k, k + step, …` below `n` over one keep-alive connection.
 fn register_share(http: SocketAddr, k: usize, step: usize, n: usize) -> anyhow::Result<()> {
-    let mut stream = TcpStream::connect(http)?;
-    stream.set_nodelay(true)?;
-    let mut reader = BufReader::new(stream.try_clone()?);
+    let client = client()?;
     for i in (k..n).step_by(step) {
-        let body = format!("fqdn=n{i}.weave.local");
         let ip = Ipv4Addr::from(0x0a00_0000 + u32::try_from(i)?);
-        let req = format!(
-            "PUT /name/c{i}/{ip} HTTP/1.1\r\nHost: perf\r\n\
-             Content-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\n\r\n{body}",
-            body.len()
-        );
-        stream.write_all(req.as_bytes())?;
-        let (status, body) = read_response(&mut reader)?;
-        if !status.starts_with("HTTP/1.1 204") {
+        let resp = client
+            .put(format!("http://{http}/name/c{i}/{ip}"))
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(format!("fqdn=n{i}.weave.local"))
+            .send()?;
+        if resp.status().as_u16() != 204 {
+            let status = resp.status();
             bail!(
                 "registration {i} failed: {status} {}",
-                String::from_utf8_lossy(&body)
+                resp.text().unwrap_or_default()
             );
         }
     }
@@ -184,14 +162,11 @@ fn register(http: SocketAddr, n: usize, c: usize) -> anyhow::Result<Duration> {
 
 /// How many entries `GET /name` lists.
 fn count_entries(http: SocketAddr) -> anyhow::Result<usize> {
-    let stream = TcpStream::connect(http)?;
-    let mut reader = BufReader::new(stream.try_clone()?);
-    (&stream).write_all(b"GET /name HTTP/1.1\r\nHost: perf\r\n\r\n")?;
-    let (status, body) = read_response(&mut reader)?;
-    if !status.starts_with("HTTP/1.1 200") {
-        bail!("GET /name: {status}");
+    let resp = client()?.get(format!("http://{http}/name")).send()?;
+    if resp.status().as_u16() != 200 {
+        bail!("GET /name: {}", resp.status());
     }
-    let entries: serde_json::Value = serde_json::from_slice(&body)?;
+    let entries: serde_json::Value = resp.json()?;
     Ok(entries.as_array().map_or(0, Vec::len))
 }
 

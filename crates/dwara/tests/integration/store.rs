@@ -1,8 +1,8 @@
 //! `dwara serve --data-dir`: registrations survive SIGKILL and restarts; a data dir
 //! that is locked, damaged or from a newer dwara is refused with one clear line.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::sync::Mutex;
@@ -154,19 +154,18 @@ const STORE_FILE: &str = "registrations.redb";
 
 /// One PUT on its own connection; `None` when the server is gone.
 fn try_put(addr: SocketAddr, id: &str, ip: &str, fqdn: &str) -> Option<u16> {
-    let body = format!("fqdn={fqdn}");
-    let req = format!(
-        "PUT /name/{id}/{ip} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\
-         Content-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    );
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
-    s.write_all(req.as_bytes()).ok()?;
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).ok()?;
-    let raw = String::from_utf8_lossy(&raw);
-    raw.strip_prefix("HTTP/1.1 ")?.get(..3)?.parse().ok()
+    let client = reqwest::blocking::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .no_proxy()
+        .build()
+        .ok()?;
+    let resp = client
+        .put(format!("http://{addr}/name/{id}/{ip}"))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(format!("fqdn={fqdn}"))
+        .send()
+        .ok()?;
+    Some(resp.status().as_u16())
 }
 
 #[test]
