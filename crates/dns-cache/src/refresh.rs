@@ -7,8 +7,9 @@
 //! backoff until it gets an answer or the entry's serve-stale window closes. The
 //! number of callers never changes the number of queries: one per attempt.
 //!
-//! A caller with an expired answer waits for the flight's *first* attempt for at most
-//! the client-response timer (RFC 8767 §5) and is then answered stale; once an
+//! A caller with an expired answer waits for the flight's *first* attempt until the
+//! client-response timer (RFC 8767 §5), started with that attempt, fires, and is then
+//! answered stale (so it never waits longer than the timer); once an
 //! attempt has failed the upstream is known to be failing, so later callers are
 //! answered stale at once while the flight keeps trying. When an attempt succeeds,
 //! its answer replaces the stale one in moka and on the hit path.
@@ -51,6 +52,10 @@ pub(crate) struct Flight {
     /// The entry being refreshed: a refresh that finds moka holding a different,
     /// non-stale fresh entry stops (someone else already got an answer).
     origin: Arc<Entry>,
+    /// When the first attempt started (real time): the client-response timer of every
+    /// caller waiting on that attempt fires at `started + timer`, so a name's callers
+    /// are released together, never later than `timer` after they arrived.
+    started: tokio::time::Instant,
 }
 
 /// The running flights of one cache, by name.
@@ -129,6 +134,7 @@ impl DnsCache {
         let flight = Arc::new(Flight {
             phase,
             origin: seen.clone(),
+            started: tokio::time::Instant::now(),
         });
         running.insert(key.to_owned(), flight.clone());
         drop(running);
@@ -160,7 +166,8 @@ impl DnsCache {
         let settled = match current {
             Phase::Querying(1) if !timer.is_zero() => {
                 let first_settled = |p: &Phase| !matches!(p, Phase::Querying(1));
-                match tokio::time::timeout(timer, phase.wait_for(first_settled)).await {
+                let fires = flight.started + timer;
+                match tokio::time::timeout_at(fires, phase.wait_for(first_settled)).await {
                     Ok(Ok(p)) => Some(p.clone()),
                     // The sender lives in `flight`, which we hold: only the timer ends it.
                     Ok(Err(_)) | Err(_) => None,
