@@ -16,15 +16,38 @@
 //!   every waiter gets the same answer or the same error.
 //! - **Serve-stale** (RFC 8767, opt-in with `max_stale`) and **refresh-ahead** (a
 //!   name used in the last part of its TTL is refreshed in the background).
+//! - **No resolver timeout on the dial path during an outage.** A caller whose answer
+//!   has expired but is within `max_stale` waits at most `client_response_timeout`
+//!   (RFC 8767 §5's client-response timer, default 1.8 s; zero answers stale at once)
+//!   for the upstream, then gets the stale answer; once an attempt has failed, callers
+//!   get it at once. Behind it, **one background refresh per name** (shared with
+//!   refresh-ahead) retries with capped, jittered exponential backoff
+//!   (`refresh_retry_initial` .. `refresh_retry_max`) until it gets an answer, which
+//!   replaces the stale one at once, or until `max_stale` runs out. A thousand callers
+//!   cause one upstream query per attempt, not a thousand.
 //! - IP literals and `localhost` bypass the cache; names are normalised (case,
 //!   trailing dot). [`CacheStats`] counts hits, misses, coalesced waiters, stale
-//!   answers, refreshes, evictions.
+//!   answers, refreshes (failed, retried, abandoned), client-response timer firings,
+//!   evictions, and the time callers waited (total and longest).
 //! - With the `hyper-util` feature (default), [`HyperResolver`] plugs the cache into
 //!   hyper-util's `HttpConnector`; with `reqwest`, `ReqwestResolver` is a
 //!   `reqwest::dns::Resolve` (see `examples/`).
 //!
 //! The [`DnsResolver`] underneath runs with hickory's cache off, so nothing is cached
 //! twice.
+//!
+//! **During a DNS outage**, with `max_stale` set, a user of the cache (directly or
+//! through the hyper/reqwest adapters) sees: names whose answer is still fresh keep
+//! resolving from the cache; a name whose answer expires is answered with the old
+//! addresses, after at most `client_response_timeout` for the first callers of that
+//! name and at once after that, for up to `max_stale` past its expiry; then the
+//! upstream's error. Names never resolved before fail with the resolver's error after
+//! its timeout. `dwara serve` itself does not resolve through this cache: its dial
+//! path connects to addresses the load balancer picks from the endpoint sets that
+//! discovery publishes, and discovery resolves in its own background refresh cycle.
+//! A DNS outage there delays no connection: discovery keeps the last endpoint set
+//! (`fail_open`, the default; without it the set is cleared and new connections are
+//! closed).
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -35,6 +58,7 @@
 //! let resolver = DnsResolver::new(ResolverConfig::default())?;
 //! let cache = DnsCache::new(resolver, DnsCacheConfig {
 //!     max_stale: Duration::from_secs(300), // ride out a DNS outage for 5 minutes
+//!     client_response_timeout: Some(Duration::from_millis(500)), // wait at most this
 //!     ..DnsCacheConfig::default()
 //! })?;
 //! let ips = cache.resolve("api.example.com").await?;
