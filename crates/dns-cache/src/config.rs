@@ -1,4 +1,5 @@
-//! [`DnsCacheConfig`]: capacity, TTL bounds, negative caching, serve-stale, refresh-ahead.
+//! [`DnsCacheConfig`]: capacity, TTL bounds, negative caching, serve-stale (with its
+//! client-response timer), refresh-ahead and the retry backoff of background refreshes.
 
 use std::time::Duration;
 
@@ -36,6 +37,24 @@ pub struct DnsCacheConfig {
     /// While serving stale, how long a stale answer is handed out before the upstream
     /// is asked again (RFC 8767's stale answer TTL / failure recheck timer).
     pub stale_answer_ttl: Duration,
+    /// Client-response timer (RFC 8767 §5, unbound's `serve-expired-client-timeout`):
+    /// how long a caller whose answer has expired (but is within `max_stale`) waits
+    /// for the upstream before it is answered stale, while one background refresh of
+    /// the name keeps trying. It only bounds the wait on a name's first attempt: once
+    /// an attempt has failed, callers are answered stale at once until the refresh
+    /// succeeds. `Some(Duration::ZERO)` answers stale at once and refreshes behind
+    /// (stale-while-revalidate). `None` turns the timer off: a caller waits for the
+    /// upstream's own verdict (the resolver's timeout) before it gets the stale
+    /// answer, as before this setting existed. Unused while `max_stale` is zero.
+    pub client_response_timeout: Option<Duration>,
+    /// First pause before a failed background refresh (refresh-ahead, or the refresh
+    /// behind a stale answer) tries again; each retry doubles it up to
+    /// `refresh_retry_max`, jittered to between half and all of it.
+    pub refresh_retry_initial: Duration,
+    /// Longest pause between two attempts of a background refresh. A refresh retries
+    /// until it succeeds or its entry's serve-stale window (`max_stale` past expiry)
+    /// runs out.
+    pub refresh_retry_max: Duration,
     /// Refresh-ahead: a name used in the last `refresh_ahead` fraction of its TTL is
     /// refreshed in the background. `0.0` turns it off; values are clamped to `[0, 1)`.
     pub refresh_ahead: f64,
@@ -57,6 +76,9 @@ impl Default for DnsCacheConfig {
             max_negative_ttl: Duration::from_secs(60),
             max_stale: Duration::ZERO,
             stale_answer_ttl: Duration::from_secs(10),
+            client_response_timeout: Some(Duration::from_millis(1800)),
+            refresh_retry_initial: Duration::from_millis(250),
+            refresh_retry_max: Duration::from_secs(10),
             refresh_ahead: 0.2,
             family: LookupFamily::Both,
             clock: Clock::coarse(),
@@ -91,6 +113,15 @@ impl DnsCacheConfig {
         if !self.max_stale.is_zero() && self.stale_answer_ttl.is_zero() {
             return fail("stale_answer_ttl must be positive when max_stale is set".to_owned());
         }
+        if self.refresh_retry_initial.is_zero() {
+            return fail("refresh_retry_initial must be positive".to_owned());
+        }
+        if self.refresh_retry_initial > self.refresh_retry_max {
+            return fail(format!(
+                "refresh_retry_initial ({:?}) exceeds refresh_retry_max ({:?})",
+                self.refresh_retry_initial, self.refresh_retry_max
+            ));
+        }
         Ok(())
     }
 }
@@ -115,6 +146,22 @@ mod tests {
         assert!(bad.validate().is_err());
         let bad = DnsCacheConfig {
             capacity: 0,
+            ..DnsCacheConfig::default()
+        };
+        assert!(bad.validate().is_err());
+        let bad = DnsCacheConfig {
+            refresh_retry_initial: Duration::from_secs(20),
+            refresh_retry_max: Duration::from_secs(10),
+            ..DnsCacheConfig::default()
+        };
+        assert!(
+            bad.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("refresh_retry_max")
+        );
+        let bad = DnsCacheConfig {
+            refresh_retry_initial: Duration::ZERO,
             ..DnsCacheConfig::default()
         };
         assert!(bad.validate().is_err());

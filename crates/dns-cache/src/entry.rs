@@ -106,6 +106,12 @@ impl Entry {
         })
     }
 
+    /// Whether the answer has expired at `now` but may still be served stale
+    /// (a positive answer inside its serve-stale window).
+    pub(crate) fn is_stale_servable(&self, now: Instant) -> bool {
+        matches!(self.answer, Answer::Addrs(_)) && now >= self.fresh_until && now < self.stale_until
+    }
+
     /// Whether the answer can be served at `now` without asking the upstream.
     #[inline]
     pub(crate) fn is_fresh(&self, now: Instant) -> bool {
@@ -161,5 +167,8 @@ mod tests {
         let s = Entry::stale_copy(&e, now + secs(35), &cfg).unwrap();
         assert_eq!(s.fresh_until - now, secs(40));
         assert!(Entry::stale_copy(&e, now + secs(40), &cfg).is_none());
+        assert!(!e.is_stale_servable(now + secs(9)));
+        assert!(e.is_stale_servable(now + secs(10)) && e.is_stale_servable(now + secs(39)));
+        assert!(!e.is_stale_servable(now + secs(40)));
     }
 }

@@ -16,15 +16,38 @@
 //!   every waiter gets the same answer or the same error.
 //! - **Serve-stale** (RFC 8767, opt-in with `max_stale`) and **refresh-ahead** (a
 //!   name used in the last part of its TTL is refreshed in the background).
+//! - **No resolver timeout on the dial path during an outage.** A caller whose answer
+//!   has expired but is within `max_stale` waits at most `client_response_timeout`
+//!   (RFC 8767 §5's client-response timer, default 1.8 s; zero answers stale at once)
+//!   for the upstream, then gets the stale answer; once an attempt has failed, callers
+//!   get it at once. Behind it, **one background refresh per name** (shared with
+//!   refresh-ahead) retries with capped, jittered exponential backoff
+//!   (`refresh_retry_initial` .. `refresh_retry_max`) until it gets an answer, which
+//!   replaces the stale one at once, or until `max_stale` runs out. A thousand callers
+//!   cause one upstream query per attempt, not a thousand.
 //! - IP literals and `localhost` bypass the cache; names are normalised (case,
 //!   trailing dot). [`CacheStats`] counts hits, misses, coalesced waiters, stale
-//!   answers, refreshes, evictions.
+//!   answers, refreshes (failed, retried, abandoned), client-response timer firings,
+//!   evictions, and the time callers waited (total and longest).
 //! - With the `hyper-util` feature (default), [`HyperResolver`] plugs the cache into
 //!   hyper-util's `HttpConnector`; with `reqwest`, `ReqwestResolver` is a
 //!   `reqwest::dns::Resolve` (see `examples/`).
 //!
 //! The [`DnsResolver`] underneath runs with hickory's cache off, so nothing is cached
 //! twice.
+//!
+//! **During a DNS outage**, with `max_stale` set, a user of the cache (directly or
+//! through the hyper/reqwest adapters) sees: names whose answer is still fresh keep
+//! resolving from the cache; a name whose answer expires is answered with the old
+//! addresses, after at most `client_response_timeout` for the first callers of that
+//! name and at once after that, for up to `max_stale` past its expiry; then the
+//! upstream's error. Names never resolved before fail with the resolver's error after
+//! its timeout. `dwara serve` itself does not resolve through this cache: its dial
+//! path connects to addresses the load balancer picks from the endpoint sets that
+//! discovery publishes, and discovery resolves in its own background refresh cycle.
+//! A DNS outage there delays no connection: discovery keeps the last endpoint set
+//! (`fail_open`, the default; without it the set is cleared and new connections are
+//! closed).
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -35,6 +58,7 @@
 //! let resolver = DnsResolver::new(ResolverConfig::default())?;
 //! let cache = DnsCache::new(resolver, DnsCacheConfig {
 //!     max_stale: Duration::from_secs(300), // ride out a DNS outage for 5 minutes
+//!     client_response_timeout: Some(Duration::from_millis(500)), // wait at most this
 //!     ..DnsCacheConfig::default()
 //! })?;
 //! let ips = cache.resolve("api.example.com").await?;
@@ -54,6 +78,7 @@ mod front;
 #[cfg(feature = "hyper-util")]
 mod hyper_resolver;
 mod name;
+mod refresh;
 #[cfg(feature = "reqwest")]
 mod reqwest_resolver;
 mod stats;
@@ -61,7 +86,7 @@ mod stats;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use dwara_resolver::{DnsResolver, ResolveError};
 use moka::notification::RemovalCause;
@@ -80,6 +105,7 @@ pub use stats::CacheStats;
 
 use entry::{Answer, Entry};
 use front::FrontMap;
+use refresh::Flights;
 use stats::Stats;
 
 /// A TTL DNS cache in front of a [`DnsResolver`]. Cheap to clone (clones share the cache).
@@ -94,6 +120,7 @@ struct Inner {
     store: moka::future::Cache<String, Arc<Entry>>,
     front: Arc<FrontMap>,
     stats: Arc<Stats>,
+    flights: Flights,
 }
 
 impl std::fmt::Debug for DnsCache {
@@ -114,7 +141,7 @@ impl moka::Expiry<String, Arc<Entry>> for KeepFor {
         &self,
         _key: &String,
         value: &Arc<Entry>,
-        _created_at: std::time::Instant,
+        _created_at: Instant,
     ) -> Option<Duration> {
         Some(value.keep_for)
     }
@@ -123,7 +150,7 @@ impl moka::Expiry<String, Arc<Entry>> for KeepFor {
         &self,
         _key: &String,
         value: &Arc<Entry>,
-        _updated_at: std::time::Instant,
+        _updated_at: Instant,
         _duration_until_expiry: Option<Duration>,
     ) -> Option<Duration> {
         Some(value.keep_for)
@@ -161,6 +188,7 @@ impl DnsCache {
                 store,
                 front,
                 stats,
+                flights: Flights::default(),
             }),
         })
     }
@@ -227,6 +255,11 @@ impl DnsCache {
         self.inner.store.run_pending_tasks().await;
     }
 
+    /// Names with a background refresh running now (at most one each).
+    pub fn refreshes_running(&self) -> usize {
+        self.inner.flights.len()
+    }
+
     /// The configuration the cache was built with.
     pub fn config(&self) -> &DnsCacheConfig {
         &self.inner.config
@@ -259,46 +292,31 @@ impl DnsCache {
             .flatten()
     }
 
-    /// Starts one background refresh of `entry` (refresh-ahead), if none has started.
+    /// Joins or starts the background refresh of `entry` (refresh-ahead), once per entry.
     fn refresh_ahead(&self, key: &str, entry: &Arc<Entry>) {
         // Read first: once a refresh runs, later hits must not write the shared flag.
         if entry.refreshing.load(Ordering::Relaxed) {
             return;
         }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        if tokio::runtime::Handle::try_current().is_err() {
             return;
-        };
+        }
         if entry.refreshing.swap(true, Ordering::AcqRel) {
             return;
         }
-        Stats::bump(&self.inner.stats.refreshes);
         debug!(host = %key, "refresh-ahead");
-        let (this, key) = (self.clone(), key.to_owned());
-        runtime.spawn(async move { this.refresh(key).await });
+        let _joined = self.join_flight(key, entry);
     }
 
-    async fn refresh(&self, key: String) {
-        let inner = &*self.inner;
-        Stats::bump(&inner.stats.upstream_queries);
-        let result = self.query(&key).await;
-        let now = inner.config.clock.now();
-        let entry = match result {
-            Ok(records) => Entry::positive(&records, now, &inner.config),
-            Err(e) if e.is_no_records() => Entry::negative(e, now, &inner.config),
-            Err(e) => {
-                // Keep the current answer; once it expires a caller retries (and may
-                // be served stale).
-                warn!(host = %key, error = %e, kind = e.kind(), "refresh-ahead failed");
-                return;
-            }
-        };
-        let entry = Arc::new(entry);
-        inner.store.insert(key.clone(), entry.clone()).await;
-        self.publish(&key, &entry).await;
-    }
-
-    /// The slow path: no fresh entry on the hit path.
+    /// The slow path: no fresh entry on the hit path. Its time is the caller's wait.
     async fn miss(&self, key: String) -> Addrs {
+        let started = Instant::now();
+        let answer = self.miss_inner(key).await;
+        self.inner.stats.waited(started.elapsed());
+        answer
+    }
+
+    async fn miss_inner(&self, key: String) -> Addrs {
         let inner = &*self.inner;
         Stats::bump(&inner.stats.misses);
         let now = inner.config.clock.now();
@@ -311,6 +329,11 @@ impl DnsCache {
                     inner.stats.stale_served();
                 }
                 return answer_of(&key, &entry);
+            }
+            if let Some(timer) = inner.config.client_response_timeout
+                && entry.is_stale_servable(now)
+            {
+                return self.ride_out(&key, entry, timer).await;
             }
             // Expired on our clock: drop exactly this entry so the loader runs; keep
             // it aside for serve-stale.
@@ -327,7 +350,13 @@ impl DnsCache {
                 .await;
             expired = Some(entry);
         }
+        self.load_through(key, expired).await
+    }
 
+    /// Waits on moka's single-flight loader for `key` (one upstream query for all
+    /// concurrent callers); `expired` may be served stale if that query fails.
+    async fn load_through(&self, key: String, expired: Option<Arc<Entry>>) -> Addrs {
+        let inner = &*self.inner;
         let ran = AtomicBool::new(false);
         let loaded = inner
             .store
