@@ -504,6 +504,71 @@ fn docker_auto_without_a_socket_serves_on_and_says_docker_is_off() {
     assert!(s.nxdomain(&fqdn));
 }
 
+/// The container's address on `network`.
+fn ip_on(id: &str, network: &str) -> String {
+    docker_ok(&[
+        "inspect",
+        "-f",
+        &format!("{{{{(index .NetworkSettings.Networks \"{network}\").IPAddress}}}}"),
+        id,
+    ])
+}
+
+#[test]
+fn the_docker_section_and_the_flags_over_it_choose_names_and_network() {
+    let Some(e) = engine("names") else { return };
+    let net = e.network("net");
+    let alias = format!("al-{}", std::process::id());
+    let (host, name) = (e.name("h"), e.name("c"));
+    let id = e.run(
+        "c",
+        &[
+            "--network",
+            &net,
+            "--network-alias",
+            &alias,
+            "--hostname",
+            &host,
+            "--domainname",
+            DOMAIN,
+        ],
+    );
+    docker_ok(&["network", "connect", "bridge", &id]);
+    let (on_net, on_bridge) = (ip_on(&id, &net), ip_on(&id, "bridge"));
+    assert_ne!(on_net, on_bridge);
+    let [host_fqdn, name_fqdn, alias_fqdn] =
+        [&host, &name, &alias].map(|n| format!("{n}.{DOMAIN}"));
+
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("dwara.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "nameserver: {{}}\ndocker:\n  mode: \"on\"\n  network: {net}\n  names: hostname,name,aliases\n"
+        ),
+    )
+    .unwrap();
+    let config = config.to_str().unwrap();
+    // The section alone: three names, the one network's address.
+    let s = DockerServe::start(&["--config", config]);
+    for fqdn in [&host_fqdn, &name_fqdn, &alias_fqdn] {
+        assert_eq!(s.a(fqdn), Ok(vec![on_net.clone()]), "{fqdn}");
+    }
+    drop(s);
+    // Flags override it: the hostname only, the other network.
+    let s = DockerServe::start(&[
+        "--config",
+        config,
+        "--docker-names",
+        "hostname",
+        "--docker-network",
+        "bridge",
+    ]);
+    assert_eq!(s.a(&host_fqdn), Ok(vec![on_bridge]));
+    assert!(s.nxdomain(&name_fqdn), "{:?}", s.a(&name_fqdn));
+    assert!(s.nxdomain(&alias_fqdn), "{:?}", s.a(&alias_fqdn));
+}
+
 /// socat between a test socket and the daemon's, in its own process group so a cut
 /// closes every relayed connection (the event stream too).
 struct Relay {
