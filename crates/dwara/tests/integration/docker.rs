@@ -750,8 +750,9 @@ fn build_dwara_image() -> Result<(), String> {
         "FROM scratch\nCOPY dwara /dwara\nENTRYPOINT [\"/dwara\"]\n",
     )
     .map_err(|e| e.to_string())?;
+    let previous = docker(&["image", "inspect", "-f", "{{.Id}}", DWARA_IMAGE]).ok();
     let label = format!("{MTIME_LABEL}={stamp}");
-    docker(&[
+    let built = docker(&[
         "build",
         "-q",
         "--label",
@@ -760,8 +761,12 @@ fn build_dwara_image() -> Result<(), String> {
         DWARA_IMAGE,
         &dir.path().to_string_lossy(),
     ])
-    .map(|_| ())
-    .map_err(|e| format!("cannot build the dwara image: {e}"))
+    .map_err(|e| format!("cannot build the dwara image: {e}"))?;
+    // The image of the previous binary would stay behind untagged (80 MB each).
+    if let Some(old) = previous.filter(|old| *old != built) {
+        let _ = docker(&["rmi", &old]);
+    }
+    Ok(())
 }
 
 /// `docker exec ID CMD…`: (success, stdout + stderr).
