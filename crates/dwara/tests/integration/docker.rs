@@ -12,9 +12,8 @@
 //! removes its containers on the way out, and containers left by a killed earlier
 //! run are removed once per process.
 //!
-//! The end-to-end test is ignored in plain `cargo test` (it builds the static release
-//! binary); `cargo xtask ci` runs it:
-//! `cargo test -p dwara --test integration -- --ignored docker::end_to_end`.
+//! The end-to-end test puts the binary under test and the libraries `ldd` lists in
+//! a `FROM scratch` image.
 //!
 //! Measurements (ignored; they print numbers and assert no timings):
 //! `cargo test -p dwara --test integration -- --ignored --nocapture docker::measure`
@@ -675,63 +674,21 @@ fn a_cut_daemon_connection_is_repaired_when_it_comes_back() {
 // ---------------------------------------------------------------------------------
 // End to end: dwara itself in a container.
 
-/// The target the static binary is built for.
-const STATIC_TARGET: &str = "x86_64-unknown-linux-gnu";
-/// The image label carrying the static binary's mtime (the image cache key).
+/// The image label carrying the binary's mtime (the image cache key).
 const MTIME_LABEL: &str = "dwara.test.binary-mtime";
 
-/// The static release binary in a `FROM scratch` image, built at most once per
-/// process (cargo's no-op when nothing changed); the image is rebuilt only when the
-/// binary's mtime differs from the image's label. `Err` says why the static build
-/// is not possible here.
+/// The binary under test and the shared libraries `ldd` lists for it, at their own
+/// paths, in a `FROM scratch` image: no second (static, release) build is needed.
+/// Built at most once per process; rebuilt only when the binary's mtime differs
+/// from the image's label. `Err` says why the image cannot be built here.
 fn dwara_image() -> Result<(), String> {
     static BUILT: OnceLock<Result<(), String>> = OnceLock::new();
     BUILT.get_or_init(build_dwara_image).clone()
 }
 
 fn build_dwara_image() -> Result<(), String> {
-    // The target dir is the ancestor of the test binary's dwara marked by cargo.
-    let target_dir = Path::new(BIN)
-        .ancestors()
-        .find(|p| p.join("CACHEDIR.TAG").exists())
-        .ok_or_else(|| format!("no cargo target dir above {BIN}"))?;
-    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    println!(
-        "docker::end_to_end: building the static release binary (several minutes the first time)"
-    );
-    let started = Instant::now();
-    let out = Command::new(cargo)
-        .current_dir(&workspace)
-        .args([
-            "build",
-            "--release",
-            "--target",
-            STATIC_TARGET,
-            "-p",
-            "dwara",
-        ])
-        .env("RUSTFLAGS", "-C target-feature=+crt-static")
-        .env_remove("CARGO_ENCODED_RUSTFLAGS")
-        .env("CARGO_TARGET_DIR", target_dir)
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| format!("cannot run cargo: {e}"))?;
-    if !out.status.success() {
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        let tail: Vec<&str> = stderr.lines().rev().take(5).collect();
-        return Err(format!(
-            "the static release build failed ({}): {}",
-            out.status,
-            tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
-        ));
-    }
-    println!(
-        "docker::end_to_end: static build done in {:?}",
-        started.elapsed()
-    );
-    let binary = target_dir.join(STATIC_TARGET).join("release").join("dwara");
-    let stamp = std::fs::metadata(&binary)
+    let binary = Path::new(BIN);
+    let stamp = std::fs::metadata(binary)
         .and_then(|m| m.modified())
         .map_err(|e| format!("{}: {e}", binary.display()))?
         .duration_since(UNIX_EPOCH)
@@ -742,12 +699,38 @@ fn build_dwara_image() -> Result<(), String> {
     if docker(&["image", "inspect", "-f", &format, DWARA_IMAGE]).as_deref() == Ok(stamp.as_str()) {
         return Ok(());
     }
+    let ldd = Command::new("ldd")
+        .arg(binary)
+        .output()
+        .map_err(|e| format!("cannot run ldd: {e}"))?;
+    if !ldd.status.success() {
+        return Err(format!("ldd {}: {}", binary.display(), ldd.status));
+    }
+    // Lines are `name => /path (addr)`, `/path (addr)` or `linux-vdso.so.1 (addr)`.
+    let libs: Vec<PathBuf> = String::from_utf8_lossy(&ldd.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().find(|w| w.starts_with('/')))
+        .map(PathBuf::from)
+        .collect();
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
-    std::fs::copy(&binary, dir.path().join("dwara"))
-        .map_err(|e| format!("{}: {e}", binary.display()))?;
+    let root = dir.path().join("root");
+    for file in libs
+        .iter()
+        .map(PathBuf::as_path)
+        .chain([Path::new("/dwara")])
+    {
+        let from = if file == Path::new("/dwara") {
+            binary
+        } else {
+            file
+        };
+        let to = root.join(file.strip_prefix("/").map_err(|e| e.to_string())?);
+        std::fs::create_dir_all(to.parent().ok_or("no parent")?).map_err(|e| e.to_string())?;
+        std::fs::copy(from, &to).map_err(|e| format!("{}: {e}", from.display()))?;
+    }
     std::fs::write(
         dir.path().join("Dockerfile"),
-        "FROM scratch\nCOPY dwara /dwara\nENTRYPOINT [\"/dwara\"]\n",
+        "FROM scratch\nCOPY root/ /\nENTRYPOINT [\"/dwara\"]\n",
     )
     .map_err(|e| e.to_string())?;
     let previous = docker(&["image", "inspect", "-f", "{{.Id}}", DWARA_IMAGE]).ok();
@@ -762,7 +745,7 @@ fn build_dwara_image() -> Result<(), String> {
         &dir.path().to_string_lossy(),
     ])
     .map_err(|e| format!("cannot build the dwara image: {e}"))?;
-    // The image of the previous binary would stay behind untagged (80 MB each).
+    // The image of the previous binary would stay behind untagged.
     if let Some(old) = previous.filter(|old| *old != built) {
         let _ = docker(&["rmi", &old]);
     }
@@ -798,15 +781,11 @@ fn logs(id: &str) -> String {
     )
 }
 
-/// Ignored in plain `cargo test`: it needs the static release build (minutes from
-/// scratch on this machine, again after every change); `cargo xtask ci` runs it as a
-/// separate step: `cargo test -p dwara --test integration -- --ignored docker::end_to_end`.
 #[test]
-#[ignore = "needs the static release build: cargo xtask ci runs it (--ignored docker::end_to_end)"]
 fn end_to_end_dwara_in_a_container_is_the_dns_server_of_two_busybox_containers() {
     let Some(e) = engine("e2e") else { return };
     if let Err(why) = dwara_image() {
-        println!("SKIP docker::end_to_end: the static dwara image cannot be built: {why}");
+        println!("SKIP docker::end_to_end: the dwara image cannot be built: {why}");
         return;
     }
     let net = e.network("net");
