@@ -114,18 +114,24 @@ fn start(data_dir: Option<&Path>) -> anyhow::Result<Dwara> {
     Ok(d)
 }
 
-/// A client with one keep-alive connection (reqwest's pool, one idle connection).
-fn client() -> anyhow::Result<reqwest::blocking::Client> {
+/// A client keeping up to `connections` keep-alive connections (one per thread
+/// using it; a single client has a single runtime thread behind it).
+fn client(connections: usize) -> anyhow::Result<reqwest::blocking::Client> {
     Ok(reqwest::blocking::Client::builder()
         .timeout(Duration::from_secs(30))
         .no_proxy()
-        .pool_max_idle_per_host(1)
+        .pool_max_idle_per_host(connections)
         .build()?)
 }
 
-/// Registers names `k, k + step, …` below `n` over one keep-alive connection.
-fn register_share(http: SocketAddr, k: usize, step: usize, n: usize) -> anyhow::Result<()> {
-    let client = client()?;
+/// Registers names `k, k + step, …` below `n`, one request at a time.
+fn register_share(
+    client: &reqwest::blocking::Client,
+    http: SocketAddr,
+    k: usize,
+    step: usize,
+    n: usize,
+) -> anyhow::Result<()> {
     for i in (k..n).step_by(step) {
         let ip = Ipv4Addr::from(0x0a00_0000 + u32::try_from(i)?);
         let resp = client
@@ -146,10 +152,14 @@ fn register_share(http: SocketAddr, k: usize, step: usize, n: usize) -> anyhow::
 
 /// Registers `n` names over `c` connections; returns the time taken.
 fn register(http: SocketAddr, n: usize, c: usize) -> anyhow::Result<Duration> {
+    let client = client(c)?;
     let started = Instant::now();
     std::thread::scope(|s| {
         let workers: Vec<_> = (0..c)
-            .map(|k| s.spawn(move || register_share(http, k, c, n)))
+            .map(|k| {
+                let client = &client;
+                s.spawn(move || register_share(client, http, k, c, n))
+            })
             .collect();
         for w in workers {
             w.join()
@@ -162,7 +172,7 @@ fn register(http: SocketAddr, n: usize, c: usize) -> anyhow::Result<Duration> {
 
 /// How many entries `GET /name` lists.
 fn count_entries(http: SocketAddr) -> anyhow::Result<usize> {
-    let resp = client()?.get(format!("http://{http}/name")).send()?;
+    let resp = client(1)?.get(format!("http://{http}/name")).send()?;
     if resp.status().as_u16() != 200 {
         bail!("GET /name: {}", resp.status());
     }
