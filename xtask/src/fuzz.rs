@@ -11,7 +11,20 @@ use std::process::Command;
 
 use anyhow::{Context, bail};
 
-const TARGETS: &[&str] = &["dns_packet", "config_yaml", "resolv_conf", "http_form"];
+const TARGETS: &[&str] = &[
+    "dns_packet",
+    "dns_udp",
+    "dns_tcp",
+    "dns_differential",
+    "dns_answers",
+    "http_path",
+    "http_form",
+    "config_yaml",
+    "resolv_conf",
+    "cluster_value",
+    "store_record",
+    "docker_event",
+];
 
 /// Runs the requested targets (all when none is named).
 pub(crate) fn run(args: &[String]) -> anyhow::Result<()> {

@@ -60,4 +60,6 @@ pub use config::{
     default_socket,
 };
 pub use error::{Error, Result};
+#[doc(hidden)]
+pub use names::desired_records;
 pub use updater::{DockerOff, DockerUpdater, Repair, Started};

@@ -123,6 +123,25 @@ pub(crate) fn desired(
     out
 }
 
+/// [`desired`] from public parts, for the fuzz target in `dwara-fuzz-checks`: the
+/// records an inspect answer maps to, `died_at` in nanoseconds since the epoch. Not
+/// a stable API.
+#[doc(hidden)]
+pub fn desired_records(
+    c: &ContainerInspectResponse,
+    domain: &Domain,
+    sources: &NameSources,
+    network: Option<&str>,
+    died_at: Option<i128>,
+) -> BTreeSet<(IpAddr, String)> {
+    let naming = Naming {
+        domain: domain.clone(),
+        sources: sources.clone(),
+        network: network.map(str::to_owned),
+    };
+    desired(c, &naming, died_at)
+}
+
 /// `Hostname.Domainname` (or a hostname that already carries the domain) when it
 /// falls inside the served domain.
 fn hostname_name(c: &ContainerInspectResponse, domain: &Domain) -> Option<String> {

@@ -5,20 +5,79 @@
 //! cargo-fuzz targets in `fuzz/` are one-line calls into these functions, and
 //! `tests/regressions.rs` replays every committed input of `fuzz/regressions/<target>/`
 //! through the same functions on every `cargo test`.
+//!
+//! | target | what it feeds | what it checks |
+//! |---|---|---|
+//! | `dns_packet` | bytes as a query, UDP and TCP | a decodable response with the query's ID |
+//! | `dns_udp` | bytes as a UDP query | the answer a model of the zone expects |
+//! | `dns_tcp` | a byte stream to a live DNS/TCP listener | one answer per frame, in order, as the handler gives it |
+//! | `dns_differential` | fast-path queries through the hickory-proto path too | the same response |
+//! | `dns_answers` | upstream answers to the DNS discovery source | no endpoint the answers do not justify |
+//! | `http_path` | method, path and body to the HTTP API | 2xx/4xx only, the db agrees with the answers |
+//! | `cluster_value` | a cluster value and record | decode never panics, encode → decode round-trips |
+//! | `store_record` | a store key | decode never panics, encode → decode round-trips |
+//! | `docker_event` | JSON as a container inspect answer | only names under the domain, only its addresses |
+//! | `config_yaml`, `resolv_conf`, `http_form` | text | no panic, bounded results |
+//!
+//! ```
+//! // A query for web.weave.local A, checked against the model zone.
+//! let mut q = vec![0x12, 0x34, 1, 0, 0, 1, 0, 0, 0, 0, 0, 0];
+//! q.extend_from_slice(b"\x03web\x05weave\x05local\x00\x00\x01\x00\x01");
+//! dwara_fuzz_checks::dns_udp(&q);
+//! ```
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 #![allow(clippy::expect_used, clippy::unwrap_used)] // Panicking is how a check reports.
+
+mod answers;
+mod dns;
+mod http;
+mod records;
+mod tcp;
+
+pub use answers::dns_answers;
+pub use dns::{dns_differential, dns_udp};
+pub use http::http_path;
+pub use records::{cluster_value, docker_event, store_record};
+pub use tcp::dns_tcp;
 
 use std::sync::{Mutex, OnceLock};
 
 use dwara_nameserver::{Db, DbConfig, Domain, QueryHandler};
 use hickory_proto::op::{Message, MessageType};
 
-/// The database the DNS checks answer from: v4 and v6 names, one name with enough
-/// addresses to need truncation, reverse entries.
-fn handler() -> &'static Mutex<QueryHandler> {
-    /// One database for the whole process, kept beside its handler.
+/// The zone every DNS check answers from (`weave.local.`, TTL 1): `web` with one v4
+/// and one v6 address, `big` with [`BIG_COUNT`] v4 addresses (more than fit in 512
+/// bytes), and the reverse entries of all of them.
+pub(crate) fn zone_db() -> Db {
+    let db = Db::new(DbConfig::new(
+        Domain::new("weave.local").expect("static domain"),
+    ));
+    db.add("c1", WEB_V4.into(), "web.weave.local").unwrap();
+    db.add("c2", WEB_V6.into(), "web.weave.local").unwrap();
+    for i in 0..BIG_COUNT {
+        db.add(&format!("big{i}"), big_addr(i).into(), "big.weave.local")
+            .unwrap();
+    }
+    db
+}
+
+/// The v4 address of `web.weave.local`.
+pub(crate) const WEB_V4: std::net::Ipv4Addr = std::net::Ipv4Addr::new(10, 32, 0, 1);
+/// The v6 address of `web.weave.local`.
+pub(crate) const WEB_V6: std::net::Ipv6Addr = std::net::Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, 1);
+/// How many addresses `big.weave.local` has.
+pub(crate) const BIG_COUNT: u8 = 60;
+
+/// The `i`th address of `big.weave.local`.
+pub(crate) fn big_addr(i: u8) -> std::net::Ipv4Addr {
+    std::net::Ipv4Addr::new(10, 33, 0, i)
+}
+
+/// One handler over [`zone_db`] for the whole process.
+pub(crate) fn handler() -> &'static Mutex<QueryHandler> {
+    /// The database kept beside its handler.
     struct Fixture {
         _db: Db,
         handler: Mutex<QueryHandler>,
@@ -26,21 +85,7 @@ fn handler() -> &'static Mutex<QueryHandler> {
     static FIXTURE: OnceLock<Fixture> = OnceLock::new();
     &FIXTURE
         .get_or_init(|| {
-            let db = Db::new(DbConfig::new(
-                Domain::new("weave.local").expect("static domain"),
-            ));
-            db.add("c1", "10.32.0.1".parse().unwrap(), "web.weave.local")
-                .unwrap();
-            db.add("c2", "fd00::1".parse().unwrap(), "web.weave.local")
-                .unwrap();
-            for i in 0..60u8 {
-                db.add(
-                    &format!("big{i}"),
-                    format!("10.33.0.{i}").parse().unwrap(),
-                    "big.weave.local",
-                )
-                .unwrap();
-            }
+            let db = zone_db();
             let handler = Mutex::new(QueryHandler::new(&db));
             Fixture { _db: db, handler }
         })

@@ -39,3 +39,43 @@ fn resolv_conf_regressions() {
 fn http_form_regressions() {
     replay("http_form", dwara_fuzz_checks::http_form);
 }
+
+#[test]
+fn dns_udp_regressions() {
+    replay("dns_udp", dwara_fuzz_checks::dns_udp);
+}
+
+#[test]
+fn dns_tcp_regressions() {
+    replay("dns_tcp", dwara_fuzz_checks::dns_tcp);
+}
+
+#[test]
+fn dns_differential_regressions() {
+    replay("dns_differential", dwara_fuzz_checks::dns_differential);
+}
+
+#[test]
+fn dns_answers_regressions() {
+    replay("dns_answers", dwara_fuzz_checks::dns_answers);
+}
+
+#[test]
+fn http_path_regressions() {
+    replay("http_path", dwara_fuzz_checks::http_path);
+}
+
+#[test]
+fn cluster_value_regressions() {
+    replay("cluster_value", dwara_fuzz_checks::cluster_value);
+}
+
+#[test]
+fn store_record_regressions() {
+    replay("store_record", dwara_fuzz_checks::store_record);
+}
+
+#[test]
+fn docker_event_regressions() {
+    replay("docker_event", dwara_fuzz_checks::docker_event);
+}

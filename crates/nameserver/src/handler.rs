@@ -398,6 +398,38 @@ impl Handler {
     }
 }
 
+/// Hooks for the differential fuzz target (`dwara-fuzz-checks`): the hickory-proto
+/// path forced on a packet the fast parser takes, to compare both answers. Not a
+/// stable API.
+impl crate::QueryHandler {
+    /// Whether the hand-written parser takes `packet` (the fast path).
+    #[doc(hidden)]
+    pub fn takes_fast_path(packet: &[u8]) -> bool {
+        let mut lower = [0u8; 256];
+        matches!(wire::parse(packet, &mut lower), Parse::Fast(_))
+    }
+
+    /// [`answer_udp`](crate::QueryHandler::answer_udp), but with `packet` decoded by
+    /// hickory-proto whatever it looks like (the slow path).
+    #[doc(hidden)]
+    pub fn answer_udp_slow(&mut self, packet: &[u8]) -> Option<&[u8]> {
+        if packet.len() >= HEADER_LEN && packet[2] & 0x80 != 0 {
+            return None;
+        }
+        let outcome = self.handler.slow(
+            packet,
+            &mut self.out,
+            Transport::Udp,
+            &mut self.rng,
+            &self.counters,
+        );
+        match outcome {
+            Outcome::Reply(n) => Some(&self.out[..n]),
+            Outcome::Forward { .. } | Outcome::Drop => None,
+        }
+    }
+}
+
 /// Copies the question after the header; returns where the answer section starts.
 #[inline]
 fn write_question(q: &Query<'_>, out: &mut [u8]) -> usize {

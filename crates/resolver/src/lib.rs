@@ -37,6 +37,7 @@
 mod error;
 mod resolv_conf;
 
+use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -49,7 +50,7 @@ use hickory_resolver::config::{
     ServerOrderingStrategy,
 };
 use hickory_resolver::net::runtime::TokioRuntimeProvider;
-use hickory_resolver::proto::rr::{Name, RData};
+use hickory_resolver::proto::rr::{Name, RData, Record};
 use tracing::{debug, info, warn};
 
 pub use error::ResolveError;
@@ -252,9 +253,11 @@ impl DnsResolver {
             .lookup(qname, RecordType::SRV)
             .await
             .map_err(|e| ResolveError::from_net(name, RecordType::SRV, e))?;
+        let names = answer_names(lookup.query().name(), lookup.answers());
         let srvs: Vec<_> = lookup
             .answers()
             .iter()
+            .filter(|r| names.contains(&r.name.to_lowercase()))
             .filter_map(|r| match &r.data {
                 RData::SRV(srv) => Some((srv.clone(), r.ttl)),
                 _ => None,
@@ -311,9 +314,11 @@ impl DnsResolver {
             .lookup(qname, rtype)
             .await
             .map_err(|e| ResolveError::from_net(host, rtype, e))?;
+        let names = answer_names(lookup.query().name(), lookup.answers());
         let mut out: Vec<(IpAddr, u32)> = lookup
             .answers()
             .iter()
+            .filter(|r| names.contains(&r.name.to_lowercase()))
             .filter_map(|r| match &r.data {
                 RData::A(a) if rtype == RecordType::A => Some((IpAddr::V4(a.0), r.ttl)),
                 RData::AAAA(a) if rtype == RecordType::AAAA => Some((IpAddr::V6(a.0), r.ttl)),
@@ -333,6 +338,32 @@ impl DnsResolver {
         out.dedup_by_key(|(ip, _)| *ip);
         Ok(out)
     }
+}
+
+/// The owner names (lower-cased) whose records answer a question for `qname`:
+/// `qname` itself and the names its CNAME records in `answers` lead to. Records for
+/// any other name are an upstream's lie or junk and must never become endpoints.
+/// Linear in the answer: a long chain or a CNAME loop costs one pass each.
+fn answer_names(qname: &Name, answers: &[Record]) -> HashSet<Name> {
+    let mut cnames: HashMap<Name, Vec<Name>> = HashMap::new();
+    for r in answers {
+        if let RData::CNAME(target) = &r.data {
+            cnames
+                .entry(r.name.to_lowercase())
+                .or_default()
+                .push(target.0.to_lowercase());
+        }
+    }
+    let mut names = HashSet::from([qname.to_lowercase()]);
+    let mut todo = vec![qname.to_lowercase()];
+    while let Some(name) = todo.pop() {
+        for target in cnames.get(&name).into_iter().flatten() {
+            if names.insert(target.clone()) {
+                todo.push(target.clone());
+            }
+        }
+    }
+    names
 }
 
 fn merge_families(

@@ -1,0 +1,230 @@
+//! Record decoders fed by peers, files and the Docker daemon: the cluster's
+//! key-value codec, the durable store's keys, the Docker inspect → records mapping.
+
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+use std::sync::OnceLock;
+
+use bollard::models::ContainerInspectResponse;
+use dwara_cluster::ClusterKey;
+use dwara_cluster::codec::{
+    Binding, DecodeError, MAX_FQDN_LEN, MAX_ID_LEN, Record, decode_record, encode_record,
+    open_value, seal_value,
+};
+use dwara_docker::{NameSource, NameSources, desired_records};
+use dwara_nameserver::Domain;
+use dwara_store::Registration;
+
+fn binding(key: &str) -> Binding<'_> {
+    Binding {
+        cluster_id: "fuzz",
+        node_id: "node-a",
+        generation: 7,
+        key,
+    }
+}
+
+fn cluster_key() -> &'static ClusterKey {
+    static KEY: OnceLock<ClusterKey> = OnceLock::new();
+    KEY.get_or_init(|| ClusterKey::from_bytes([0x42; 32]))
+}
+
+/// Splits `data` at the first `0xff` byte (not UTF-8, so never inside a string).
+fn split(data: &[u8]) -> (&[u8], &[u8]) {
+    match data.iter().position(|&b| b == 0xff) {
+        Some(i) => (&data[..i], &data[i + 1..]),
+        None => (data, &[]),
+    }
+}
+
+/// Any bytes as a cluster record and as a chitchat value, sealed or not: decoding
+/// never panics; a record that decodes has fields in their limits and survives
+/// encode → decode, open and sealed; a sealed value opens only under its own key and
+/// binding, never without the key, and an open value never where a key is required.
+pub fn cluster_value(data: &[u8]) {
+    let key = cluster_key();
+    let text = String::from_utf8_lossy(data);
+    for k in [None, Some(key)] {
+        if let Ok(r) = open_value(&text, k, &binding("n0")) {
+            round_trip_record(&r);
+        }
+    }
+    let decoded = decode_record(data);
+    if let Ok(r) = &decoded {
+        assert!(
+            (1..=MAX_ID_LEN).contains(&r.id.len()),
+            "id length {}",
+            r.id.len()
+        );
+        assert!((1..=MAX_FQDN_LEN).contains(&r.fqdn.len()));
+        round_trip_record(r);
+    }
+    // A record built from the bytes: id and fqdn either side of the first 0xff.
+    let (id, rest) = split(data);
+    let (fqdn, ip) = split(rest);
+    let ip = match ip.len() {
+        16.. => IpAddr::from(<[u8; 16]>::try_from(&ip[..16]).unwrap()),
+        4.. => IpAddr::from(<[u8; 4]>::try_from(&ip[..4]).unwrap()),
+        _ => IpAddr::from([10, 0, 0, 1]),
+    };
+    let (Ok(id), Ok(fqdn)) = (std::str::from_utf8(id), std::str::from_utf8(fqdn)) else {
+        return;
+    };
+    let r = Record {
+        id: id.to_owned(),
+        ip,
+        fqdn: fqdn.to_owned(),
+        version: data.len() as u64 * 0x0123_4567_89ab,
+    };
+    let valid = (1..=MAX_ID_LEN).contains(&id.len()) && (1..=MAX_FQDN_LEN).contains(&fqdn.len());
+    match decode_record(&encode_record(&r)) {
+        Ok(back) => {
+            assert!(valid, "a record outside the limits decodes: {r:?}");
+            assert_eq!(back, r);
+            round_trip_record(&r);
+        }
+        Err(e) => assert!(!valid, "valid record {r:?} does not decode: {e}"),
+    }
+}
+
+/// `r` round-trips through both envelopes, and each envelope opens only as it should.
+fn round_trip_record(r: &Record) {
+    let key = cluster_key();
+    assert_eq!(decode_record(&encode_record(r)).as_ref(), Ok(r));
+    let open = seal_value(r, None, &binding("n0"));
+    assert_eq!(open_value(&open, None, &binding("n0")).as_ref(), Ok(r));
+    assert_eq!(
+        open_value(&open, Some(key), &binding("n0")),
+        Err(DecodeError::Unsealed)
+    );
+    let sealed = seal_value(r, Some(key), &binding("n0"));
+    assert_eq!(
+        open_value(&sealed, Some(key), &binding("n0")).as_ref(),
+        Ok(r)
+    );
+    assert_eq!(
+        open_value(&sealed, Some(key), &binding("n1")),
+        Err(DecodeError::BadSeal),
+        "a sealed value opens under another key name"
+    );
+    assert_eq!(
+        open_value(&sealed, None, &binding("n0")),
+        Err(DecodeError::SealedWithoutKey)
+    );
+    let other = ClusterKey::from_bytes([0x17; 32]);
+    assert_eq!(
+        open_value(&sealed, Some(&other), &binding("n0")),
+        Err(DecodeError::BadSeal)
+    );
+}
+
+/// Any bytes as a store key: decoding never panics, and a key that decodes is
+/// exactly the encoding of what it decodes to (one key per registration); a
+/// registration built from the bytes survives encode → decode.
+pub fn store_record(data: &[u8]) {
+    if let Ok(r) = dwara_store::decode(data) {
+        assert!(!r.fqdn.is_empty());
+        let again = r.encode().expect("a decoded registration encodes");
+        assert_eq!(again, data, "two keys for one registration {r:?}");
+    }
+    let (id, rest) = split(data);
+    let (fqdn, ip) = split(rest);
+    let (Ok(id), Ok(fqdn)) = (std::str::from_utf8(id), std::str::from_utf8(fqdn)) else {
+        return;
+    };
+    let ip = if ip.len() >= 16 {
+        IpAddr::from(<[u8; 16]>::try_from(&ip[..16]).unwrap())
+    } else {
+        IpAddr::from([192, 168, 0, ip.len() as u8])
+    };
+    let r = Registration::new(id, ip, fqdn);
+    match r.encode() {
+        Ok(key) => {
+            assert_eq!(dwara_store::decode(&key).as_ref().ok(), Some(&r));
+            // The key starts with the prefix every registration of the id shares.
+            let other = Registration::new(id, IpAddr::from([1, 2, 3, 4]), "x");
+            let other = other.encode().unwrap();
+            let prefix = 1 + 4 + id.len();
+            assert_eq!(key[..prefix], other[..prefix]);
+        }
+        Err(_) => assert!(fqdn.is_empty(), "{r:?} does not encode"),
+    }
+}
+
+/// The addresses a container's networks list, as the mapping may use them.
+fn listed_ips(c: &ContainerInspectResponse, network: Option<&str>) -> BTreeSet<IpAddr> {
+    let Some(nets) = c
+        .network_settings
+        .as_ref()
+        .and_then(|n| n.networks.as_ref())
+    else {
+        return BTreeSet::new();
+    };
+    nets.iter()
+        .filter(|(name, _)| network.is_none_or(|n| n == *name))
+        .flat_map(|(_, ep)| [ep.ip_address.clone(), ep.global_ipv6_address.clone()])
+        .flatten()
+        .filter_map(|s| s.parse().ok())
+        .collect()
+}
+
+/// The first byte picks the name sources (bits 0–2), a network filter (bit 3) and
+/// a `die` time (bits 4–6); the rest is JSON for a container inspect answer.
+/// Every record's name is a normalised name strictly below the domain, every
+/// address is one the selected networks list, and the mapping is a pure function
+/// of the container (the same after a JSON round trip).
+pub fn docker_event(data: &[u8]) {
+    static DOMAIN: OnceLock<Domain> = OnceLock::new();
+    let domain = DOMAIN.get_or_init(|| Domain::new("weave.local").unwrap());
+    let Some((&opts, json)) = data.split_first() else {
+        return;
+    };
+    let Ok(c) = serde_json::from_slice::<ContainerInspectResponse>(json) else {
+        return;
+    };
+    let wanted: Vec<&str> = [
+        (NameSource::Hostname, "hostname"),
+        (NameSource::Name, "name"),
+        (NameSource::Aliases, "aliases"),
+    ]
+    .iter()
+    .enumerate()
+    .filter(|(i, _)| opts & (1 << i) != 0)
+    .map(|(_, (_, text))| *text)
+    .collect();
+    let sources: NameSources = if wanted.is_empty() {
+        NameSources::all()
+    } else {
+        wanted.join(",").parse().unwrap()
+    };
+    let network = (opts & 0x08 != 0).then_some("bridge");
+    let died_at = match (opts >> 4) & 0x07 {
+        0 => None,
+        1 => Some(0),
+        2 => Some(i128::MIN),
+        3 => Some(i128::MAX),
+        4 => Some(1_700_000_000_000_000_000),
+        5 => Some(-62_135_596_800_000_000_000), // Docker's zero time, year 1.
+        _ => Some(i128::from(i64::MAX)),
+    };
+    let records = desired_records(&c, domain, &sources, network, died_at);
+    let ips = listed_ips(&c, network);
+    for (ip, name) in &records {
+        assert!(ips.contains(ip), "{ip} is not an address of the container");
+        assert_eq!(
+            domain.normalize_member(name).ok().as_deref(),
+            Some(name.as_str()),
+            "{name:?} is not a normalised name below the domain"
+        );
+    }
+    if c.state.is_none() {
+        assert!(records.is_empty(), "a container without state has records");
+    }
+    let again: ContainerInspectResponse =
+        serde_json::from_slice(&serde_json::to_vec(&c).unwrap()).unwrap();
+    assert_eq!(
+        desired_records(&again, domain, &sources, network, died_at),
+        records,
+        "the mapping changed after a JSON round trip"
+    );
+}
