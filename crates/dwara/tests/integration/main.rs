@@ -3,6 +3,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
+mod cluster;
 mod nameserver;
 mod serve;
 mod store;
