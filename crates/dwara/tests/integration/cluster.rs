@@ -529,6 +529,7 @@ fn ip(args: &[&str]) -> Result<(), String> {
 impl Netns {
     /// `Ok(None)` when this user may not create namespaces.
     fn create(count: usize) -> Result<Option<Self>, String> {
+        Self::remove_stale();
         let tag = format!("dwc{}", std::process::id());
         let hub = format!("{tag}-hub");
         if let Err(e) = ip(&["netns", "add", &hub]) {
@@ -568,6 +569,35 @@ impl Netns {
             ip(&["-n", &name, "link", "set", "lo", "up"])?;
         }
         Ok(Some(ns))
+    }
+
+    /// Namespaces (and their processes) left by a test binary that was killed
+    /// before its guards ran: `dwc<pid>-…` whose pid is gone.
+    fn remove_stale() {
+        let Ok(out) = Command::new("ip").args(["netns", "list"]).output() else {
+            return;
+        };
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            let Some(name) = line.split_whitespace().next() else {
+                continue;
+            };
+            let Some(pid) = name
+                .strip_prefix("dwc")
+                .and_then(|rest| rest.split('-').next())
+            else {
+                continue;
+            };
+            if pid.is_empty() || Path::new(&format!("/proc/{pid}")).exists() {
+                continue;
+            }
+            if let Ok(pids) = Command::new("ip").args(["netns", "pids", name]).output() {
+                for p in String::from_utf8_lossy(&pids.stdout).split_whitespace() {
+                    let _ = Command::new("kill").args(["-KILL", p]).status();
+                }
+            }
+            eprintln!("removing stale network namespace {name}");
+            let _ = ip(&["netns", "del", name]);
+        }
     }
 
     fn addr(i: usize) -> Ipv4Addr {
