@@ -6,12 +6,15 @@
 //! - `cargo xtask perf dns [--names N]` compares the name server with dnsmasq and unbound.
 //! - `cargo xtask perf store [--names N] [--connections C]` times HTTP registration in
 //!   memory vs with `--data-dir`.
+//! - `cargo xtask perf cluster [--sizes 3,5,10] [--sync 10000,50000]` times gossip
+//!   replication between `dwara serve` processes.
 //! - `cargo xtask fuzz [TARGET] [--seconds N]` runs the cargo-fuzz targets (nightly).
 
 #![forbid(unsafe_code)]
 #![allow(clippy::print_stdout)]
 
 mod fuzz;
+mod perf_cluster;
 mod perf_dns;
 mod perf_store;
 mod tidy;
@@ -38,7 +41,8 @@ fn main() -> anyhow::Result<()> {
                 perf_dns::run(rest)
             }
             Some((what, rest)) if what == "store" => perf_store::run(rest),
-            _ => bail!("usage: cargo xtask perf dns|store [--names N] [--rounds R]"),
+            Some((what, rest)) if what == "cluster" => perf_cluster::run(rest),
+            _ => bail!("usage: cargo xtask perf dns|store|cluster [OPTIONS]"),
         },
         _ => {
             println!("usage: cargo xtask <ci|tools|bench|fuzz|perf dns>");

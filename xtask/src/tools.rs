@@ -19,6 +19,8 @@ const TOOLS: &[(&str, &str)] = &[
     ("busybox", "busybox-static"),
     // Cluster tests shift one node's wall clock.
     ("faketime", "faketime"),
+    // Cluster tests and perf reach nodes inside network namespaces over HTTP.
+    ("curl", "curl"),
     // Docker reconnect tests cut the daemon socket with a socat relay.
     ("socat", "socat"),
 ];

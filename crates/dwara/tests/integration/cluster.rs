@@ -1,0 +1,682 @@
+//! The cluster across processes and hosts: several `dwara serve` gossiping on
+//! 127.0.0.x, and in network namespaces joined by a bridge, driven by dig and the
+//! HTTP API. Every condition is awaited with a deadline by polling dig.
+
+use std::io::{BufRead, BufReader};
+use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use test_support::dig::{DigAnswer, parse};
+
+use crate::nameserver::BIN;
+
+/// How long replication, failure detection and recovery may take in a test
+/// (they take well under a second on an idle machine; the margin is for load).
+const CONVERGE: Duration = Duration::from_secs(10);
+
+/// How one `dwara serve` of a test cluster is started.
+#[derive(Debug, Clone)]
+struct Spec {
+    node_id: String,
+    dns: SocketAddr,
+    http: SocketAddr,
+    gossip: SocketAddr,
+    peers: Vec<SocketAddr>,
+    /// Extra flags (`--gossip-key-file`, `--data-dir`…).
+    extra: Vec<String>,
+    env: Vec<(String, String)>,
+    /// Run inside this network namespace (`ip netns exec`).
+    netns: Option<String>,
+}
+
+impl Spec {
+    /// A node on `ip` with free DNS and HTTP ports and the given gossip port.
+    fn loopback(node_id: &str, ip: Ipv4Addr, gossip_port: u16) -> Self {
+        Self {
+            node_id: node_id.to_owned(),
+            dns: SocketAddr::from((ip, 0)),
+            http: SocketAddr::from((ip, 0)),
+            gossip: SocketAddr::from((ip, gossip_port)),
+            peers: Vec::new(),
+            extra: Vec::new(),
+            env: Vec::new(),
+            netns: None,
+        }
+    }
+
+    fn key_file(mut self, path: &Path) -> Self {
+        self.extra.push("--gossip-key-file".into());
+        self.extra.push(path.display().to_string());
+        self
+    }
+}
+
+/// A UDP port free on `ip` right now (for a gossip address peers are told before
+/// the node starts).
+fn free_udp_port(ip: Ipv4Addr) -> u16 {
+    let sock = UdpSocket::bind((ip, 0)).unwrap();
+    sock.local_addr().unwrap().port()
+}
+
+/// `n` specs on 127.0.0.`first`…, each seeded with every other's gossip address.
+fn loopback_cluster(first: u8, ids: &[&str]) -> Vec<Spec> {
+    let mut specs: Vec<Spec> = ids
+        .iter()
+        .zip(first..)
+        .map(|(id, last)| {
+            let ip = Ipv4Addr::new(127, 0, 0, last);
+            Spec::loopback(id, ip, free_udp_port(ip))
+        })
+        .collect();
+    let all: Vec<SocketAddr> = specs.iter().map(|s| s.gossip).collect();
+    for s in &mut specs {
+        s.peers = all.iter().copied().filter(|a| *a != s.gossip).collect();
+    }
+    specs
+}
+
+/// A running `dwara serve` of a test cluster; killed on drop.
+struct Node {
+    spec: Spec,
+    child: Child,
+    dns: SocketAddr,
+    http: SocketAddr,
+    /// The "name server ready" log line.
+    ready_line: String,
+}
+
+fn field(line: &str, key: &str) -> Option<SocketAddr> {
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix(key))
+        .and_then(|v| v.parse().ok())
+}
+
+/// A command, run inside `netns` when one is given.
+fn command_in(netns: Option<&str>, program: &str) -> Command {
+    match netns {
+        Some(ns) => {
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", ns, program]);
+            c
+        }
+        None => Command::new(program),
+    }
+}
+
+impl Node {
+    fn start(spec: Spec) -> Self {
+        let mut cmd = command_in(spec.netns.as_deref(), BIN);
+        cmd.args(["serve", "--docker", "off", "--fallback", "127.0.0.1:9"])
+            .args(["--node-id", &spec.node_id])
+            .args(["--dns-listen", &spec.dns.to_string()])
+            .args(["--http-listen", &spec.http.to_string()])
+            .args(["--gossip-listen", &spec.gossip.to_string()]);
+        for p in &spec.peers {
+            cmd.args(["--peer", &p.to_string()]);
+        }
+        cmd.args(&spec.extra)
+            .envs(spec.env.iter().map(|(k, v)| (k, v)))
+            .env("NO_COLOR", "1")
+            .env("DWARA_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        let mut child = cmd.spawn().unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        let tag = spec.node_id.clone();
+        // Keeps draining stderr for the life of the process.
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                eprintln!("[{tag}] {line}");
+                if line.contains("name server ready") {
+                    let _ = tx.send(line);
+                }
+            }
+        });
+        let line = match rx.recv_timeout(Duration::from_secs(20)) {
+            Ok(line) => line,
+            Err(e) => {
+                let _ = child.kill();
+                panic!("{} did not become ready: {e}", spec.node_id);
+            }
+        };
+        let (Some(dns), Some(http)) = (field(&line, "dns="), field(&line, "http=")) else {
+            panic!("no addresses in {line:?}");
+        };
+        Self {
+            spec,
+            child,
+            dns,
+            http,
+            ready_line: line,
+        }
+    }
+
+    fn id(&self) -> &str {
+        &self.spec.node_id
+    }
+
+    /// dig's answer for `name A`, or `None` when the node does not answer
+    /// (stopped, or unreachable).
+    fn dig(&self, name: &str) -> Option<DigAnswer> {
+        let out = command_in(self.spec.netns.as_deref(), "dig")
+            .arg(format!("@{}", self.dns.ip()))
+            .args(["-p", &self.dns.port().to_string()])
+            .args(["+tries=1", "+time=1", "+nocookie", name, "A"])
+            .output()
+            .unwrap();
+        parse(&String::from_utf8_lossy(&out.stdout))
+    }
+
+    /// The sorted A records of `name` when the node answers NOERROR, empty for
+    /// NXDOMAIN, `None` when it does not answer or answers otherwise.
+    fn addrs(&self, name: &str) -> Option<Vec<String>> {
+        let a = self.dig(name)?;
+        match a.status.as_str() {
+            "NOERROR" => Some(a.data("A")),
+            "NXDOMAIN" => Some(Vec::new()),
+            _ => None,
+        }
+    }
+
+    /// One HTTP request to the node's API: (status, body).
+    fn http(&self, method: &str, path: &str, body: Option<&str>) -> (u16, String) {
+        if self.spec.netns.is_none() {
+            return test_support::http::request(self.http, method, path, body);
+        }
+        let out = command_in(self.spec.netns.as_deref(), "curl")
+            .args(["-s", "-m", "10", "-X", method, "-w", "\n%{http_code}"])
+            .args(["-d", body.unwrap_or_default()])
+            .arg(format!("http://{}{path}", self.http))
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
+        (code.trim().parse().unwrap_or(0), body.to_owned())
+    }
+
+    /// Registers `id ip fqdn` on this node.
+    fn add(&self, id: &str, ip: &str, fqdn: &str) {
+        let (status, body) = self.http(
+            "PUT",
+            &format!("/name/{id}/{ip}"),
+            Some(&format!("fqdn={fqdn}")),
+        );
+        assert_eq!(status, 204, "{}: PUT {id} {ip} {fqdn}: {body}", self.id());
+    }
+
+    /// The value of the first `/metrics` sample whose line starts with `prefix`.
+    fn metric(&self, prefix: &str) -> f64 {
+        let (status, text) = self.http("GET", "/metrics", None);
+        assert_eq!(status, 200, "{text}");
+        text.lines()
+            .find(|l| l.starts_with(prefix))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0)
+    }
+
+    /// `GET /peers`, as (node id, state, entries) of the other nodes.
+    fn peers(&self) -> Vec<(String, String, u64)> {
+        let (status, body) = self.http("GET", "/peers", None);
+        assert_eq!(status, 200, "{body}");
+        let rows: Vec<serde_json::Value> = serde_json::from_str(&body).unwrap();
+        let mut out: Vec<(String, String, u64)> = rows
+            .iter()
+            .filter(|r| r["local"] == false)
+            .map(|r| {
+                (
+                    r["node_id"].as_str().unwrap_or_default().to_owned(),
+                    r["state"].as_str().unwrap_or_default().to_owned(),
+                    r["entries"].as_u64().unwrap_or(u64::MAX),
+                )
+            })
+            .collect();
+        out.sort();
+        out
+    }
+
+    fn signal(&self, sig: &str) {
+        test_support::signal(self.child.id(), sig).unwrap();
+    }
+
+    /// SIGKILLs the process and starts the same spec with `extra` flags instead.
+    fn kill_and_restart(mut self, extra: Vec<String>) -> Self {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let mut spec = self.spec.clone();
+        spec.extra = extra;
+        Node::start(spec)
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Polls `check` until it holds; fails the test naming `what` after `timeout`.
+/// Returns how long it took.
+fn await_that(what: &str, timeout: Duration, mut check: impl FnMut() -> bool) -> Duration {
+    let started = Instant::now();
+    loop {
+        if check() {
+            return started.elapsed();
+        }
+        assert!(
+            started.elapsed() < timeout,
+            "not within {timeout:?}: {what}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Awaits every node in `nodes` answering `name` with exactly `want` (empty: NXDOMAIN).
+fn await_answer(nodes: &[&Node], name: &str, want: &[&str]) -> Duration {
+    let started = Instant::now();
+    for n in nodes {
+        await_that(
+            &format!("{} answers {name} with {want:?}", n.id()),
+            CONVERGE,
+            || n.addrs(name).is_some_and(|got| got == want),
+        );
+    }
+    started.elapsed()
+}
+
+fn peer(id: &str, state: &str, entries: u64) -> (String, String, u64) {
+    (id.to_owned(), state.to_owned(), entries)
+}
+
+fn keygen(dir: &Path, name: &str) -> PathBuf {
+    let out = Command::new(BIN).arg("keygen").output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let path = dir.join(name);
+    std::fs::write(&path, &out.stdout).unwrap();
+    let mut perms = std::fs::metadata(&path).unwrap().permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o600);
+    std::fs::set_permissions(&path, perms).unwrap();
+    path
+}
+
+#[test]
+fn three_processes_replicate_fail_over_restart_and_delete() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = keygen(dir.path(), "cluster.key");
+    let data_dir = dir.path().join("n3-data");
+    let mut specs: Vec<Spec> = loopback_cluster(11, &["n1", "n2", "n3"])
+        .into_iter()
+        .map(|s| s.key_file(&key))
+        .collect();
+    let durable = {
+        let mut extra = specs[2].extra.clone();
+        extra.push("--data-dir".into());
+        extra.push(data_dir.display().to_string());
+        extra
+    };
+    let keyed = specs[2].extra.clone();
+    specs[2].extra = durable.clone();
+    let mut it = specs.into_iter().map(Node::start);
+    let (n1, n2, mut n3) = (it.next().unwrap(), it.next().unwrap(), it.next().unwrap());
+
+    // Registered on one, answered by all.
+    n1.add("c1", "10.32.1.1", "web1.weave.local");
+    n2.add("c2", "10.32.2.1", "web2.weave.local");
+    n3.add("c3", "10.32.3.1", "web3.weave.local");
+    let took = await_answer(&[&n1, &n2, &n3], "web1.weave.local", &["10.32.1.1"]);
+    eprintln!("web1 on every node after {took:?}");
+    await_answer(&[&n1, &n2, &n3], "web2.weave.local", &["10.32.2.1"]);
+    await_answer(&[&n1, &n2, &n3], "web3.weave.local", &["10.32.3.1"]);
+    await_that(
+        "n1 lists n2 and n3 live with one entry each",
+        CONVERGE,
+        || n1.peers() == [peer("n2", "live", 1), peer("n3", "live", 1)],
+    );
+
+    // A node deletes only what it owns: 409 naming the owner, nothing removed.
+    let (status, body) = n2.http("DELETE", "/name/c1", None);
+    assert_eq!(status, 409, "{body}");
+    let body: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(body["owners"], serde_json::json!(["n1"]), "{body}");
+    let (status, body) = n2.http("DELETE", "/name/c1/10.32.1.1", None);
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(n2.addrs("web1.weave.local").unwrap(), ["10.32.1.1"]);
+    // Matching nothing anywhere stays idempotent.
+    assert_eq!(n2.http("DELETE", "/name/nobody", None).0, 204);
+
+    // A frozen node's names vanish from the others and come back when it thaws.
+    n2.signal("STOP");
+    let vanished = await_answer(&[&n1, &n3], "web2.weave.local", &[]);
+    assert_eq!(n1.addrs("web1.weave.local").unwrap(), ["10.32.1.1"]);
+    assert_eq!(n3.addrs("web1.weave.local").unwrap(), ["10.32.1.1"]);
+    n2.signal("CONT");
+    let returned = await_answer(&[&n1, &n3], "web2.weave.local", &["10.32.2.1"]);
+    eprintln!("SIGSTOP: web2 gone after {vanished:?}; SIGCONT: back after {returned:?}");
+    await_answer(&[&n2], "web3.weave.local", &["10.32.3.1"]);
+
+    // SIGKILL n3 and restart it at once without its data dir: a new incarnation
+    // with no entries. The old one's web3 must not be left behind anywhere.
+    n3 = n3.kill_and_restart(keyed);
+    n3.add("c3b", "10.32.3.2", "web3b.weave.local");
+    await_answer(&[&n1, &n2, &n3], "web3b.weave.local", &["10.32.3.2"]);
+    await_answer(&[&n1, &n2, &n3], "web3.weave.local", &[]);
+    // It caught up with the others.
+    await_answer(&[&n3], "web1.weave.local", &["10.32.1.1"]);
+    await_answer(&[&n3], "web2.weave.local", &["10.32.2.1"]);
+
+    // Again, now on its data dir: what it still owns (c3) is published again by
+    // the new incarnation, and the previous one's c3b is gone.
+    n3 = n3.kill_and_restart(durable);
+    await_answer(&[&n1, &n2, &n3], "web3.weave.local", &["10.32.3.1"]);
+    await_answer(&[&n1, &n2, &n3], "web3b.weave.local", &[]);
+    await_answer(&[&n3], "web2.weave.local", &["10.32.2.1"]);
+    await_that("n1 sees one n3, live, with one entry", CONVERGE, || {
+        let rows: Vec<_> = n1.peers().into_iter().filter(|p| p.0 == "n3").collect();
+        rows == [peer("n3", "live", 1)]
+    });
+
+    // Deleted on the owner: NXDOMAIN everywhere.
+    assert_eq!(n1.http("DELETE", "/name/c1", None).0, 204);
+    await_answer(&[&n1, &n2, &n3], "web1.weave.local", &[]);
+    assert_eq!(n2.addrs("web2.weave.local").unwrap(), ["10.32.2.1"]);
+}
+
+#[test]
+fn nodes_without_the_key_join_but_cannot_inject_names() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = keygen(dir.path(), "cluster.key");
+    let wrong = keygen(dir.path(), "wrong.key");
+    let mut specs = loopback_cluster(21, &["k1", "k2", "wrong", "open"]);
+    specs[0] = specs[0].clone().key_file(&key);
+    specs[1] = specs[1].clone().key_file(&key);
+    specs[2] = specs[2].clone().key_file(&wrong);
+    let mut it = specs.into_iter().map(Node::start);
+    let (k1, k2, w, o) = (
+        it.next().unwrap(),
+        it.next().unwrap(),
+        it.next().unwrap(),
+        it.next().unwrap(),
+    );
+
+    w.add("evil1", "10.66.0.1", "evil1.weave.local");
+    o.add("evil2", "10.66.0.2", "evil2.weave.local");
+    k1.add("good", "10.32.0.7", "good.weave.local");
+    // The names are really registered on their nodes.
+    await_answer(&[&w], "evil1.weave.local", &["10.66.0.1"]);
+    await_answer(&[&o], "evil2.weave.local", &["10.66.0.2"]);
+    await_answer(&[&k2], "good.weave.local", &["10.32.0.7"]);
+
+    // Both reached the keyed nodes and were rejected and counted…
+    for k in [&k1, &k2] {
+        await_that(
+            &format!("{} counts the wrong key's values", k.id()),
+            CONVERGE,
+            || k.metric("dwara_cluster_rejected_values_total{reason=\"bad_seal\"}") >= 1.0,
+        );
+        await_that(
+            &format!("{} counts the open node's values", k.id()),
+            CONVERGE,
+            || k.metric("dwara_cluster_rejected_values_total{reason=\"unsealed\"}") >= 1.0,
+        );
+        // …so the names are never answered (each value is judged once per version).
+        assert_eq!(k.addrs("evil1.weave.local").unwrap(), Vec::<String>::new());
+        assert_eq!(k.addrs("evil2.weave.local").unwrap(), Vec::<String>::new());
+        assert_eq!(k.addrs("good.weave.local").unwrap(), ["10.32.0.7"]);
+        // They did join the gossip (the key protects names, not membership).
+        let peers = k.peers();
+        for id in ["open", "wrong"] {
+            assert!(
+                peers.iter().any(|p| p.0 == id && p.2 == 0),
+                "{}: {peers:?}",
+                k.id()
+            );
+        }
+    }
+    // The open node cannot read sealed values either.
+    await_that("open counts sealed values it cannot open", CONVERGE, || {
+        o.metric("dwara_cluster_rejected_values_total{reason=\"no_key\"}") >= 1.0
+    });
+    assert_eq!(o.addrs("good.weave.local").unwrap(), Vec::<String>::new());
+}
+
+/// Seconds since the epoch of a log line's leading RFC 3339 timestamp (GNU date
+/// parses it; no date crate needed).
+fn log_time(line: &str) -> f64 {
+    let stamp = line.split_whitespace().next().unwrap();
+    let out = Command::new("date")
+        .args(["-u", "-d", stamp, "+%s.%N"])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+}
+
+const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
+
+#[test]
+fn a_node_with_its_wall_clock_hours_off_converges() {
+    assert!(
+        Path::new(LIBFAKETIME).exists(),
+        "{LIBFAKETIME} missing: apt-get install -y faketime (cargo xtask tools)"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let key = keygen(dir.path(), "cluster.key");
+    let mut specs: Vec<Spec> = loopback_cluster(31, &["t1", "t2", "skewed"])
+        .into_iter()
+        .map(|s| s.key_file(&key))
+        .collect();
+    specs[2].env = vec![
+        ("LD_PRELOAD".into(), LIBFAKETIME.into()),
+        ("FAKETIME".into(), "+3h".into()),
+        ("FAKETIME_DONT_FAKE_MONOTONIC".into(), "1".into()),
+    ];
+    let mut it = specs.into_iter().map(Node::start);
+    let (t1, t2, s) = (it.next().unwrap(), it.next().unwrap(), it.next().unwrap());
+    // The skewed node really lives three hours ahead (its log's timestamps).
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    let skew = log_time(&s.ready_line) - now;
+    assert!((skew - 3.0 * 3600.0).abs() < 600.0, "skew {skew} s");
+    assert!((log_time(&t1.ready_line) - now).abs() < 600.0);
+
+    // Both ways.
+    s.add("cs", "10.32.9.1", "skewed.weave.local");
+    t1.add("c1", "10.32.9.2", "plain.weave.local");
+    await_answer(&[&t1, &t2, &s], "skewed.weave.local", &["10.32.9.1"]);
+    await_answer(&[&t1, &t2, &s], "plain.weave.local", &["10.32.9.2"]);
+    // Failure detection and deletes do not care either.
+    s.signal("STOP");
+    await_answer(&[&t1, &t2], "skewed.weave.local", &[]);
+    s.signal("CONT");
+    await_answer(&[&t1, &t2], "skewed.weave.local", &["10.32.9.1"]);
+    assert_eq!(s.http("DELETE", "/name/cs", None).0, 204);
+    assert_eq!(t1.http("DELETE", "/name/c1", None).0, 204);
+    await_answer(&[&t1, &t2, &s], "skewed.weave.local", &[]);
+    await_answer(&[&t1, &t2, &s], "plain.weave.local", &[]);
+}
+
+/// Network namespaces of one test: a hub holding a bridge and one namespace per
+/// node, each joined to the bridge by a veth pair. Deleted on drop (declare it
+/// before the nodes so they are killed first).
+struct Netns {
+    hub: String,
+    nodes: Vec<String>,
+}
+
+fn ip(args: &[&str]) -> Result<(), String> {
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .map_err(|e| e.to_string())?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "ip {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+impl Netns {
+    /// `Ok(None)` when this user may not create namespaces.
+    fn create(count: usize) -> Result<Option<Self>, String> {
+        Self::remove_stale();
+        let tag = format!("dwc{}", std::process::id());
+        let hub = format!("{tag}-hub");
+        if let Err(e) = ip(&["netns", "add", &hub]) {
+            if e.contains("Permission denied") || e.contains("not permitted") {
+                return Ok(None);
+            }
+            return Err(e);
+        }
+        // From here on, whatever fails is cleaned up by the guard.
+        let mut ns = Self {
+            hub,
+            nodes: Vec::new(),
+        };
+        ip(&["-n", &ns.hub, "link", "add", "br0", "type", "bridge"])?;
+        ip(&["-n", &ns.hub, "link", "set", "br0", "up"])?;
+        for i in 0..count {
+            let name = format!("{tag}-{i}");
+            ip(&["netns", "add", &name])?;
+            ns.nodes.push(name.clone());
+            let port = format!("v{i}");
+            ip(&[
+                "-n", &ns.hub, "link", "add", &port, "type", "veth", "peer", "name", "eth0",
+                "netns", &name,
+            ])?;
+            ip(&["-n", &ns.hub, "link", "set", &port, "master", "br0"])?;
+            ip(&["-n", &ns.hub, "link", "set", &port, "up"])?;
+            ip(&[
+                "-n",
+                &name,
+                "addr",
+                "add",
+                &format!("{}/24", Self::addr(i)),
+                "dev",
+                "eth0",
+            ])?;
+            ip(&["-n", &name, "link", "set", "eth0", "up"])?;
+            ip(&["-n", &name, "link", "set", "lo", "up"])?;
+        }
+        Ok(Some(ns))
+    }
+
+    /// Namespaces (and their processes) left by a test binary that was killed
+    /// before its guards ran: `dwc<pid>-…` whose pid is gone.
+    fn remove_stale() {
+        let Ok(out) = Command::new("ip").args(["netns", "list"]).output() else {
+            return;
+        };
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            let Some(name) = line.split_whitespace().next() else {
+                continue;
+            };
+            let Some(pid) = name
+                .strip_prefix("dwc")
+                .and_then(|rest| rest.split('-').next())
+            else {
+                continue;
+            };
+            if pid.is_empty() || Path::new(&format!("/proc/{pid}")).exists() {
+                continue;
+            }
+            if let Ok(pids) = Command::new("ip").args(["netns", "pids", name]).output() {
+                for p in String::from_utf8_lossy(&pids.stdout).split_whitespace() {
+                    let _ = Command::new("kill").args(["-KILL", p]).status();
+                }
+            }
+            eprintln!("removing stale network namespace {name}");
+            let _ = ip(&["netns", "del", name]);
+        }
+    }
+
+    fn addr(i: usize) -> Ipv4Addr {
+        Ipv4Addr::new(10, 99, 0, u8::try_from(i + 1).unwrap())
+    }
+
+    /// Takes node `i`'s bridge port down or up (its cable pulled or plugged).
+    fn set_link(&self, i: usize, state: &str) {
+        ip(&["-n", &self.hub, "link", "set", &format!("v{i}"), state]).unwrap();
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        for name in self.nodes.iter().chain([&self.hub]) {
+            if let Err(e) = ip(&["netns", "del", name]) {
+                eprintln!("cleanup: {e}");
+            }
+        }
+    }
+}
+
+#[test]
+fn hosts_on_a_bridge_partition_and_heal() {
+    let Some(ns) = Netns::create(3).unwrap() else {
+        eprintln!(
+            "SKIPPED hosts_on_a_bridge_partition_and_heal: `ip netns add` is not permitted for this user"
+        );
+        return;
+    };
+    let gossip = |i| SocketAddr::from((Netns::addr(i), 7946));
+    let nodes: Vec<Node> = (0..3)
+        .map(|i| {
+            Node::start(Spec {
+                node_id: format!("host{i}"),
+                dns: SocketAddr::from((Netns::addr(i), 53)),
+                http: SocketAddr::from((Netns::addr(i), 6784)),
+                gossip: gossip(i),
+                peers: (0..3).filter(|j| *j != i).map(gossip).collect(),
+                extra: Vec::new(),
+                env: Vec::new(),
+                netns: Some(ns.nodes[i].clone()),
+            })
+        })
+        .collect();
+    let all: Vec<&Node> = nodes.iter().collect();
+    for (i, n) in nodes.iter().enumerate() {
+        n.add(
+            &format!("c{i}"),
+            &format!("10.32.7.{i}"),
+            &format!("h{i}.weave.local"),
+        );
+    }
+    for i in 0..3 {
+        await_answer(
+            &all,
+            &format!("h{i}.weave.local"),
+            &[&format!("10.32.7.{i}")],
+        );
+    }
+
+    // host1's cable is pulled: its name vanishes on the others, and theirs on it.
+    ns.set_link(1, "down");
+    let vanished = await_answer(&[&nodes[0], &nodes[2]], "h1.weave.local", &[]);
+    await_answer(&[&nodes[1]], "h0.weave.local", &[]);
+    assert_eq!(nodes[0].addrs("h2.weave.local").unwrap(), ["10.32.7.2"]);
+    // Plugged back in: everything returns everywhere.
+    ns.set_link(1, "up");
+    let returned = await_answer(&[&nodes[0], &nodes[2]], "h1.weave.local", &["10.32.7.1"]);
+    await_answer(&[&nodes[1]], "h0.weave.local", &["10.32.7.0"]);
+    await_answer(&[&nodes[1]], "h2.weave.local", &["10.32.7.2"]);
+    eprintln!("link down: h1 gone after {vanished:?}; link up: back after {returned:?}");
+
+    // A change made while partitioned reaches the others after the heal.
+    ns.set_link(1, "down");
+    await_answer(&[&nodes[0]], "h1.weave.local", &[]);
+    nodes[1].add("c1b", "10.32.7.11", "h1b.weave.local");
+    ns.set_link(1, "up");
+    await_answer(&[&nodes[0], &nodes[2]], "h1b.weave.local", &["10.32.7.11"]);
+    drop(nodes);
+    drop(ns);
+}
