@@ -98,6 +98,11 @@ impl ClusterArgs {
             Some(path) => KeySource::File(path),
             None => KeySource::Open,
         };
+        // Read the key file once (and warn about its mode once): the cluster gets the
+        // key itself.
+        if let Some(key) = config.key.load()? {
+            config.key = KeySource::Key(key);
+        }
         config.validate()?;
         Ok(Some(config))
     }
