@@ -377,3 +377,30 @@ fn churn_leaves_no_tombstones_and_flat_memory() {
     // (20,000 kept tombstones would be several MiB).
     assert!(rss[3] <= rss[0] + 2_048, "RSS grew: {rss:?}");
 }
+
+#[test]
+fn dns_commands_name_the_url_in_one_line_when_the_server_is_down() {
+    // Nothing listens there: connection refused, at once.
+    let api = format!("http://{}", test_support::free_addr());
+    for args in [
+        &["dns", "lookup", "x.weave.local", "--api", &api][..],
+        &[
+            "dns",
+            "add",
+            "c1",
+            "10.32.0.1",
+            "x.weave.local",
+            "--api",
+            &api,
+        ][..],
+        &["dns", "rm", "c1", "--api", &api][..],
+    ] {
+        let out = Command::new(BIN).args(args).output().unwrap();
+        assert!(!out.status.success(), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        let err = err.trim();
+        assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+        assert!(err.contains(&api), "{args:?}: {err}");
+        assert!(err.contains("cannot connect"), "{args:?}: {err}");
+    }
+}
