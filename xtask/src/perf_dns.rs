@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! cargo xtask perf dns [--names N] [--rounds R] [--seconds S] [--workers W]
-//!                      [--clients C] [--outstanding Q] [--edns]
+//!                      [--clients C] [--outstanding Q] [--edns] [--rate QPS]
 //! ```
 //!
 //! 1. Generates one data set: `N` names `hostI.weave.local`, every fifth with three
@@ -13,9 +13,17 @@
 //!    (`--addn-hosts`, `--local=/weave.local/`) and unbound (`local-data`,
 //!    `local-data-ptr`, `local-zone: static`) with 1 and 2 threads, all on loopback.
 //! 3. Checks that each server gives the same answers to a sample of the queries.
-//! 4. Runs `dnsperf -c C -T 1 -q Q -l S` against each server in turn, `R` rounds
-//!    interleaved, and prints per server the median qps, mean and max latency, lost
-//!    queries, dwara's ratio to each, and dwara's RSS.
+//! 4. Runs `dnsperf -c C -T 1 -q Q -l S` against each server in turn over UDP and
+//!    then over TCP (`-m tcp`), `R` rounds interleaved, and prints per server the
+//!    median qps, mean and max latency, lost queries, the server's CPU time per
+//!    answered query (user + system from `/proc/PID/stat` over the round, children
+//!    included: dnsmasq forks per TCP connection), the client's CPU share (dnsperf's
+//!    user + system time over the wall time, from this process's waited-for children
+//!    times), dwara's ratio to each, and dwara's RSS.
+//! 5. Then `R` interleaved rounds at a fixed offered load (`dnsperf -Q QPS -v`,
+//!    default 20,000 qps) and prints p50, p99 and p99.9 of the per-query latencies
+//!    dnsperf reports. A server whose median UDP throughput was below 1.25 × QPS is
+//!    left out of these rounds (it would be measured saturated).
 //!
 //! Everything listens on 127.0.0.1 only.
 
@@ -35,6 +43,7 @@ struct Options {
     clients: u32,
     outstanding: u32,
     edns: bool,
+    rate: u32,
 }
 
 fn parse_args(args: &[String]) -> anyhow::Result<Options> {
@@ -46,6 +55,7 @@ fn parse_args(args: &[String]) -> anyhow::Result<Options> {
         clients: 8,
         outstanding: 100,
         edns: false,
+        rate: 20_000,
     };
     let mut it = args.iter();
     while let Some(a) = it.next() {
@@ -63,9 +73,10 @@ fn parse_args(args: &[String]) -> anyhow::Result<Options> {
             "--clients" => o.clients = u32::try_from(value("--clients")?.max(1))?,
             "--outstanding" => o.outstanding = u32::try_from(value("--outstanding")?.max(1))?,
             "--edns" => o.edns = true,
+            "--rate" => o.rate = u32::try_from(value("--rate")?.max(1))?,
             other => bail!(
                 "unknown argument {other:?}; usage: cargo xtask perf dns [--names N] [--rounds R] \
-                 [--seconds S] [--workers W] [--clients C] [--outstanding Q] [--edns]"
+                 [--seconds S] [--workers W] [--clients C] [--outstanding Q] [--edns] [--rate QPS]"
             ),
         }
     }
@@ -358,17 +369,87 @@ fn cross_check(servers: &[&Server], lines: &[String]) -> anyhow::Result<()> {
     Ok(())
 }
 
-#[derive(Debug, Clone, Copy, Default)]
+/// How dnsperf drives a server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// UDP, as fast as the outstanding limit allows.
+    Udp,
+    /// TCP (`-m tcp`), as fast as the outstanding limit allows.
+    Tcp,
+    /// UDP at a fixed offered load (`-Q`), with per-query latencies (`-v`).
+    Rate(u32),
+}
+
+#[derive(Debug, Clone, Default)]
 struct Run {
     qps: f64,
     mean_ms: f64,
     max_ms: f64,
     lost: u64,
+    completed: u64,
+    /// Server CPU (user + system) over the round, seconds.
+    server_cpu: f64,
+    /// dnsperf's CPU (user + system) over the round, seconds.
+    client_cpu: f64,
+    wall: f64,
+    /// Per-query latencies in ms, sorted (rate rounds only).
+    latencies: Vec<f64>,
 }
 
-fn dnsperf(addr: SocketAddr, file: &Path, opts: &Options) -> anyhow::Result<Run> {
+impl Run {
+    /// Server CPU per answered query, µs.
+    fn cpu_us(&self) -> f64 {
+        self.server_cpu * 1e6 / self.completed.max(1) as f64
+    }
+
+    /// dnsperf's CPU as a share of one core.
+    fn client_share(&self) -> f64 {
+        self.client_cpu / self.wall.max(1e-9)
+    }
+
+    /// The `q` quantile of the per-query latencies, ms.
+    fn quantile(&self, q: f64) -> f64 {
+        if self.latencies.is_empty() {
+            return f64::NAN;
+        }
+        let rank = (q * self.latencies.len() as f64).ceil() as usize;
+        self.latencies[rank.clamp(1, self.latencies.len()) - 1]
+    }
+}
+
+/// Clock ticks per second of `/proc/*/stat` times.
+fn clock_ticks() -> f64 {
+    Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
+        .unwrap_or(100.0)
+}
+
+/// (utime + stime, cutime + cstime) of `pid` in clock ticks (`/proc/PID/stat`
+/// fields 14–17; the name in parentheses may hold spaces, so count after it).
+fn cpu_ticks(pid: &str) -> Option<(u64, u64)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let f: Vec<u64> = rest
+        .split_whitespace()
+        .skip(11)
+        .take(4)
+        .map(|v| v.parse().unwrap_or(0))
+        .collect();
+    (f.len() == 4).then(|| (f[0] + f[1], f[2] + f[3]))
+}
+
+fn dnsperf(
+    server: &Server,
+    file: &Path,
+    opts: &Options,
+    mode: Mode,
+    ticks: f64,
+) -> anyhow::Result<Run> {
     let mut cmd = Command::new("dnsperf");
-    cmd.args(["-s", "127.0.0.1", "-p", &addr.port().to_string()])
+    cmd.args(["-s", "127.0.0.1", "-p", &server.addr.port().to_string()])
         .arg("-d")
         .arg(file)
         .args(["-c", &opts.clients.to_string(), "-T", "1"])
@@ -378,10 +459,26 @@ fn dnsperf(addr: SocketAddr, file: &Path, opts: &Options) -> anyhow::Result<Run>
             "-l",
             &opts.seconds.to_string(),
         ]);
+    match mode {
+        Mode::Udp => {}
+        Mode::Tcp => {
+            cmd.args(["-m", "tcp"]);
+        }
+        Mode::Rate(qps) => {
+            cmd.args(["-Q", &qps.to_string(), "-v"]);
+        }
+    }
     if opts.edns {
         cmd.arg("-e");
     }
+    let pid = server.child.id().to_string();
+    let server_before = cpu_ticks(&pid).context("cannot read the server's /proc stat")?;
+    let client_before = cpu_ticks("self").context("cannot read /proc/self/stat")?;
+    let started = Instant::now();
     let out = cmd.output().context("cannot run dnsperf")?;
+    let wall = started.elapsed().as_secs_f64();
+    let server_after = cpu_ticks(&pid).context("cannot read the server's /proc stat")?;
+    let client_after = cpu_ticks("self").context("cannot read /proc/self/stat")?;
     let text = String::from_utf8_lossy(&out.stdout);
     if !out.status.success() {
         bail!(
@@ -399,13 +496,15 @@ fn dnsperf(addr: SocketAddr, file: &Path, opts: &Options) -> anyhow::Result<Run>
             .parse::<f64>()
             .ok()
     };
+    let count = |key: &str| -> u64 {
+        after(key)
+            .and_then(|s| s.split_whitespace().next())
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0)
+    };
     let qps = after("Queries per second:")
         .and_then(num)
         .context("no qps in dnsperf output")?;
-    let lost = after("Queries lost:")
-        .and_then(|s| s.split_whitespace().next())
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
     // "Average Latency (s):  0.000123 (min 0.000010, max 0.004567)"
     let lat = after("Average Latency (s):").unwrap_or_default();
     let mean = lat
@@ -418,11 +517,25 @@ fn dnsperf(addr: SocketAddr, file: &Path, opts: &Options) -> anyhow::Result<Run>
         .nth(1)
         .and_then(|s| num(s.trim_end_matches(')')))
         .unwrap_or(f64::NAN);
+    // -v: "> NOERROR host1.weave.local A 0.000123" per answered query.
+    let mut latencies: Vec<f64> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("> "))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .map(|s| s * 1000.0)
+        .collect();
+    latencies.sort_by(f64::total_cmp);
+    let server_ticks = (server_after.0 + server_after.1) - (server_before.0 + server_before.1);
     Ok(Run {
         qps,
         mean_ms: mean * 1000.0,
         max_ms: max * 1000.0,
-        lost,
+        lost: count("Queries lost:"),
+        completed: count("Queries completed:"),
+        server_cpu: server_ticks as f64 / ticks,
+        client_cpu: client_after.1.saturating_sub(client_before.1) as f64 / ticks,
+        wall,
+        latencies,
     })
 }
 
@@ -468,14 +581,16 @@ fn run_in(dir: &Path, opts: &Options) -> anyhow::Result<()> {
     let qfile = dir.join("queries.txt");
     std::fs::write(&qfile, lines.join("\n") + "\n")?;
     println!(
-        "perf dns: {} names ({records} records), {} queries in the file, dnsperf -c {} -T 1 -q {} -l {}{}, {} rounds",
+        "perf dns: {} names ({records} records), {} queries in the file, dnsperf -c {} -T 1 -q {} -l {}{}, \
+         {} rounds of UDP, TCP and -Q {}",
         opts.names,
         lines.len(),
         opts.clients,
         opts.outstanding,
         opts.seconds,
         if opts.edns { " -e" } else { "" },
-        opts.rounds
+        opts.rounds,
+        opts.rate
     );
 
     let (dwara, http) = start_dwara(dir, opts)?;
@@ -500,46 +615,143 @@ fn run_in(dir: &Path, opts: &Options) -> anyhow::Result<()> {
         lines.len().min(200)
     );
 
-    let mut runs: Vec<Vec<Run>> = vec![Vec::new(); servers.len()];
+    let ticks = clock_ticks();
+    let mut udp: Vec<Vec<Run>> = vec![Vec::new(); servers.len()];
+    let mut tcp: Vec<Vec<Run>> = vec![Vec::new(); servers.len()];
+    for round in 1..=opts.rounds {
+        for (mode, runs) in [(Mode::Udp, &mut udp), (Mode::Tcp, &mut tcp)] {
+            for (i, s) in servers.iter().enumerate() {
+                let r = dnsperf(s, &qfile, opts, mode, ticks)?;
+                println!(
+                    "  round {round} {:<4} {:<11} {:>9.0} qps  mean {:.3} ms  max {:.2} ms  lost {}  \
+                     server {:.2} us/query  client {:.0}% of a core",
+                    if mode == Mode::Tcp { "tcp" } else { "udp" },
+                    s.name,
+                    r.qps,
+                    r.mean_ms,
+                    r.max_ms,
+                    r.lost,
+                    r.cpu_us(),
+                    r.client_share() * 100.0
+                );
+                runs[i].push(r);
+            }
+        }
+    }
+    // Fixed-load rounds, for the servers that sustain well above that load.
+    let keep: Vec<bool> = udp
+        .iter()
+        .map(|rs| median(rs.iter().map(|r| r.qps).collect()) >= 1.25 * f64::from(opts.rate))
+        .collect();
+    let mut rate: Vec<Vec<Run>> = vec![Vec::new(); servers.len()];
     for round in 1..=opts.rounds {
         for (i, s) in servers.iter().enumerate() {
-            let r = dnsperf(s.addr, &qfile, opts)?;
+            if !keep[i] {
+                continue;
+            }
+            let r = dnsperf(s, &qfile, opts, Mode::Rate(opts.rate), ticks)?;
             println!(
-                "  round {round} {:<11} {:>9.0} qps  mean {:.3} ms  max {:.2} ms  lost {}",
-                s.name, r.qps, r.mean_ms, r.max_ms, r.lost
+                "  round {round} -Q {} {:<11} {:>9.0} qps  p50 {:.3} ms  p99 {:.3} ms  p99.9 {:.3} ms  \
+                 lost {}  server {:.2} us/query",
+                opts.rate,
+                s.name,
+                r.qps,
+                r.quantile(0.5),
+                r.quantile(0.99),
+                r.quantile(0.999),
+                r.lost,
+                r.cpu_us()
             );
-            runs[i].push(r);
+            rate[i].push(r);
         }
     }
     let rss_after = rss_kib(dwara.child.id());
 
-    println!("\nmedian of {} rounds:", opts.rounds);
-    println!(
-        "  {:<11} {:>9} {:>10} {:>12} {:>10} {:>6} {:>12}",
-        "server", "qps", "mean ms", "median max", "worst max", "lost", "dwara/this"
-    );
-    let dwara_qps = median(runs[0].iter().map(|r| r.qps).collect());
-    let mut ratios = Vec::new();
-    for (s, rs) in servers.iter().zip(&runs) {
-        let qps = median(rs.iter().map(|r| r.qps).collect());
-        ratios.push(dwara_qps / qps);
+    let med = |rs: &[Run], f: &dyn Fn(&Run) -> f64| median(rs.iter().map(f).collect());
+    let table = |title: &str, runs: &[Vec<Run>]| -> Vec<(f64, f64)> {
+        println!("\n{title}, median of {} rounds:", opts.rounds);
         println!(
-            "  {:<11} {:>9.0} {:>10.3} {:>12.2} {:>10.2} {:>6} {:>11.2}x",
+            "  {:<11} {:>9} {:>9} {:>12} {:>10} {:>6} {:>13} {:>12} {:>11}",
+            "server",
+            "qps",
+            "mean ms",
+            "median max",
+            "worst max",
+            "lost",
+            "server us/q",
+            "client core",
+            "dwara/this"
+        );
+        let dwara_qps = med(&runs[0], &|r| r.qps);
+        let mut out = Vec::new();
+        for (s, rs) in servers.iter().zip(runs) {
+            let qps = med(rs, &|r| r.qps);
+            let cpu = med(rs, &|r| r.cpu_us());
+            println!(
+                "  {:<11} {:>9.0} {:>9.3} {:>12.2} {:>10.2} {:>6} {:>13.2} {:>11.0}% {:>10.2}x",
+                s.name,
+                qps,
+                med(rs, &|r| r.mean_ms),
+                med(rs, &|r| r.max_ms),
+                rs.iter().map(|r| r.max_ms).fold(0.0, f64::max),
+                rs.iter().map(|r| r.lost).sum::<u64>(),
+                cpu,
+                med(rs, &|r| r.client_share()) * 100.0,
+                dwara_qps / qps
+            );
+            out.push((qps, cpu));
+        }
+        out
+    };
+    let u = table("UDP", &udp);
+    let t = table("TCP (dnsperf -m tcp)", &tcp);
+    println!(
+        "\nfixed load: dnsperf -Q {} -v (per-query latencies), median of {} rounds:",
+        opts.rate, opts.rounds
+    );
+    println!(
+        "  {:<11} {:>9} {:>9} {:>9} {:>9} {:>9} {:>6} {:>13}",
+        "server", "qps", "p50 ms", "p99 ms", "p99.9 ms", "max ms", "lost", "server us/q"
+    );
+    let mut p99 = vec![f64::NAN; servers.len()];
+    for (i, (s, rs)) in servers.iter().zip(&rate).enumerate() {
+        if rs.is_empty() {
+            println!(
+                "  {:<11} left out: saturates at {:.0} qps (< 1.25 x {})",
+                s.name, u[i].0, opts.rate
+            );
+            continue;
+        }
+        p99[i] = med(rs, &|r| r.quantile(0.99));
+        println!(
+            "  {:<11} {:>9.0} {:>9.3} {:>9.3} {:>9.3} {:>9.2} {:>6} {:>13.2}",
             s.name,
-            qps,
-            median(rs.iter().map(|r| r.mean_ms).collect()),
-            median(rs.iter().map(|r| r.max_ms).collect()),
-            rs.iter().map(|r| r.max_ms).fold(0.0, f64::max),
+            med(rs, &|r| r.qps),
+            med(rs, &|r| r.quantile(0.5)),
+            p99[i],
+            med(rs, &|r| r.quantile(0.999)),
+            med(rs, &|r| r.max_ms),
             rs.iter().map(|r| r.lost).sum::<u64>(),
-            dwara_qps / qps
+            med(rs, &|r| r.cpu_us()),
         );
     }
-    let lost: u64 = runs[0].iter().map(|r| r.lost).sum();
+    let lost: u64 = udp[0]
+        .iter()
+        .chain(&tcp[0])
+        .chain(&rate[0])
+        .map(|r| r.lost)
+        .sum();
+    // Servers: 0 dwara, 1 dnsmasq, 2 unbound 1 thread, 3 unbound 2 threads.
     println!(
-        "targets (issue 6): dwara/dnsmasq {:.2}x (>= 1.2), dwara/unbound {:.2}x (>= 1.0, vs the faster \
-         unbound), dwara lost {lost} (0)",
-        ratios[1],
-        ratios[2].min(ratios[3]),
+        "\ntargets (issue 14): qps dwara/unbound-2t {:.2}x (>= 1.25), dwara/dnsmasq {:.2}x (>= 1.8); \
+         CPU per query dwara/unbound {:.2}x (<= 0.6, vs the leaner unbound); p99 dwara {:.3} ms vs unbound {:.3} ms \
+         (<=); TCP qps dwara/unbound {:.2}x (>= 1.0, vs the faster unbound); dwara lost {lost} (0)",
+        u[0].0 / u[3].0,
+        u[0].0 / u[1].0,
+        u[0].1 / u[2].1.min(u[3].1),
+        p99[0],
+        p99[2].min(p99[3]),
+        t[0].0 / t[2].0.max(t[3].0),
     );
     if opts.names >= 100_000 {
         println!(

@@ -1,17 +1,28 @@
 //! The DNS listeners: UDP worker threads and a TCP acceptor.
 //!
-//! UDP is served by `udp_workers` plain threads blocking in `recv_from` on clones of
-//! one socket: measured faster than a tokio loop for this workload (see
-//! `docs/PERFORMANCE.md`), and a worker's packet path allocates nothing. Queries that
-//! must be forwarded are handed to a tokio task (bounded by a semaphore), which sends
-//! the reply on the same socket. TCP is a tokio task per connection, with an idle
-//! timeout and a connection limit; TCP answers are never truncated.
+//! UDP is served by `udp_workers` plain threads, each on its own `SO_REUSEPORT` socket
+//! bound to the same address (so each has its own receive queue and the kernel spreads
+//! clients over them by address hash), each moving up to `udp_batch` datagrams per
+//! `recvmmsg` and their replies per `sendmmsg` (see `udp_batch`). With `udp_batch` 1,
+//! where the kernel lacks those calls, or where `SO_REUSEPORT` is refused, a worker
+//! uses one `recv_from` and one `send_to` per datagram (on clones of one socket when
+//! there is no `SO_REUSEPORT`). Plain threads measured faster than a tokio loop for
+//! this workload (see `docs/PERFORMANCE.md`), and a worker's packet path allocates
+//! nothing. Queries that must be forwarded are handed to a tokio task (bounded by a
+//! semaphore), which sends the reply on the worker's socket. TCP is a tokio task per
+//! connection, with an idle timeout and a connection limit; TCP answers are never
+//! truncated.
+
+mod udp_batch;
 
 use std::net::{SocketAddr, TcpListener as StdTcpListener, UdpSocket};
+use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use nix::errno::Errno;
+use socket2::{Domain, Protocol, Socket, Type};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
@@ -23,6 +34,7 @@ use crate::forward::Forwarder;
 use crate::handler::{Handler, MAX_MESSAGE, Outcome, Transport, servfail};
 use crate::metrics::{Counters, Metrics};
 use crate::wire::FastRng;
+use udp_batch::UdpBatch;
 
 /// How the DNS listeners are set up.
 #[derive(Debug, Clone)]
@@ -37,7 +49,16 @@ pub struct DnsServerConfig {
     pub max_tcp_connections: usize,
     /// At most this many forwarded UDP queries in flight; more get SERVFAIL.
     pub max_forwards_in_flight: usize,
+    /// Datagrams a UDP worker receives per `recvmmsg` and answers per `sendmmsg`
+    /// (at most 64). 0 or 1: one `recv_from` and one `send_to` per datagram, the
+    /// portable path. Default 32 (measured in `docs/PERFORMANCE.md`).
+    pub udp_batch: usize,
 }
+
+/// The default [`DnsServerConfig::udp_batch`]: a batch only takes datagrams already
+/// queued, so the size caps the work per system call, not the wait (see
+/// `docs/PERFORMANCE.md` for the measurements behind it).
+pub(crate) const DEFAULT_UDP_BATCH: usize = 32;
 
 impl DnsServerConfig {
     /// Defaults for `listen`: one UDP worker per available core (at most 4).
@@ -49,6 +70,7 @@ impl DnsServerConfig {
             tcp_idle_timeout: Duration::from_secs(10),
             max_tcp_connections: 512,
             max_forwards_in_flight: 1024,
+            udp_batch: DEFAULT_UDP_BATCH,
         }
     }
 }
@@ -65,24 +87,75 @@ pub struct DnsServer {
 /// How often idle UDP workers look at the stop flag.
 const UDP_POLL: Duration = Duration::from_millis(200);
 
-fn bind_pair(listen: SocketAddr) -> Result<(UdpSocket, StdTcpListener)> {
+/// The UDP sockets of the workers and the TCP listener, all on one address.
+struct Bound {
+    /// One socket per worker (`SO_REUSEPORT`), or a single socket the workers share.
+    udp: Vec<UdpSocket>,
+    tcp: StdTcpListener,
+}
+
+/// Binds `count` UDP sockets with `SO_REUSEPORT` on `addr`. `Ok(None)`: the option
+/// is refused here.
+fn bind_reuseport(addr: SocketAddr, count: usize) -> std::io::Result<Option<Vec<UdpSocket>>> {
+    let mut socks = Vec::with_capacity(count);
+    for _ in 0..count {
+        let sock = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
+        if let Err(e) = sock.set_reuse_port(true) {
+            tracing::debug!(error = %e, "SO_REUSEPORT refused; the UDP workers share one socket");
+            return Ok(None);
+        }
+        sock.bind(&addr.into())?;
+        socks.push(UdpSocket::from(sock));
+    }
+    Ok(Some(socks))
+}
+
+/// Binds the UDP sockets on the port `probe` holds, after closing it. The probe is a
+/// plain socket: its bind failed if anything else held the port, including another
+/// program's `SO_REUSEPORT` sockets (which a port-0 bind with the option set could
+/// silently share).
+fn bind_udp(probe: UdpSocket, workers: usize) -> std::io::Result<Vec<UdpSocket>> {
+    let addr = probe.local_addr()?;
+    if workers <= 1 {
+        return Ok(vec![probe]);
+    }
+    drop(probe);
+    match bind_reuseport(addr, workers)? {
+        Some(socks) => Ok(socks),
+        None => Ok(vec![UdpSocket::bind(addr)?]),
+    }
+}
+
+fn bind_all(listen: SocketAddr, workers: usize) -> Result<Bound> {
     let bind_err = |what, source| Error::Bind {
         what,
         addr: listen,
         source,
     };
     if listen.port() != 0 {
-        let udp = UdpSocket::bind(listen).map_err(|e| bind_err("DNS/UDP", e))?;
+        let probe = UdpSocket::bind(listen).map_err(|e| bind_err("DNS/UDP", e))?;
         let tcp = StdTcpListener::bind(listen).map_err(|e| bind_err("DNS/TCP", e))?;
-        return Ok((udp, tcp));
+        let udp = bind_udp(probe, workers).map_err(|e| bind_err("DNS/UDP", e))?;
+        return Ok(Bound { udp, tcp });
     }
     // Port 0: find a port free for both protocols.
     let mut last = None;
     for _ in 0..50 {
-        let udp = UdpSocket::bind(listen).map_err(|e| bind_err("DNS/UDP", e))?;
-        let port = udp.local_addr().map_err(|e| bind_err("DNS/UDP", e))?.port();
-        match StdTcpListener::bind(SocketAddr::new(listen.ip(), port)) {
-            Ok(tcp) => return Ok((udp, tcp)),
+        let probe = UdpSocket::bind(listen).map_err(|e| bind_err("DNS/UDP", e))?;
+        let port = probe
+            .local_addr()
+            .map_err(|e| bind_err("DNS/UDP", e))?
+            .port();
+        let tcp = match StdTcpListener::bind(SocketAddr::new(listen.ip(), port)) {
+            Ok(tcp) => tcp,
+            Err(e) => {
+                last = Some(e);
+                continue;
+            }
+        };
+        // Someone may take the port between the probe's close and our binds: retry.
+        match bind_udp(probe, workers) {
+            Ok(udp) => return Ok(Bound { udp, tcp }),
             Err(e) => last = Some(e),
         }
     }
@@ -101,32 +174,50 @@ impl DnsServer {
         forwarder: Arc<Forwarder>,
         metrics: Arc<Metrics>,
     ) -> Result<Self> {
-        let (udp, tcp) = bind_pair(config.listen)?;
+        let worker_count = config.udp_workers.max(1);
+        let Bound { udp, tcp } = bind_all(config.listen, worker_count)?;
         let io_err = |context: &str, source| Error::Io {
             context: context.to_owned(),
             source,
         };
-        let addr = udp
+        let addr = tcp
             .local_addr()
-            .map_err(|e| io_err("DNS/UDP local address", e))?;
-        udp.set_read_timeout(Some(UDP_POLL))
-            .map_err(|e| io_err("setting the DNS/UDP read timeout", e))?;
+            .map_err(|e| io_err("DNS/TCP local address", e))?;
+        for sock in &udp {
+            sock.set_read_timeout(Some(UDP_POLL))
+                .map_err(|e| io_err("setting the DNS/UDP read timeout", e))?;
+        }
+        let sockets = if udp.len() == worker_count {
+            "one SO_REUSEPORT socket each"
+        } else {
+            "one shared socket"
+        };
         tcp.set_nonblocking(true)
             .map_err(|e| io_err("setting DNS/TCP non-blocking", e))?;
         let tcp = TcpListener::from_std(tcp).map_err(|e| io_err("registering DNS/TCP", e))?;
         let handler = Arc::new(Handler::new(db));
         let stop = Arc::new(AtomicBool::new(false));
         let runtime = tokio::runtime::Handle::current();
-        let udp = Arc::new(udp);
+        let udp: Vec<Arc<UdpSocket>> = udp.into_iter().map(Arc::new).collect();
         let forwards = Arc::new(Semaphore::new(config.max_forwards_in_flight.max(1)));
+        let batch = match config.udp_batch {
+            0 | 1 => None,
+            n => Some(n.min(udp_batch::MAX_BATCH)),
+        };
         let mut workers = Vec::new();
-        for i in 0..config.udp_workers.max(1) {
-            let sock = udp
-                .try_clone()
-                .map_err(|e| io_err("cloning the DNS/UDP socket", e))?;
+        for i in 0..worker_count {
+            let own = &udp[i % udp.len()];
+            let sock = if udp.len() == worker_count {
+                own.clone()
+            } else {
+                let clone = own
+                    .try_clone()
+                    .map_err(|e| io_err("cloning the DNS/UDP socket", e))?;
+                Arc::new(clone)
+            };
             let ctx = UdpWorker {
                 sock,
-                reply_sock: udp.clone(),
+                batch,
                 handler: handler.clone(),
                 counters: metrics.worker_block(),
                 shared: metrics.shared().clone(),
@@ -148,7 +239,13 @@ impl DnsServer {
             metrics.shared().clone(),
             config.clone(),
         ));
-        tracing::info!(%addr, udp_workers = workers.len(), "DNS server listening (UDP and TCP)");
+        tracing::info!(
+            %addr,
+            udp_workers = workers.len(),
+            udp_batch = batch.unwrap_or(1),
+            sockets,
+            "DNS server listening (UDP and TCP)"
+        );
         Ok(Self {
             addr,
             stop,
@@ -187,8 +284,11 @@ impl Drop for DnsServer {
 }
 
 struct UdpWorker {
-    sock: UdpSocket,
-    reply_sock: Arc<UdpSocket>,
+    /// This worker's socket (its own with `SO_REUSEPORT`, else a clone of the shared
+    /// one); forwarded replies go out on it too.
+    sock: Arc<UdpSocket>,
+    /// `Some(n)`: up to `n` datagrams per system call.
+    batch: Option<usize>,
     handler: Arc<Handler>,
     counters: Arc<Counters>,
     shared: Arc<Counters>,
@@ -198,28 +298,78 @@ struct UdpWorker {
     stop: Arc<AtomicBool>,
 }
 
+/// Whether a receive error is part of normal operation: the poll timeout, a signal,
+/// or an ICMP error left on the socket by an earlier send.
+fn is_transient(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::WouldBlock
+            | std::io::ErrorKind::TimedOut
+            | std::io::ErrorKind::Interrupted
+            | std::io::ErrorKind::ConnectionRefused
+            | std::io::ErrorKind::ConnectionReset
+    )
+}
+
 impl UdpWorker {
     fn run(self) {
+        let mut rng = FastRng::new();
+        if let Some(max) = self.batch {
+            let mut batch = UdpBatch::new(max);
+            if self.run_batched(&mut batch, &mut rng).is_break() {
+                return;
+            }
+            tracing::warn!(
+                "recvmmsg is not available here; DNS/UDP falls back to one recv_from per datagram"
+            );
+        }
+        self.run_per_datagram(&mut rng);
+    }
+
+    /// Serves in batches until stopped (`Break`) or until `recvmmsg` turns out to be
+    /// missing (`Continue`: use the per-datagram path).
+    fn run_batched(&self, batch: &mut UdpBatch, rng: &mut FastRng) -> ControlFlow<()> {
+        while !self.stop.load(Ordering::Relaxed) {
+            match batch.recv(&self.sock) {
+                Ok(_) => {}
+                Err(Errno::ENOSYS) => return ControlFlow::Continue(()),
+                Err(e) if is_transient(&std::io::Error::from(e)) => continue,
+                Err(e) => {
+                    tracing::warn!(error = %e, "DNS/UDP receive failed");
+                    std::thread::sleep(Duration::from_millis(10));
+                    continue;
+                }
+            }
+            batch.answer(|packet, src, out| {
+                match self
+                    .handler
+                    .handle(packet, out, Transport::Udp, rng, &self.counters)
+                {
+                    Outcome::Reply(len) => Some(len),
+                    Outcome::Drop => None,
+                    Outcome::Forward { qtype } => {
+                        if let Some(src) = src {
+                            self.forward(packet, src, qtype, out);
+                        }
+                        None
+                    }
+                }
+            });
+            batch.send(&self.sock);
+        }
+        ControlFlow::Break(())
+    }
+
+    /// Serves one datagram per `recv_from` / `send_to` until stopped.
+    fn run_per_datagram(&self, rng: &mut FastRng) {
         // A UDP datagram larger than the buffer is cut to it; it then parses as
         // garbage and gets FORMERR, as it should.
         let mut buf = vec![0u8; MAX_MESSAGE];
         let mut out = vec![0u8; MAX_MESSAGE];
-        let mut rng = FastRng::new();
         while !self.stop.load(Ordering::Relaxed) {
             let (n, src) = match self.sock.recv_from(&mut buf) {
                 Ok(x) => x,
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        std::io::ErrorKind::WouldBlock
-                            | std::io::ErrorKind::TimedOut
-                            | std::io::ErrorKind::Interrupted
-                            | std::io::ErrorKind::ConnectionRefused
-                            | std::io::ErrorKind::ConnectionReset
-                    ) =>
-                {
-                    continue;
-                }
+                Err(e) if is_transient(&e) => continue,
                 Err(e) => {
                     tracing::warn!(error = %e, "DNS/UDP receive failed");
                     std::thread::sleep(Duration::from_millis(10));
@@ -229,7 +379,7 @@ impl UdpWorker {
             let packet = &buf[..n];
             match self
                 .handler
-                .handle(packet, &mut out, Transport::Udp, &mut rng, &self.counters)
+                .handle(packet, &mut out, Transport::Udp, rng, &self.counters)
             {
                 Outcome::Reply(len) => {
                     let _ = self.sock.send_to(&out[..len], src);
@@ -251,7 +401,7 @@ impl UdpWorker {
         };
         let query = packet.to_vec();
         let forwarder = self.forwarder.clone();
-        let sock = self.reply_sock.clone();
+        let sock = self.sock.clone();
         let counters = self.shared.clone();
         self.runtime.spawn(async move {
             let _permit = permit;

@@ -7,3 +7,4 @@ mod dns;
 mod forward;
 mod http;
 mod support;
+mod udp;

@@ -1,0 +1,153 @@
+//! Batches over real loopback sockets: every datagram's reply goes to its sender,
+//! and a refused destination does not stop the rest of a batch.
+
+#![allow(clippy::unwrap_used)]
+
+use std::collections::HashMap;
+use std::net::{SocketAddr, UdpSocket};
+use std::time::{Duration, Instant};
+
+use nix::sys::socket::SockaddrStorage;
+
+use super::{STRIDE, Sent, UdpBatch};
+
+fn server_socket() -> UdpSocket {
+    let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
+    sock.set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    sock
+}
+
+fn client_socket() -> UdpSocket {
+    let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
+    sock.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    sock
+}
+
+#[test]
+fn every_reply_goes_to_the_datagram_sender() {
+    let server = server_socket();
+    let to = server.local_addr().unwrap();
+    let clients: Vec<UdpSocket> = (0..4).map(|_| client_socket()).collect();
+    // All 32 are queued before the server reads, so batches hold several.
+    for (c, sock) in clients.iter().enumerate() {
+        for i in 0..8 {
+            sock.send_to(format!("q-{c}-{i}").as_bytes(), to).unwrap();
+        }
+    }
+    let mut batch = UdpBatch::new(16);
+    let mut seen: HashMap<String, SocketAddr> = HashMap::new();
+    let mut largest = 0;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while seen.len() < 32 && Instant::now() < deadline {
+        let Ok(n) = batch.recv(&server) else {
+            continue;
+        };
+        largest = largest.max(n);
+        batch.answer(|packet, src, out| {
+            let text = String::from_utf8(packet.to_vec()).unwrap();
+            seen.insert(text.clone(), src.unwrap());
+            let reply = text.replacen("q-", "a-", 1);
+            out[..reply.len()].copy_from_slice(reply.as_bytes());
+            Some(reply.len())
+        });
+        assert_eq!(batch.send(&server), Sent { sent: n, failed: 0 });
+    }
+    assert_eq!(seen.len(), 32, "every datagram received once");
+    assert!(largest > 1, "some recvmmsg returned several datagrams");
+    assert!(largest <= 16, "a batch never exceeds its size");
+    for (c, sock) in clients.iter().enumerate() {
+        let me = sock.local_addr().unwrap();
+        let mut buf = [0u8; 64];
+        let mut got = Vec::new();
+        for _ in 0..8 {
+            let (n, from) = sock.recv_from(&mut buf).unwrap();
+            assert_eq!(from, to);
+            got.push(String::from_utf8(buf[..n].to_vec()).unwrap());
+        }
+        got.sort();
+        let want: Vec<String> = (0..8).map(|i| format!("a-{c}-{i}")).collect();
+        assert_eq!(got, want, "client {c} got exactly its own replies");
+        for i in 0..8 {
+            assert_eq!(
+                seen[&format!("q-{c}-{i}")],
+                me,
+                "source address of q-{c}-{i}"
+            );
+        }
+    }
+}
+
+#[test]
+fn unanswered_datagrams_take_no_reply_slot() {
+    let server = server_socket();
+    let to = server.local_addr().unwrap();
+    let client = client_socket();
+    for i in 0..6 {
+        client.send_to(&[i], to).unwrap();
+    }
+    let mut batch = UdpBatch::new(8);
+    let mut answered = 0;
+    let mut queued_per_batch = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while answered < 6 && Instant::now() < deadline {
+        let Ok(_) = batch.recv(&server) else {
+            continue;
+        };
+        batch.answer(|packet, _, out| {
+            answered += 1;
+            // Odd datagrams are dropped: the even ones' replies must stay intact.
+            if packet[0] % 2 == 1 {
+                out[0] = 0xff;
+                return None;
+            }
+            out[0] = packet[0] + 100;
+            Some(1)
+        });
+        queued_per_batch.push(batch.queued);
+        batch.send(&server);
+    }
+    assert_eq!(answered, 6);
+    assert_eq!(queued_per_batch.iter().sum::<usize>(), 3);
+    let mut got = Vec::new();
+    let mut buf = [0u8; 8];
+    for _ in 0..3 {
+        let n = client.recv(&mut buf).unwrap();
+        assert_eq!(n, 1);
+        got.push(buf[0]);
+    }
+    got.sort_unstable();
+    assert_eq!(got, [100, 102, 104]);
+}
+
+#[test]
+fn a_refused_destination_is_skipped_and_the_rest_are_sent() {
+    let server = server_socket();
+    let a = client_socket();
+    let b = client_socket();
+    let mut batch = UdpBatch::new(4);
+    // An IPv6 destination on an IPv4 socket: the kernel refuses that one message.
+    let refused: SocketAddr = "[::1]:53".parse().unwrap();
+    let dests = [a.local_addr().unwrap(), refused, b.local_addr().unwrap()];
+    for (i, dest) in dests.iter().enumerate() {
+        batch.tx[i * STRIDE] = i as u8;
+        batch.tx_len[i] = 1;
+        batch.tx_addr[i] = Some(SockaddrStorage::from(*dest));
+    }
+    batch.queued = 3;
+    assert_eq!(batch.send(&server), Sent { sent: 2, failed: 1 });
+    let mut buf = [0u8; 8];
+    assert_eq!(a.recv(&mut buf).unwrap(), 1);
+    assert_eq!(buf[0], 0);
+    assert_eq!(b.recv(&mut buf).unwrap(), 1);
+    assert_eq!(buf[0], 2);
+}
+
+#[test]
+fn recv_times_out_when_idle() {
+    let server = server_socket();
+    let mut batch = UdpBatch::new(8);
+    // The read timeout ends the wait (this is how a worker sees its stop flag).
+    let err = batch.recv(&server).unwrap_err();
+    assert_eq!(err, nix::errno::Errno::EAGAIN);
+}
