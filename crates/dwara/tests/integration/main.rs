@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 mod docker;
+mod hostile;
 mod nameserver;
 mod serve;
 mod store;
