@@ -1,12 +1,12 @@
 //! Forwarding of everything that is not ours to the fallback servers.
 //!
-//! Servers are tried in order; a transport error (timeout, refused, short or
-//! mismatched reply) moves on to the next one. Whatever a server answers —
-//! NXDOMAIN and SERVFAIL included — is passed back unchanged but for the ID: the
-//! query goes out with a fresh random ID, and replies that do not match it and the
-//! question are ignored. When every server fails, or none is configured, the caller
-//! answers SERVFAIL; every attempt is bounded by a per-server timeout and an overall
-//! deadline.
+//! Servers are tried in order; a transport error (refused, reset, closed) or a
+//! server's timeout moves on to the next one. Whatever a server answers — NXDOMAIN
+//! and SERVFAIL included — is passed back unchanged but for the ID: the query goes
+//! out with a fresh random ID, and replies that do not match it and the question, or
+//! are not a whole DNS message (cut short, garbage), are ignored while waiting. When
+//! every server fails, or none is configured, the caller answers SERVFAIL; every
+//! attempt is bounded by a per-server timeout and an overall deadline.
 //!
 //! The server list can be swapped at any time ([`Forwarder::set_servers`]), which is
 //! how `/etc/resolv.conf` changes are followed (see `resolv`).
@@ -16,6 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
+use hickory_proto::op::Message;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpStream, UdpSocket};
 use tokio::time::{Instant, timeout_at};
@@ -113,18 +114,21 @@ impl Forwarder {
     }
 }
 
-/// Whether `reply` answers `query` (same ID, a response, same question ignoring case).
+/// Whether `reply` answers `query`: same ID, a response, same question ignoring
+/// case, and a whole DNS message (a reply cut short inside its records would
+/// otherwise be passed on to the client as it is).
 fn matches(query: &[u8], reply: &[u8]) -> bool {
     if reply.len() < HEADER_LEN || reply[..2] != query[..2] || reply[2] & 0x80 == 0 {
         return false;
     }
-    match question_span(query) {
+    let same_question = match question_span(query) {
         Some((end, _)) => reply
             .get(HEADER_LEN..end)
             .is_some_and(|r| r.eq_ignore_ascii_case(&query[HEADER_LEN..end])),
         // A question we cannot delimit: the ID has to do.
         None => true,
-    }
+    };
+    same_question && Message::from_vec(reply).is_ok()
 }
 
 fn unspecified_for(server: SocketAddr) -> SocketAddr {

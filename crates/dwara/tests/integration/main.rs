@@ -5,6 +5,7 @@
 
 mod cluster;
 mod docker;
+mod hostile;
 mod nameserver;
 mod serve;
 mod store;
