@@ -210,7 +210,10 @@ fn ask(addr: SocketAddr, name: &str, qtype: u16) -> anyhow::Result<(u8, u16)> {
 }
 
 fn start_dwara(dir: &Path, opts: &Options) -> anyhow::Result<(Server, SocketAddr)> {
-    let bin = workspace_root().join("target/release/dwara");
+    // Where `cargo build --release` put it (CARGO_TARGET_DIR or the workspace's).
+    let bin = std::env::var_os("CARGO_TARGET_DIR")
+        .map_or_else(|| workspace_root().join("target"), PathBuf::from)
+        .join("release/dwara");
     let port = free_port()?;
     let http = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port()?));
     let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
@@ -516,6 +519,8 @@ fn dnsperf(
         .split("max")
         .nth(1)
         .and_then(|s| num(s.trim_end_matches(')')))
+        // dnsperf prints an uninitialised max when a TCP run ends with lost queries.
+        .filter(|m| *m < 3600.0)
         .unwrap_or(f64::NAN);
     // -v: "> NOERROR host1.weave.local A 0.000123" per answered query.
     let mut latencies: Vec<f64> = text
