@@ -42,6 +42,10 @@ pub(crate) struct NameServerArgs {
     /// UDP worker threads of the DNS server (default: one per core, at most 4).
     #[arg(long)]
     dns_workers: Option<usize>,
+    /// Datagrams each UDP worker receives and sends per system call (recvmmsg /
+    /// sendmmsg); 1 = one recv/send per datagram [default: 32, at most 64]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=64))]
+    dns_udp_batch: Option<u64>,
     /// Seconds a deleted entry's tombstone is kept before it is forgotten [default: 600]
     #[arg(long = "tombstone-grace", value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(1..))]
     tombstone_grace_s: Option<u64>,
@@ -87,6 +91,9 @@ impl NameServerArgs {
             .dns_listen
             .or(file.dns_listen)
             .unwrap_or(DEFAULT_DNS_LISTEN);
+        if let Some(n) = self.dns_udp_batch {
+            config.dns.udp_batch = usize::try_from(n).unwrap_or(1);
+        }
         if let Some(n) = self.dns_workers {
             config.dns.udp_workers = n.max(1);
         }
