@@ -7,6 +7,9 @@
 //!   test controls.
 //! - [`http::request`] / [`http::request_async`]: one request on reqwest to our
 //!   HTTP APIs.
+//! - [`docker`]: the real Docker engine through its CLI: [`docker::docker`], the
+//!   busybox test image [`docker::BUSYBOX_IMAGE`] built once per process, and
+//!   [`docker::Scope`], a test's containers and networks removed on drop.
 //! - [`init_tracing`], [`free_port`], [`wait_until`], [`signal`]: small helpers.
 //!
 //! ```no_run
@@ -24,6 +27,7 @@
 pub mod dig;
 pub mod dns_server;
 pub mod dnsmasq;
+pub mod docker;
 pub mod http;
 
 use std::future::Future;

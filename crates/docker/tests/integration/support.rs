@@ -3,116 +3,55 @@
 
 use std::collections::BTreeSet;
 use std::net::{IpAddr, Ipv4Addr};
-use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use dwara_docker::{Backoff, DockerConfig, DockerMode, DockerUpdater, Started};
 use dwara_nameserver::{Db, DbConfig, Domain, QueryHandler};
 use hickory_proto::op::{Message, MessageType, OpCode, Query, ResponseCode};
 use hickory_proto::rr::{Name, RData, RecordType};
+use test_support::docker::{Scope, busybox_image, engine_reachable};
 
 /// The locally built test image.
-pub(crate) const IMAGE: &str = "dwara-test-busybox:latest";
+pub(crate) use test_support::docker::BUSYBOX_IMAGE as IMAGE;
+pub(crate) use test_support::docker::{docker, docker_async};
 /// The real daemon socket.
 pub(crate) const SOCKET: &str = "/var/run/docker.sock";
 
-/// Runs `docker ARGS`, returning trimmed stdout, or stderr as the error.
-pub(crate) fn docker(args: &[&str]) -> Result<String, String> {
-    let out = Command::new("docker")
-        .args(args)
-        .output()
-        .map_err(|e| format!("cannot run docker: {e}"))?;
-    if out.status.success() {
-        Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
-    } else {
-        Err(format!(
-            "docker {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
-    }
-}
-
-/// `docker ARGS` from async code without blocking the runtime.
-pub(crate) async fn docker_async(args: &[&str]) -> Result<String, String> {
-    let args: Vec<String> = args.iter().map(|s| (*s).to_owned()).collect();
-    tokio::task::spawn_blocking(move || {
-        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
-        docker(&refs)
-    })
-    .await
-    .map_err(|e| e.to_string())?
-}
-
-/// Builds the image once per process; `Err` says why it cannot be.
-fn image() -> Result<(), String> {
-    static BUILT: OnceLock<Result<(), String>> = OnceLock::new();
-    BUILT
-        .get_or_init(|| {
-            let busybox = Path::new("/bin/busybox");
-            if !busybox.exists() {
-                // CI runs as root on this machine kind: install the static busybox.
-                let status = Command::new("apt-get")
-                    .args(["install", "-y", "-q", "busybox-static"])
-                    .env("DEBIAN_FRONTEND", "noninteractive")
-                    .status()
-                    .map_err(|e| format!("cannot run apt-get: {e}"))?;
-                if !status.success() || !busybox.exists() {
-                    return Err("busybox-static is missing and apt-get install failed (run as root, or install busybox-static)".to_owned());
-                }
-            }
-            let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
-            std::fs::copy(busybox, dir.path().join("busybox")).map_err(|e| e.to_string())?;
-            std::fs::write(
-                dir.path().join("Dockerfile"),
-                "FROM scratch\nCOPY busybox /bin/busybox\nRUN [\"/bin/busybox\", \"--install\", \"-s\", \"/bin\"]\nCMD [\"/bin/sh\"]\n",
-            )
-            .map_err(|e| e.to_string())?;
-            let path = dir.path().to_string_lossy().into_owned();
-            docker(&["build", "-q", "-t", IMAGE, &path]).map(|_| ())
-        })
-        .clone()
-}
-
-/// One test's view of the engine: its container prefix, its database, cleanup.
+/// One test's view of the engine: its containers and networks (removed on drop),
+/// its database.
 pub(crate) struct Harness {
-    pub(crate) prefix: String,
+    scope: Scope,
     pub(crate) db: Arc<Db>,
-    networks: Mutex<Vec<String>>,
 }
 
 impl Harness {
     /// `None` (after printing why) when no Docker engine is reachable.
     pub(crate) fn new(test: &str) -> Option<Self> {
         test_support::init_tracing();
-        if let Err(e) = docker(&["version", "--format", "{{.Server.APIVersion}}"]) {
+        if let Err(e) = engine_reachable() {
             println!("SKIP {test}: no Docker engine reachable: {e}");
             return None;
         }
-        image().expect("build the test image");
-        let prefix = format!("dwt-{test}-{}", std::process::id());
+        busybox_image().expect("build the test image");
         Some(Self {
-            prefix,
+            scope: Scope::new(format!("dwt-{test}-{}", std::process::id())),
             db: new_db(),
-            networks: Mutex::new(Vec::new()),
         })
     }
 
     /// The full name of this test's container `name`.
     pub(crate) fn name(&self, name: &str) -> String {
-        format!("{}-{name}", self.prefix)
+        self.scope.name(name)
     }
 
     /// `docker run -d --name PREFIX-name ARGS… IMAGE CMD…`; the full container id.
     pub(crate) async fn run(&self, name: &str, args: &[&str], cmd: &[&str]) -> String {
-        let full = self.name(name);
-        let mut all = vec!["run", "-d", "--name", &full];
-        all.extend_from_slice(args);
-        all.push(IMAGE);
-        all.extend_from_slice(cmd);
-        docker_async(&all).await.expect("docker run")
+        self.scope
+            .run_async(name, args, IMAGE, cmd)
+            .await
+            .expect("docker run")
     }
 
     /// A container that sleeps, with hostname `host` in `weave.local`.
@@ -127,33 +66,15 @@ impl Harness {
 
     /// Creates a user-defined network named after the test.
     pub(crate) async fn network(&self, name: &str) -> String {
-        let full = self.name(name);
-        docker_async(&["network", "create", &full])
+        self.scope
+            .network_async(name)
             .await
-            .expect("network create");
-        self.networks.lock().unwrap().push(full.clone());
-        full
+            .expect("network create")
     }
 
     /// Starts an updater on the real socket with `tweak` applied to the config.
     pub(crate) async fn updater(&self, tweak: impl FnOnce(&mut DockerConfig)) -> DockerUpdater {
         start_updater(self.db.clone(), SOCKET, tweak).await
-    }
-}
-
-impl Drop for Harness {
-    fn drop(&mut self) {
-        if let Ok(ids) = docker(&["ps", "-aq", "--filter", &format!("name={}", self.prefix)]) {
-            let ids: Vec<&str> = ids.split_whitespace().collect();
-            if !ids.is_empty() {
-                let mut args = vec!["rm", "-f"];
-                args.extend(ids);
-                let _ = docker(&args);
-            }
-        }
-        for net in self.networks.lock().unwrap().drain(..) {
-            let _ = docker(&["network", "rm", &net]);
-        }
     }
 }
 

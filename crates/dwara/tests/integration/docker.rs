@@ -30,18 +30,16 @@ use std::sync::{Arc, Mutex, OnceLock, mpsc};
 use std::time::{Duration, Instant, UNIX_EPOCH};
 
 use test_support::dig::Dig;
+use test_support::docker::{
+    BUSYBOX_IMAGE as BUSYBOX, Scope, busybox_image, docker, engine_reachable,
+};
 
 use crate::nameserver::BIN;
 
 /// The domain these tests serve.
 const DOMAIN: &str = "dockertest.local";
-/// The tiny test image (`FROM scratch` + Debian's static busybox), shared with the
-/// `dwara-docker` tests (same name, same content).
-const BUSYBOX: &str = "dwara-test-busybox:latest";
 /// The image of dwara itself for the end-to-end test.
 const DWARA_IMAGE: &str = "dwara-test-dwara:latest";
-/// The label carrying the pid of the test process that made a container.
-const PID_LABEL: &str = "dwara.test.binary-pid";
 /// The real daemon socket.
 const SOCKET: &str = "/var/run/docker.sock";
 /// What "within a second" is measured against.
@@ -53,115 +51,40 @@ const PATIENCE: Duration = Duration::from_secs(15);
 // ---------------------------------------------------------------------------------
 // The engine: `docker`, the test image, containers removed on drop.
 
-/// Runs `docker ARGS`: trimmed stdout, or what failed.
-fn docker(args: &[&str]) -> Result<String, String> {
-    let out = Command::new("docker")
-        .args(args)
-        .output()
-        .map_err(|e| format!("cannot run docker: {e}"))?;
-    if out.status.success() {
-        Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
-    } else {
-        Err(format!(
-            "docker {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
-    }
-}
-
 /// `docker ARGS`, panicking with the message when it fails.
 fn docker_ok(args: &[&str]) -> String {
     docker(args).unwrap_or_else(|e| panic!("{e}"))
 }
 
-/// Builds the busybox image once per process.
-fn busybox_image() -> Result<(), String> {
-    static BUILT: OnceLock<Result<(), String>> = OnceLock::new();
-    BUILT
-        .get_or_init(|| {
-            let busybox = Path::new("/bin/busybox");
-            if !busybox.exists() {
-                return Err(
-                    "/bin/busybox is missing: install busybox-static (cargo xtask tools)".into(),
-                );
-            }
-            let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
-            std::fs::copy(busybox, dir.path().join("busybox")).map_err(|e| e.to_string())?;
-            std::fs::write(
-                dir.path().join("Dockerfile"),
-                "FROM scratch\nCOPY busybox /bin/busybox\n\
-                 RUN [\"/bin/busybox\", \"--install\", \"-s\", \"/bin\"]\nCMD [\"/bin/sh\"]\n",
-            )
-            .map_err(|e| e.to_string())?;
-            docker(&["build", "-q", "-t", BUSYBOX, &dir.path().to_string_lossy()]).map(|_| ())
-        })
-        .clone()
-}
-
-/// Removes containers made by earlier runs of these tests whose process is gone
-/// (killed before its guards ran); a concurrent run's containers are left alone.
-fn remove_orphans() {
-    static DONE: OnceLock<()> = OnceLock::new();
-    DONE.get_or_init(|| {
-        let format = format!("{{{{.ID}}}} {{{{.Label \"{PID_LABEL}\"}}}}");
-        let Ok(list) = docker(&[
-            "ps",
-            "-a",
-            "--filter",
-            &format!("label={PID_LABEL}"),
-            "--format",
-            &format,
-        ]) else {
-            return;
-        };
-        for line in list.lines() {
-            let mut parts = line.split_whitespace();
-            let (Some(id), Some(pid)) = (parts.next(), parts.next()) else {
-                continue;
-            };
-            if !Path::new("/proc").join(pid).exists() {
-                let _ = docker(&["rm", "-f", id]);
-            }
-        }
-    });
-}
-
-/// One test's containers and networks, removed on drop, failed or not.
+/// One test's containers (labelled with this process's pid) and networks, removed
+/// on drop, failed or not.
 struct Engine {
-    prefix: String,
-    networks: Mutex<Vec<String>>,
+    scope: Scope,
 }
 
 /// `None` (after printing why) when no Docker engine is reachable.
 fn engine(test: &str) -> Option<Engine> {
-    if let Err(e) = docker(&["version", "--format", "{{.Server.APIVersion}}"]) {
+    if let Err(e) = engine_reachable() {
         println!("SKIP docker::{test}: no Docker engine reachable: {e}");
         return None;
     }
     busybox_image().expect("build the busybox test image");
-    remove_orphans();
     Some(Engine {
-        prefix: format!("dwe-{test}-{}", std::process::id()),
-        networks: Mutex::new(Vec::new()),
+        scope: Scope::with_pid_label(format!("dwe-{test}-{}", std::process::id())),
     })
 }
 
 impl Engine {
     /// This test's name for `name` (also usable as a hostname: short, no dots).
     fn name(&self, name: &str) -> String {
-        format!("{}-{name}", self.prefix)
+        self.scope.name(name)
     }
 
     /// `docker run -d --name PREFIX-name ARGS… IMAGE CMD…`: the full container id.
     fn run_image(&self, name: &str, args: &[&str], image: &str, cmd: &[&str]) -> String {
-        let full = self.name(name);
-        let label = format!("{PID_LABEL}={}", std::process::id());
-        let mut all = vec!["run", "-d", "--name", &full, "--label", &label];
-        all.extend_from_slice(args);
-        all.push(image);
-        all.extend_from_slice(cmd);
-        docker_ok(&all)
+        self.scope
+            .run(name, args, image, cmd)
+            .unwrap_or_else(|e| panic!("{e}"))
     }
 
     /// A busybox container that sleeps.
@@ -178,26 +101,7 @@ impl Engine {
 
     /// A user-defined bridge network, removed on drop.
     fn network(&self, name: &str) -> String {
-        let full = self.name(name);
-        docker_ok(&["network", "create", &full]);
-        self.networks.lock().unwrap().push(full.clone());
-        full
-    }
-}
-
-impl Drop for Engine {
-    fn drop(&mut self) {
-        if let Ok(ids) = docker(&["ps", "-aq", "--filter", &format!("name={}-", self.prefix)]) {
-            let ids: Vec<&str> = ids.split_whitespace().collect();
-            if !ids.is_empty() {
-                let mut args = vec!["rm", "-f"];
-                args.extend(ids);
-                let _ = docker(&args);
-            }
-        }
-        for net in self.networks.lock().unwrap().drain(..) {
-            let _ = docker(&["network", "rm", &net]);
-        }
+        self.scope.network(name).unwrap_or_else(|e| panic!("{e}"))
     }
 }
 

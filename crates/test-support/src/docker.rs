@@ -1,0 +1,239 @@
+//! The real Docker engine for tests, driven by the `docker` CLI: [`docker`] (and
+//! [`docker_async`]) run one command; [`engine_reachable`] says whether there is an
+//! engine to test against; [`busybox_image`] builds the tiny test image
+//! [`BUSYBOX_IMAGE`] (`FROM scratch` + Debian's static busybox) once per process,
+//! installing `busybox-static` with apt-get when it is missing; a [`Scope`] names a
+//! test's containers and networks and removes them when dropped, failed or not.
+//!
+//! A [`Scope::with_pid_label`] also labels its containers with the pid of the test
+//! process ([`PID_LABEL`]) and, once per process, removes the labelled containers
+//! of test processes that are gone (killed before their scopes were dropped).
+
+use std::path::Path;
+use std::process::Command;
+use std::sync::{Mutex, OnceLock, PoisonError};
+
+/// The tag of the test image that [`busybox_image`] builds.
+pub const BUSYBOX_IMAGE: &str = "dwara-test-busybox:latest";
+
+/// The label carrying the pid of the test process that made a container.
+pub const PID_LABEL: &str = "dwara.test.binary-pid";
+
+/// Runs `docker ARGS`: trimmed stdout, or stderr (with the command) as the error.
+pub fn docker(args: &[&str]) -> Result<String, String> {
+    let out = Command::new("docker")
+        .args(args)
+        .output()
+        .map_err(|e| format!("cannot run docker: {e}"))?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+    } else {
+        Err(format!(
+            "docker {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+/// [`docker`] from async code without blocking the runtime.
+pub async fn docker_async(args: &[&str]) -> Result<String, String> {
+    let args: Vec<String> = args.iter().map(|s| (*s).to_owned()).collect();
+    tokio::task::spawn_blocking(move || {
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        docker(&refs)
+    })
+    .await
+    .map_err(|e| e.to_string())?
+}
+
+/// `Ok` when a Docker engine answers; the error says why not.
+pub fn engine_reachable() -> Result<(), String> {
+    docker(&["version", "--format", "{{.Server.APIVersion}}"]).map(|_| ())
+}
+
+/// Builds [`BUSYBOX_IMAGE`] once per process; `Err` says why it cannot be.
+///
+/// `/bin/busybox` must be Debian's static busybox; when it is missing,
+/// `busybox-static` is installed with apt-get (the tests run as root).
+pub fn busybox_image() -> Result<(), String> {
+    static BUILT: OnceLock<Result<(), String>> = OnceLock::new();
+    BUILT.get_or_init(build_busybox_image).clone()
+}
+
+fn build_busybox_image() -> Result<(), String> {
+    let busybox = Path::new("/bin/busybox");
+    if !busybox.exists() {
+        let status = Command::new("apt-get")
+            .args(["install", "-y", "-q", "busybox-static"])
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .status()
+            .map_err(|e| format!("cannot run apt-get: {e}"))?;
+        if !status.success() || !busybox.exists() {
+            return Err("busybox-static is missing and apt-get install failed \
+                 (run as root, or install busybox-static)"
+                .to_owned());
+        }
+    }
+    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    std::fs::copy(busybox, dir.path().join("busybox")).map_err(|e| e.to_string())?;
+    std::fs::write(
+        dir.path().join("Dockerfile"),
+        "FROM scratch\nCOPY busybox /bin/busybox\n\
+         RUN [\"/bin/busybox\", \"--install\", \"-s\", \"/bin\"]\nCMD [\"/bin/sh\"]\n",
+    )
+    .map_err(|e| e.to_string())?;
+    let path = dir.path().to_string_lossy().into_owned();
+    docker(&["build", "-q", "-t", BUSYBOX_IMAGE, &path]).map(|_| ())
+}
+
+/// Removes, once per process, the containers labelled [`PID_LABEL`] whose test
+/// process is gone; a concurrent run's containers are left alone.
+fn remove_orphans() {
+    static DONE: OnceLock<()> = OnceLock::new();
+    DONE.get_or_init(|| {
+        let format = format!("{{{{.ID}}}} {{{{.Label \"{PID_LABEL}\"}}}}");
+        let Ok(list) = docker(&[
+            "ps",
+            "-a",
+            "--filter",
+            &format!("label={PID_LABEL}"),
+            "--format",
+            &format,
+        ]) else {
+            return;
+        };
+        for line in list.lines() {
+            let mut parts = line.split_whitespace();
+            let (Some(id), Some(pid)) = (parts.next(), parts.next()) else {
+                continue;
+            };
+            if !Path::new("/proc").join(pid).exists() {
+                let _ = docker(&["rm", "-f", id]);
+            }
+        }
+    });
+}
+
+/// One test's containers (`PREFIX-name`) and networks, removed on drop.
+#[derive(Debug)]
+pub struct Scope {
+    prefix: String,
+    label: Option<String>,
+    networks: Mutex<Vec<String>>,
+}
+
+impl Scope {
+    /// A scope whose names start with `prefix` (make it unique to the test and the
+    /// process, e.g. with the pid).
+    pub fn new(prefix: impl Into<String>) -> Self {
+        Self {
+            prefix: prefix.into(),
+            label: None,
+            networks: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// [`Scope::new`] whose containers carry [`PID_LABEL`]` = this process's pid`;
+    /// first removes the orphans of dead test processes (once per process).
+    pub fn with_pid_label(prefix: impl Into<String>) -> Self {
+        remove_orphans();
+        let mut scope = Self::new(prefix);
+        scope.label = Some(format!("{PID_LABEL}={}", std::process::id()));
+        scope
+    }
+
+    /// The prefix of this scope's names.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// This scope's name for `name`: `PREFIX-name`.
+    pub fn name(&self, name: &str) -> String {
+        format!("{}-{name}", self.prefix)
+    }
+
+    /// The arguments of `docker run -d --name PREFIX-name [--label …] ARGS… IMAGE CMD…`.
+    fn run_args(&self, name: &str, args: &[&str], image: &str, cmd: &[&str]) -> Vec<String> {
+        let mut all: Vec<String> =
+            vec!["run".into(), "-d".into(), "--name".into(), self.name(name)];
+        if let Some(label) = &self.label {
+            all.extend(["--label".into(), label.clone()]);
+        }
+        all.extend(args.iter().map(|s| (*s).to_owned()));
+        all.push(image.to_owned());
+        all.extend(cmd.iter().map(|s| (*s).to_owned()));
+        all
+    }
+
+    /// `docker run -d --name PREFIX-name ARGS… IMAGE CMD…`: the full container id.
+    pub fn run(
+        &self,
+        name: &str,
+        args: &[&str],
+        image: &str,
+        cmd: &[&str],
+    ) -> Result<String, String> {
+        let all = self.run_args(name, args, image, cmd);
+        let refs: Vec<&str> = all.iter().map(String::as_str).collect();
+        docker(&refs)
+    }
+
+    /// [`Scope::run`] from async code without blocking the runtime.
+    pub async fn run_async(
+        &self,
+        name: &str,
+        args: &[&str],
+        image: &str,
+        cmd: &[&str],
+    ) -> Result<String, String> {
+        let all = self.run_args(name, args, image, cmd);
+        let refs: Vec<&str> = all.iter().map(String::as_str).collect();
+        docker_async(&refs).await
+    }
+
+    /// Creates the user-defined network `PREFIX-name`, removed on drop; its name.
+    pub fn network(&self, name: &str) -> Result<String, String> {
+        let full = self.name(name);
+        docker(&["network", "create", &full])?;
+        self.adopt_network(&full);
+        Ok(full)
+    }
+
+    /// [`Scope::network`] from async code without blocking the runtime.
+    pub async fn network_async(&self, name: &str) -> Result<String, String> {
+        let full = self.name(name);
+        docker_async(&["network", "create", &full]).await?;
+        self.adopt_network(&full);
+        Ok(full)
+    }
+
+    fn adopt_network(&self, full: &str) {
+        self.networks
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(full.to_owned());
+    }
+}
+
+impl Drop for Scope {
+    fn drop(&mut self) {
+        let filter = format!("name={}-", self.prefix);
+        if let Ok(ids) = docker(&["ps", "-aq", "--filter", &filter]) {
+            let ids: Vec<&str> = ids.split_whitespace().collect();
+            if !ids.is_empty() {
+                let mut args = vec!["rm", "-f"];
+                args.extend(ids);
+                let _ = docker(&args);
+            }
+        }
+        let networks = std::mem::take(
+            self.networks
+                .get_mut()
+                .unwrap_or_else(PoisonError::into_inner),
+        );
+        for net in networks {
+            let _ = docker(&["network", "rm", &net]);
+        }
+    }
+}
