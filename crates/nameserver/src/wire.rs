@@ -150,7 +150,22 @@ pub(crate) fn parse<'a>(packet: &'a [u8], lower: &mut [u8; 256]) -> Parse<'a> {
         }
         let payload = u16_at(packet, pos + 3);
         let rdlen = usize::from(u16_at(packet, pos + 9));
-        pos += OPT_LEN + rdlen;
+        pos += OPT_LEN;
+        // The options must fill the rdata exactly (code, length, data)…; anything
+        // else is malformed and gets the slow path's FORMERR, never a forward.
+        let end = pos + rdlen;
+        if end > packet.len() {
+            return Parse::Slow;
+        }
+        while pos < end {
+            if pos + 4 > end {
+                return Parse::Slow;
+            }
+            pos += 4 + usize::from(u16_at(packet, pos + 2));
+        }
+        if pos != end {
+            return Parse::Slow;
+        }
         edns = Some(Edns { payload });
     }
     if pos != packet.len() {
