@@ -587,7 +587,7 @@ fn lying_fallback_gives_servfail_and_local_names_still_answer() {
     let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
     let mut local_queries = 0u16;
     while started.elapsed() < FORWARD_DEADLINE {
-        let q = query(1000 + local_queries, LOCAL, A);
+        let q = query(1000u16.wrapping_add(local_queries), LOCAL, A);
         let (reply, ..) = udp_exchange(
             &sock,
             server,
@@ -597,7 +597,7 @@ fn lying_fallback_gives_servfail_and_local_names_still_answer() {
         )
         .expect("a local name went unanswered while forwards hung");
         assert_eq!(reply, local_ok());
-        local_queries += 1;
+        local_queries = local_queries.wrapping_add(1);
     }
 
     let slack = Duration::from_millis(1500);
