@@ -20,9 +20,10 @@ pub const BUSYBOX_IMAGE: &str = "dwara-test-busybox:latest";
 pub const PID_LABEL: &str = "dwara.test.binary-pid";
 
 /// Runs `docker ARGS`: trimmed stdout, or stderr (with the command) as the error.
-pub fn docker(args: &[&str]) -> Result<String, String> {
+pub fn docker<S: AsRef<str>>(args: &[S]) -> Result<String, String> {
+    let args: Vec<&str> = args.iter().map(AsRef::as_ref).collect();
     let out = Command::new("docker")
-        .args(args)
+        .args(&args)
         .output()
         .map_err(|e| format!("cannot run docker: {e}"))?;
     if out.status.success() {
@@ -37,14 +38,11 @@ pub fn docker(args: &[&str]) -> Result<String, String> {
 }
 
 /// [`docker`] from async code without blocking the runtime.
-pub async fn docker_async(args: &[&str]) -> Result<String, String> {
-    let args: Vec<String> = args.iter().map(|s| (*s).to_owned()).collect();
-    tokio::task::spawn_blocking(move || {
-        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
-        docker(&refs)
-    })
-    .await
-    .map_err(|e| e.to_string())?
+pub async fn docker_async<S: AsRef<str>>(args: &[S]) -> Result<String, String> {
+    let args: Vec<String> = args.iter().map(|s| s.as_ref().to_owned()).collect();
+    tokio::task::spawn_blocking(move || docker(&args))
+        .await
+        .map_err(|e| e.to_string())?
 }
 
 /// `Ok` when a Docker engine answers; the error says why not.
@@ -174,9 +172,7 @@ impl Scope {
         image: &str,
         cmd: &[&str],
     ) -> Result<String, String> {
-        let all = self.run_args(name, args, image, cmd);
-        let refs: Vec<&str> = all.iter().map(String::as_str).collect();
-        docker(&refs)
+        docker(&self.run_args(name, args, image, cmd))
     }
 
     /// [`Scope::run`] from async code without blocking the runtime.
@@ -187,9 +183,7 @@ impl Scope {
         image: &str,
         cmd: &[&str],
     ) -> Result<String, String> {
-        let all = self.run_args(name, args, image, cmd);
-        let refs: Vec<&str> = all.iter().map(String::as_str).collect();
-        docker_async(&refs).await
+        docker_async(&self.run_args(name, args, image, cmd)).await
     }
 
     /// Creates the user-defined network `PREFIX-name`, removed on drop; its name.

@@ -21,20 +21,17 @@
 
 #![allow(clippy::print_stdout)]
 
-use std::io::{BufRead, BufReader};
-use std::net::SocketAddr;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::{Arc, Mutex, OnceLock, mpsc};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant, UNIX_EPOCH};
 
-use test_support::dig::Dig;
 use test_support::docker::{
     BUSYBOX_IMAGE as BUSYBOX, Scope, busybox_image, docker, engine_reachable,
 };
 
-use crate::nameserver::BIN;
+use crate::nameserver::{BIN, Serve};
 
 /// The domain these tests serve.
 const DOMAIN: &str = "dockertest.local";
@@ -121,18 +118,16 @@ fn ipv4s(id: &str) -> Vec<String> {
 // ---------------------------------------------------------------------------------
 // `dwara serve` with Docker on.
 
-/// A running `dwara serve --domain dockertest.local …`; its stderr kept; killed on drop.
-struct DockerServe {
-    child: Child,
-    dns: SocketAddr,
-    http: SocketAddr,
-    log: Arc<Mutex<Vec<String>>>,
-}
+/// A running `dwara serve --domain dockertest.local …` (a [`Serve`]: its stderr kept;
+/// killed on drop).
+struct DockerServe(Serve);
 
-fn field(line: &str, key: &str) -> Option<SocketAddr> {
-    line.split_whitespace()
-        .find_map(|w| w.strip_prefix(key))
-        .and_then(|v| v.parse().ok())
+impl std::ops::Deref for DockerServe {
+    type Target = Serve;
+
+    fn deref(&self) -> &Serve {
+        &self.0
+    }
 }
 
 /// The binary under test (`DWARA_BIN` overrides, for measuring another build).
@@ -167,42 +162,9 @@ impl DockerServe {
         Self::spawn(serve_command(args))
     }
 
-    fn spawn(mut cmd: Command) -> Self {
-        let mut child = cmd.spawn().expect("spawn dwara serve");
-        let stderr = child.stderr.take().unwrap();
-        let log = Arc::new(Mutex::new(Vec::new()));
-        let (tx, rx) = mpsc::channel();
-        let lines = log.clone();
-        // Keeps draining stderr for the life of the process.
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                eprintln!("[dwara] {line}");
-                if line.contains("name server ready") {
-                    let _ = tx.send((field(&line, "dns="), field(&line, "http=")));
-                }
-                lines.lock().unwrap().push(line);
-            }
-        });
-        match rx.recv_timeout(Duration::from_secs(30)) {
-            Ok((Some(dns), Some(http))) => Self {
-                child,
-                dns,
-                http,
-                log,
-            },
-            other => {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!(
-                    "dwara serve did not become ready ({other:?}):\n{}",
-                    log.lock().unwrap().join("\n")
-                );
-            }
-        }
-    }
-
-    fn dig(&self) -> Dig {
-        Dig::new(self.dns)
+    /// Runs `cmd` and waits (30 s) for its "name server ready" line.
+    fn spawn(cmd: Command) -> Self {
+        Self(Serve::spawn_within(cmd, Duration::from_secs(30)))
     }
 
     /// The sorted A records of `fqdn`, or the status when it is not NOERROR.
@@ -222,11 +184,6 @@ impl DockerServe {
         self.a(fqdn) == Err("NXDOMAIN".to_owned())
     }
 
-    /// Whether a stderr line so far contains `needle`.
-    fn logged(&self, needle: &str) -> bool {
-        self.log.lock().unwrap().iter().any(|l| l.contains(needle))
-    }
-
     /// The value of the `/metrics` series `series` (0 when absent).
     fn metric(&self, series: &str) -> f64 {
         let (status, body) = test_support::http::request(self.http, "GET", "/metrics", None);
@@ -238,15 +195,8 @@ impl DockerServe {
 
     /// SIGTERM, and the exit status (within 10 s).
     fn stop(mut self) -> ExitStatus {
-        test_support::signal(self.child.id(), "TERM").unwrap();
-        wait_exit(&mut self.child, Duration::from_secs(10)).expect("dwara serve exits on SIGTERM")
-    }
-}
-
-impl Drop for DockerServe {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        test_support::signal(self.0.child.id(), "TERM").unwrap();
+        wait_exit(&mut self.0.child, Duration::from_secs(10)).expect("dwara serve exits on SIGTERM")
     }
 }
 

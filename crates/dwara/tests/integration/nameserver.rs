@@ -3,7 +3,7 @@
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
-use std::sync::mpsc;
+use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
 use test_support::dig::Dig;
@@ -11,11 +11,13 @@ use test_support::dnsmasq::{Dnsmasq, DnsmasqOptions};
 
 pub(crate) const BIN: &str = env!("CARGO_BIN_EXE_dwara");
 
-/// A running `dwara serve`; killed on drop.
+/// A running `dwara serve`; its stderr kept; killed on drop.
 pub(crate) struct Serve {
     pub(crate) child: Child,
     pub(crate) dns: SocketAddr,
     pub(crate) http: SocketAddr,
+    /// Every stderr line so far.
+    pub(crate) log: Arc<Mutex<Vec<String>>>,
 }
 
 fn field(line: &str, key: &str) -> Option<SocketAddr> {
@@ -33,9 +35,15 @@ impl Serve {
         Self::spawn(cmd)
     }
 
-    /// Runs `cmd` (a `dwara serve`, perhaps behind a wrapper) and waits for its
-    /// "name server ready" line; stderr is echoed for the life of the process.
-    pub(crate) fn spawn(mut cmd: Command) -> Self {
+    /// Runs `cmd` (a `dwara serve`, perhaps behind a wrapper) and waits (20 s) for
+    /// its "name server ready" line; stderr is echoed and kept for the life of the
+    /// process.
+    pub(crate) fn spawn(cmd: Command) -> Self {
+        Self::spawn_within(cmd, Duration::from_secs(20))
+    }
+
+    /// [`Serve::spawn`], waiting at most `ready_within` for the ready line.
+    pub(crate) fn spawn_within(mut cmd: Command, ready_within: Duration) -> Self {
         let mut child = cmd
             .env("NO_COLOR", "1")
             .env("DWARA_LOG", "info")
@@ -45,23 +53,43 @@ impl Serve {
             .spawn()
             .unwrap();
         let stderr = child.stderr.take().unwrap();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let lines = log.clone();
         let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
                 eprintln!("[dwara] {line}");
-                if line.contains("name server ready") {
-                    let _ = tx.send((field(&line, "dns="), field(&line, "http=")));
+                let ready = line.contains("name server ready");
+                let addrs = (field(&line, "dns="), field(&line, "http="));
+                // Kept before the ready line is reported: what it logged before
+                // becoming ready is in `log` once `spawn` returns.
+                lines.lock().unwrap().push(line);
+                if ready {
+                    let _ = tx.send(addrs);
                 }
             }
         });
-        let (dns, http) = match rx.recv_timeout(Duration::from_secs(20)) {
-            Ok((Some(dns), Some(http))) => (dns, http),
+        match rx.recv_timeout(ready_within) {
+            Ok((Some(dns), Some(http))) => Self {
+                child,
+                dns,
+                http,
+                log,
+            },
             other => {
                 let _ = child.kill();
-                panic!("{cmd:?} did not become ready: {other:?}");
+                let _ = child.wait();
+                panic!(
+                    "{cmd:?} did not become ready ({other:?}):\n{}",
+                    log.lock().unwrap().join("\n")
+                );
             }
-        };
-        Self { child, dns, http }
+        }
+    }
+
+    /// Whether a stderr line so far contains `needle`.
+    pub(crate) fn logged(&self, needle: &str) -> bool {
+        self.log.lock().unwrap().iter().any(|l| l.contains(needle))
     }
 
     pub(crate) fn dig(&self) -> Dig {

@@ -1,7 +1,6 @@
 //! `dwara serve --data-dir`: registrations survive SIGKILL and restarts; a data dir
 //! that is locked, damaged or from a newer dwara is refused with one clear line.
 
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
@@ -332,27 +331,16 @@ fn a_store_of_a_newer_format_is_refused() {
 
 #[test]
 fn without_a_data_dir_the_log_says_memory_only() {
-    let mut child = Command::new(BIN)
-        .args(["serve", "--docker", "off"])
+    let mut cmd = Command::new(BIN);
+    cmd.args(["serve", "--docker", "off"])
         .args(LISTEN)
-        .args(["--fallback", "127.0.0.1:9"])
-        .env("NO_COLOR", "1")
-        .env("DWARA_LOG", "info")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stderr = BufReader::new(child.stderr.take().unwrap());
-    let mut said = false;
-    for line in stderr.lines().map_while(Result::ok) {
-        said |= line.contains("registrations live in memory only");
-        if line.contains("name server ready") {
-            break;
-        }
-    }
-    let _ = child.kill();
-    let _ = child.wait();
+        .args(["--fallback", "127.0.0.1:9"]);
+    let s = Serve::spawn(cmd);
+    let log = s.log.lock().unwrap();
+    let said = log
+        .iter()
+        .take_while(|l| !l.contains("name server ready"))
+        .any(|l| l.contains("registrations live in memory only"));
     assert!(said);
 }
 
