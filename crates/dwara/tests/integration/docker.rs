@@ -517,9 +517,20 @@ fn a_cut_daemon_connection_is_repaired_when_it_comes_back() {
         s.a(&new_fqdn),
         s.a(&old_fqdn)
     );
-    assert!(s.logged("reconnected to the Docker daemon"));
-    assert!(s.metric("dwara_docker_reconnects_total") >= 1.0);
-    assert!(s.metric("dwara_docker_reconcile_repairs_total{change=\"removed\"}") >= 1.0);
+    // The repair (reconcile) happens before the "reconnected" line and the counters
+    // are written: await them rather than read them once.
+    assert!(poll(PATIENCE, || s.logged("reconnected to the Docker daemon")).is_some());
+    assert!(
+        poll(PATIENCE, || s.metric("dwara_docker_reconnects_total")
+            >= 1.0)
+        .is_some()
+    );
+    assert!(
+        poll(PATIENCE, || {
+            s.metric("dwara_docker_reconcile_repairs_total{change=\"removed\"}") >= 1.0
+        })
+        .is_some()
+    );
     // And events are followed again through the restored relay.
     docker_ok(&["stop", "-t", "0", &new]);
     assert!(poll(PATIENCE, || s.nxdomain(&new_fqdn)).is_some());
