@@ -23,6 +23,8 @@ const TOOLS: &[(&str, &str)] = &[
     ("curl", "curl"),
     // Docker reconnect tests cut the daemon socket with a socat relay.
     ("socat", "socat"),
+    // Cluster tests build hosts from network namespaces and veth pairs.
+    ("ip", "iproute2"),
 ];
 
 fn on_path(program: &str) -> bool {
