@@ -140,12 +140,11 @@ pub fn dns_udp(data: &[u8]) {
         "EDNS not mirrored"
     );
     if query.edns.as_ref().is_some_and(|e| e.version() > 0) {
-        // hickory decodes extended rcode 16 as BADSIG (TSIG's name for the same
-        // value); compare the number.
+        // Code 16 is BADVERS and BADSIG both; hickory-proto decodes it as BADSIG.
         assert_eq!(
             u16::from(decoded.metadata.response_code),
-            16,
-            "BADVERS expected"
+            u16::from(ResponseCode::BADVERS),
+            "EDNS version > 0 not answered BADVERS"
         );
         return;
     }

@@ -89,6 +89,26 @@ fn u16_at(p: &[u8], i: usize) -> u16 {
     u16::from_be_bytes([p[i], p[i + 1]])
 }
 
+/// EDNS option code of client subnet (RFC 7871), whose content hickory-proto checks.
+const EDNS_CLIENT_SUBNET: u16 = 8;
+
+/// Whether OPT rdata is a list of whole options (code, length, data) that the fast
+/// path may skip: a malformed list, or a client-subnet option (whose content
+/// hickory-proto validates), makes the query FORMERR on the slow path, and so goes
+/// there.
+fn plain_options(mut rdata: &[u8]) -> bool {
+    while !rdata.is_empty() {
+        if rdata.len() < 4 || u16_at(rdata, 0) == EDNS_CLIENT_SUBNET {
+            return false;
+        }
+        let Some(rest) = rdata.get(4 + usize::from(u16_at(rdata, 2))..) else {
+            return false;
+        };
+        rdata = rest;
+    }
+    true
+}
+
 /// Parses an ordinary query, writing its lower-cased question name to `lower`.
 #[inline]
 pub(crate) fn parse<'a>(packet: &'a [u8], lower: &mut [u8; 256]) -> Parse<'a> {
@@ -150,22 +170,11 @@ pub(crate) fn parse<'a>(packet: &'a [u8], lower: &mut [u8; 256]) -> Parse<'a> {
         }
         let payload = u16_at(packet, pos + 3);
         let rdlen = usize::from(u16_at(packet, pos + 9));
-        pos += OPT_LEN;
-        // The options must fill the rdata exactly (code, length, data)…; anything
-        // else is malformed and gets the slow path's FORMERR, never a forward.
-        let end = pos + rdlen;
-        if end > packet.len() {
+        let rdata = packet.get(pos + OPT_LEN..pos + OPT_LEN + rdlen);
+        if !rdata.is_some_and(plain_options) {
             return Parse::Slow;
         }
-        while pos < end {
-            if pos + 4 > end {
-                return Parse::Slow;
-            }
-            pos += 4 + usize::from(u16_at(packet, pos + 2));
-        }
-        if pos != end {
-            return Parse::Slow;
-        }
+        pos += OPT_LEN + rdlen;
         edns = Some(Edns { payload });
     }
     if pos != packet.len() {
@@ -390,6 +399,25 @@ mod tests {
         assert!(matches!(parse(&trailing, &mut lower), Parse::Slow));
         let truncated = &query(b"\x01a\x00", 1)[..15];
         assert!(matches!(parse(truncated, &mut lower), Parse::Slow));
+        // OPT rdata: one byte (not an option), an option longer than the rdata, a
+        // client subnet; a cookie option is fine.
+        for (rdata, fast) in [
+            (&[0u8][..], false),
+            (&[0, 10, 0, 9, 1, 2, 3, 4, 5, 6, 7, 8][..], false),
+            (&[0, 8, 0, 4, 0, 1, 24, 0][..], false),
+            (&[0, 10, 0, 8, 1, 2, 3, 4, 5, 6, 7, 8][..], true),
+        ] {
+            let mut p = query_edns(b"\x01a\x00", 1);
+            let rdlen = u16::try_from(rdata.len()).unwrap().to_be_bytes();
+            let n = p.len();
+            p[n - 2..].copy_from_slice(&rdlen);
+            p.extend_from_slice(rdata);
+            assert_eq!(
+                matches!(parse(&p, &mut lower), Parse::Fast(_)),
+                fast,
+                "{rdata:?}"
+            );
+        }
         let long = [&[63u8][..], &[b'x'; 63]].concat().repeat(4);
         let long = query(&[&long[..], &[0]].concat(), 1);
         assert!(matches!(parse(&long, &mut lower), Parse::Slow));
