@@ -17,6 +17,7 @@ mod fuzz;
 mod perf_cluster;
 mod perf_dns;
 mod perf_store;
+mod perf_util;
 mod tidy;
 mod tools;
 

@@ -25,11 +25,12 @@
 //!    them), then a sample is checked with DNS. RSS of every node then.
 
 use std::collections::BTreeSet;
-use std::net::{Ipv4Addr, SocketAddr, TcpListener, UdpSocket};
-use std::path::{Path, PathBuf};
+use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::perf_util::{free_port, release_dwara, rss_kib};
 use anyhow::{Context, bail};
 
 struct Options {
@@ -73,25 +74,6 @@ fn parse_args(args: &[String]) -> anyhow::Result<Options> {
         bail!("--sizes must be at least 2, --records and --rounds at least 1");
     }
     Ok(o)
-}
-
-fn dwara_bin() -> PathBuf {
-    let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(
-        || Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"),
-        PathBuf::from,
-    );
-    target.join("release/dwara")
-}
-
-/// A TCP+UDP port free on `ip` now.
-fn free_port(ip: Ipv4Addr) -> anyhow::Result<u16> {
-    loop {
-        let udp = UdpSocket::bind((ip, 0))?;
-        let port = udp.local_addr()?.port();
-        if TcpListener::bind((ip, port)).is_ok() {
-            return Ok(port);
-        }
-    }
 }
 
 /// How one node is started.
@@ -143,7 +125,7 @@ fn seed_all(specs: &mut [Spec]) {
 }
 
 fn start(spec: &Spec, key: &Path) -> anyhow::Result<Node> {
-    let bin = dwara_bin();
+    let bin = release_dwara();
     let mut cmd = match &spec.netns {
         Some(ns) => {
             let mut c = Command::new("ip");
@@ -367,18 +349,6 @@ fn signal(node: &Node, sig: &str) -> anyhow::Result<()> {
         bail!("kill -{sig} {} failed", node.child.id());
     }
     Ok(())
-}
-
-fn rss_mib(pid: u32) -> f64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("VmRSS:"))
-                .and_then(|v| v.split_whitespace().next())
-                .and_then(|v| v.parse::<f64>().ok())
-        })
-        .map_or(f64::NAN, |kib| kib / 1024.0)
 }
 
 fn ms(d: Duration) -> f64 {
@@ -620,7 +590,10 @@ fn sync_run(k: usize, subnet: u8, key: &Path) -> anyhow::Result<SyncRow> {
             bail!("the new node does not answer s{j}.weave.local");
         }
     }
-    let rss = nodes.iter().map(|n| rss_mib(n.child.id())).collect();
+    let rss = nodes
+        .iter()
+        .map(|n| rss_kib(n.child.id()).map_or(f64::NAN, |kib| kib as f64 / 1024.0))
+        .collect();
     Ok(SyncRow {
         records: k,
         spread,
@@ -641,7 +614,7 @@ pub(crate) fn run(args: &[String]) -> anyhow::Result<()> {
 }
 
 fn run_in(dir: &Path, opts: &Options) -> anyhow::Result<()> {
-    let out = Command::new(dwara_bin()).arg("keygen").output()?;
+    let out = Command::new(release_dwara()).arg("keygen").output()?;
     if !out.status.success() {
         bail!("dwara keygen failed");
     }

@@ -28,11 +28,12 @@
 //! Everything listens on 127.0.0.1 only.
 
 use std::fmt::Write as _;
-use std::net::{Ipv4Addr, SocketAddr, TcpListener, UdpSocket};
-use std::path::{Path, PathBuf};
+use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::perf_util::{free_port, release_dwara, rss_kib};
 use anyhow::{Context, bail};
 
 struct Options {
@@ -137,16 +138,6 @@ fn queries(data: &[(String, Vec<Ipv4Addr>)], count: usize) -> Vec<String> {
         .collect()
 }
 
-fn free_port() -> anyhow::Result<u16> {
-    loop {
-        let udp = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0))?;
-        let port = udp.local_addr()?.port();
-        if TcpListener::bind((Ipv4Addr::LOCALHOST, port)).is_ok() {
-            return Ok(port);
-        }
-    }
-}
-
 /// A server process under test; killed on drop.
 struct Server {
     name: String,
@@ -210,12 +201,9 @@ fn ask(addr: SocketAddr, name: &str, qtype: u16) -> anyhow::Result<(u8, u16)> {
 }
 
 fn start_dwara(dir: &Path, opts: &Options) -> anyhow::Result<(Server, SocketAddr)> {
-    // Where `cargo build --release` put it (CARGO_TARGET_DIR or the workspace's).
-    let bin = std::env::var_os("CARGO_TARGET_DIR")
-        .map_or_else(|| workspace_root().join("target"), PathBuf::from)
-        .join("release/dwara");
-    let port = free_port()?;
-    let http = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port()?));
+    let bin = release_dwara();
+    let port = free_port(Ipv4Addr::LOCALHOST)?;
+    let http = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port(Ipv4Addr::LOCALHOST)?));
     let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
     let mut cmd = Command::new(&bin);
     cmd.args([
@@ -281,7 +269,7 @@ fn start_dnsmasq(dir: &Path, data: &[(String, Vec<Ipv4Addr>)]) -> anyhow::Result
         }
     }
     std::fs::write(&hosts, text)?;
-    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port()?));
+    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port(Ipv4Addr::LOCALHOST)?));
     let mut child = Command::new("dnsmasq")
         .args([
             "--keep-in-foreground",
@@ -316,7 +304,7 @@ fn start_unbound(
     data: &[(String, Vec<Ipv4Addr>)],
     threads: u32,
 ) -> anyhow::Result<Server> {
-    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port()?));
+    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port(Ipv4Addr::LOCALHOST)?));
     let conf = dir.join(format!("unbound-{threads}.conf"));
     let mut text = format!(
         "server:\n  interface: 127.0.0.1@{port}\n  port: {port}\n  do-daemonize: no\n  username: \"\"\n  \
@@ -544,27 +532,12 @@ fn dnsperf(
     })
 }
 
-fn rss_kib(pid: u32) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-}
-
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     if v.is_empty() {
         return f64::NAN;
     }
     v[v.len() / 2]
-}
-
-fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .map_or_else(|| PathBuf::from("."), Path::to_path_buf)
 }
 
 /// Runs the comparison.

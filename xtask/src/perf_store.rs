@@ -18,11 +18,12 @@
 //! Prints the median per variant, the ratio data-dir / memory and the restart time.
 //! Everything listens on 127.0.0.1 only.
 
-use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::perf_util::{free_port, release_dwara};
 use anyhow::{Context, bail};
 
 struct Options {
@@ -56,10 +57,6 @@ fn parse_args(args: &[String]) -> anyhow::Result<Options> {
     Ok(opts)
 }
 
-fn free_addr() -> anyhow::Result<SocketAddr> {
-    Ok(TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?.local_addr()?)
-}
-
 /// A `dwara serve`; killed on drop.
 struct Dwara {
     http: SocketAddr,
@@ -73,18 +70,10 @@ impl Drop for Dwara {
     }
 }
 
-fn dwara_bin() -> PathBuf {
-    let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(
-        || Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"),
-        PathBuf::from,
-    );
-    target.join("release/dwara")
-}
-
 fn start(data_dir: Option<&Path>) -> anyhow::Result<Dwara> {
-    let http = free_addr()?;
-    let dns = free_addr()?;
-    let bin = dwara_bin();
+    let http = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port(Ipv4Addr::LOCALHOST)?));
+    let dns = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port(Ipv4Addr::LOCALHOST)?));
+    let bin = release_dwara();
     let mut cmd = Command::new(&bin);
     cmd.args(["serve", "--fallback", "127.0.0.1:9", "--dns-listen"])
         .arg(dns.to_string())
