@@ -170,8 +170,11 @@ pub struct ClusterConfig {
     pub tombstone_grace: Duration,
     /// The cluster key.
     pub key: KeySource,
-    /// This incarnation's generation; `None` picks a random one (a restart must use
-    /// a new one). No clock is read for it.
+    /// This incarnation's generation; `None` picks a random one. A restart must use a
+    /// new one, and should use a larger one: a peer prefers the live incarnation with
+    /// the highest generation, so a random one may lose to the previous incarnation
+    /// until that is declared dead. `dwara serve` passes the data dir's count of
+    /// starts when it has one. No clock is read for it.
     pub generation_id: Option<u64>,
 }
 

@@ -186,7 +186,14 @@ impl NameHalf {
         nameserver.register_metrics(registry);
         let db = nameserver.db().clone();
         let cluster = match cluster_config {
-            Some(c) => {
+            Some(mut c) => {
+                // With a data dir every start outranks the previous one, so peers
+                // switch to this incarnation as soon as they hear of it; without one
+                // the generation is random and a peer may keep preferring the old
+                // incarnation until it is declared dead.
+                if c.generation_id.is_none() {
+                    c.generation_id = nameserver.incarnation();
+                }
                 let cluster = Cluster::start(c, db.clone()).await?;
                 cluster.register_metrics(registry);
                 Some(cluster)

@@ -82,6 +82,11 @@ impl Durable {
             order: Mutex::new(()),
         })
     }
+
+    /// The store's count of openings, this one included.
+    pub(crate) fn incarnation(&self) -> u64 {
+        self.store.incarnation()
+    }
 }
 
 /// `e` and its causes on one line, `: `-separated.

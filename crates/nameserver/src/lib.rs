@@ -242,6 +242,13 @@ impl NameServer {
         })
     }
 
+    /// With a data dir: how many times it has been opened, this start included
+    /// ([`dwara_store::Store::incarnation`]); `None` when registrations live in
+    /// memory only.
+    pub fn incarnation(&self) -> Option<u64> {
+        self.durable.as_ref().map(|d| d.incarnation())
+    }
+
     /// The records database.
     pub fn db(&self) -> &Arc<Db> {
         &self.db

@@ -58,7 +58,7 @@ pub const FORMAT_VERSION: u64 = 1;
 /// The store's file name inside the data directory.
 pub const FILE_NAME: &str = "registrations.redb";
 
-/// `"format"` → the store format version.
+/// `"format"` → the store format version; `"starts"` → how many times it was opened.
 const META: TableDefinition<'_, &str, u64> = TableDefinition::new("meta");
 /// Encoded [`Registration`] → empty.
 const REGISTRATIONS: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("registrations");
@@ -131,6 +131,15 @@ impl Store {
     /// The store file.
     pub fn file(&self) -> PathBuf {
         self.shared.dir.join(FILE_NAME)
+    }
+
+    /// How many times this store has been opened, this opening included: larger than
+    /// the number any earlier process got from the same data directory (it is
+    /// committed before [`Store::open`] returns). A cluster node uses it as its
+    /// gossip generation, so a restarted node always outranks its previous
+    /// incarnation without consulting a clock.
+    pub fn incarnation(&self) -> u64 {
+        self.shared.incarnation
     }
 
     /// Every stored registration, and the rows that do not decode.

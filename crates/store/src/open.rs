@@ -13,6 +13,11 @@
 //!    temporary name with its format version, then renamed into place, so a store
 //!    file that exists is always a complete one.
 //!
+//! 4. Before it is put in place, the opened copy counts this start: the `"starts"`
+//!    row of the meta table is incremented and committed, so every opening of a data
+//!    directory gets a number larger than any earlier one, crashes included
+//!    ([`crate::Store::incarnation`]).
+//!
 //! The copy costs one read and write of the file per start; the store holds tens of
 //! bytes per registration.
 
@@ -20,7 +25,7 @@ use std::fs::{File, OpenOptions, TryLockError};
 use std::io;
 use std::path::{Path, PathBuf};
 
-use redb::{Database, DatabaseError, ReadableDatabase};
+use redb::{Database, DatabaseError, ReadableDatabase, ReadableTable};
 
 use crate::{FILE_NAME, FORMAT_VERSION, META, REGISTRATIONS, StoreError};
 
@@ -35,6 +40,8 @@ const CACHE_BYTES: usize = 32 << 20;
 pub(crate) struct Opened {
     pub(crate) db: Database,
     pub(crate) lock: File,
+    /// How many times the store has been opened, this time included.
+    pub(crate) incarnation: u64,
 }
 
 fn io_err(dir: &Path, action: &'static str) -> impl FnOnce(io::Error) -> StoreError {
@@ -68,8 +75,12 @@ pub(crate) fn open(dir: &Path) -> Result<Opened, StoreError> {
     } else {
         create(dir, &tmp)
     };
-    let db = match prepared {
-        Ok(db) => db,
+    let prepared = prepared.and_then(|db| {
+        let incarnation = count_start(dir, &db)?;
+        Ok((db, incarnation))
+    });
+    let (db, incarnation) = match prepared {
+        Ok(opened) => opened,
         Err(e) => {
             let _ = std::fs::remove_file(&tmp);
             return Err(e);
@@ -87,7 +98,11 @@ pub(crate) fn open(dir: &Path) -> Result<Opened, StoreError> {
     if !exists {
         tracing::info!(file = %file.display(), "created a new registration store");
     }
-    Ok(Opened { db, lock })
+    Ok(Opened {
+        db,
+        lock,
+        incarnation,
+    })
 }
 
 fn lock(dir: &Path) -> Result<File, StoreError> {
@@ -143,6 +158,27 @@ fn open_copy(dir: &Path, file: &Path, tmp: &Path) -> Result<Database, StoreError
     let db = builder().open(tmp).map_err(|e| open_error(dir, file, e))?;
     check_format(dir, file, &db)?;
     Ok(db)
+}
+
+/// Increments and commits the `"starts"` row; returns its new value.
+fn count_start(dir: &Path, db: &Database) -> Result<u64, StoreError> {
+    let bump = || -> Result<u64, redb::Error> {
+        let txn = db.begin_write()?;
+        let starts = {
+            let mut meta = txn.open_table(META)?;
+            let previous = meta.get("starts")?.map_or(0, |v| v.value());
+            let starts = previous.saturating_add(1);
+            meta.insert("starts", starts)?;
+            starts
+        };
+        txn.commit()?;
+        Ok(starts)
+    };
+    bump().map_err(|source| StoreError::Database {
+        dir: dir.to_path_buf(),
+        action: "count this start",
+        source: Box::new(source),
+    })
 }
 
 fn open_error(dir: &Path, file: &Path, e: DatabaseError) -> StoreError {

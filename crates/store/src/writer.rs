@@ -55,6 +55,7 @@ struct Queue {
 pub(crate) struct Shared {
     pub(crate) dir: PathBuf,
     pub(crate) db: Database,
+    pub(crate) incarnation: u64,
     queue: Mutex<Queue>,
     wake: Condvar,
     /// Held (and released when dropped, after `db` is closed) for the store's life.
@@ -66,6 +67,7 @@ impl Shared {
         Self {
             dir,
             db: opened.db,
+            incarnation: opened.incarnation,
             queue: Mutex::new(Queue::default()),
             wake: Condvar::new(),
             _lock: opened.lock,

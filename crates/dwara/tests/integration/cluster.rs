@@ -240,6 +240,17 @@ impl Node {
         out
     }
 
+    /// The generation `GET /peers` gives for `node_id` (`local` for this node).
+    fn generation_of(&self, node_id: &str) -> Option<u64> {
+        let (status, body) = self.http("GET", "/peers", None);
+        assert_eq!(status, 200, "{body}");
+        let rows: Vec<serde_json::Value> = serde_json::from_str(&body).unwrap();
+        rows.iter()
+            .filter(|r| r["node_id"] == node_id)
+            .filter_map(|r| r["generation"].as_u64())
+            .max()
+    }
+
     fn signal(&self, sig: &str) {
         test_support::signal(self.child.id(), sig).unwrap();
     }
@@ -380,6 +391,10 @@ fn three_processes_replicate_fail_over_restart_and_delete() {
         let rows: Vec<_> = n1.peers().into_iter().filter(|p| p.0 == "n3").collect();
         rows == [peer("n3", "live", 1)]
     });
+    // On its data dir the generation counts the starts (this is the second), so
+    // the new incarnation outranks the old one without a clock.
+    assert_eq!(n3.generation_of("n3"), Some(2));
+    assert_eq!(n1.generation_of("n3"), Some(2));
 
     // Deleted on the owner: NXDOMAIN everywhere.
     assert_eq!(n1.http("DELETE", "/name/c1", None).0, 204);
