@@ -5,7 +5,8 @@
 //! every peer's entries into its database under the peer's node id, hides the entries
 //! of a peer chitchat's failure detector declares dead and shows them again when it
 //! is back, replaces a restarted peer's old entries with its new ones, and forgets a
-//! peer chitchat forgets. A local change is pushed to the live peers at once; the
+//! peer chitchat forgets. A local change is pushed to the live peers at once (the
+//! changes that follow within 10 ms go in one round at the end of that gap); the
 //! periodic gossip rounds are the anti-entropy backstop. No decision reads a clock.
 //!
 //! With a [`ClusterKey`] every value is sealed (XChaCha20-Poly1305, bound to the
@@ -48,6 +49,7 @@ mod config;
 mod error;
 mod metrics;
 mod node;
+mod pace;
 mod peers;
 
 pub use chitchat::transport::{ChannelTransport, Transport, UdpTransport};

@@ -5,7 +5,8 @@
 //! is a [`crate::codec`] record carrying the chitchat version the key is set at; a
 //! removal is a chitchat delete (kept `tombstone_grace`). A receiver that lags
 //! drains its channel and resynchronises from [`Db::entries`]. After a batch of
-//! changes the node starts a gossip round with every live peer at once.
+//! changes the node starts a gossip round with every live peer at once, paced per
+//! peer by [`crate::pace`] so a burst of changes is carried by a few rounds.
 //!
 //! **Applying.** On every key-change notification, live-set change and backstop tick
 //! the engine walks chitchat's node states: per node id it adopts one incarnation
@@ -38,6 +39,7 @@ use crate::codec::{Binding, Record, open_value, seal_value};
 use crate::config::{ClusterConfig, ClusterKey};
 use crate::error::{ClusterError, Result};
 use crate::metrics::{Metrics, StateLabel};
+use crate::pace::Pacer;
 use crate::peers::{PeerInfo, PeerState};
 
 /// Prefix of the keys that carry entries.
@@ -203,6 +205,7 @@ impl Cluster {
             changes,
             own: Own::default(),
             remotes: HashMap::new(),
+            pacer: Pacer::default(),
         };
         let backstop = (config.gossip_interval * 10).max(Duration::from_millis(100));
         let task = tokio::spawn(engine.run(notify, live_rx, listener, cancel.clone(), backstop));
@@ -359,6 +362,7 @@ struct Engine {
     changes: broadcast::Receiver<Change>,
     own: Own,
     remotes: HashMap<Arc<str>, Remote>,
+    pacer: Pacer,
 }
 
 impl Engine {
@@ -377,9 +381,11 @@ impl Engine {
         let mut tick = tokio::time::interval(backstop);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
+            let owed = self.pacer.next_due();
             tokio::select! {
                 biased;
                 () = cancel.cancelled() => break,
+                () = sleep_until_owed(owed), if owed.is_some() => self.send_owed(),
                 r = self.changes.recv() => match r {
                     Ok(change) => self.publish(change).await,
                     Err(broadcast::error::RecvError::Lagged(missed)) => {
@@ -553,14 +559,31 @@ impl Engine {
         changed
     }
 
-    /// Starts a gossip round with every live peer so a change spreads at once.
-    fn push(&self, cc: &Chitchat, changed: bool) {
+    /// Starts a gossip round with every live peer so a change spreads at once (or at
+    /// the end of the peer's pacing gap, in the round that carries the whole burst).
+    fn push(&mut self, cc: &Chitchat, changed: bool) {
         if !changed {
             return;
         }
         let me = cc.self_chitchat_id().clone();
-        for peer in cc.live_nodes().filter(|id| **id != me) {
-            if self.handle.gossip(peer.gossip_advertise_addr).is_ok() {
+        let peers: HashSet<SocketAddr> = cc
+            .live_nodes()
+            .filter(|id| **id != me)
+            .map(|id| id.gossip_advertise_addr)
+            .collect();
+        self.pacer.retain(|addr| peers.contains(addr));
+        let now = tokio::time::Instant::now();
+        for addr in peers {
+            if self.pacer.request(addr, now) && self.handle.gossip(addr).is_ok() {
+                self.shared.metrics.pushes.inc();
+            }
+        }
+    }
+
+    /// Starts the rounds the pacer held back and are now due.
+    fn send_owed(&mut self) {
+        for addr in self.pacer.due(tokio::time::Instant::now()) {
+            if self.handle.gossip(addr).is_ok() {
                 self.shared.metrics.pushes.inc();
             }
         }
@@ -649,8 +672,9 @@ impl Engine {
             }
             self.apply_node(w);
         }
+        let now = tokio::time::Instant::now();
         for addr in pull {
-            if self.handle.gossip(addr).is_ok() {
+            if self.pacer.request(addr, now) && self.handle.gossip(addr).is_ok() {
                 self.shared.metrics.pulls.inc();
             }
         }
@@ -817,6 +841,13 @@ impl Engine {
         gauge("live").set(i64::try_from(live).unwrap_or(i64::MAX));
         gauge("dead").set(i64::try_from(rows.len() - live).unwrap_or(i64::MAX));
         *self.shared.peers.lock() = rows;
+    }
+}
+
+/// Sleeps until `at` (the select guard keeps `None` from being polled).
+async fn sleep_until_owed(at: Option<tokio::time::Instant>) {
+    if let Some(at) = at {
+        tokio::time::sleep_until(at).await;
     }
 }
 
