@@ -62,7 +62,10 @@ pub use forward::{Forwarder, ForwarderConfig};
 pub use metrics::{Metrics, NameServerCollector};
 pub use name::{Domain, reverse_name};
 pub use resolv::{is_own_address, load_resolv_conf, parse_resolv_conf, spawn_resolv_conf_watcher};
-pub use server::{DnsServer, DnsServerConfig};
+pub use server::{
+    DEFAULT_MAX_TCP_CONNECTIONS, DEFAULT_TCP_IDLE_TIMEOUT, DEFAULT_TCP_MAX_LIFETIME, DnsServer,
+    DnsServerConfig,
+};
 
 /// The per-packet work of the DNS server without sockets: for benchmarks, fuzzing
 /// and embedding.
