@@ -5,7 +5,8 @@
 //! hyper's HTTP/1 connection builder over the composed axum router:
 //!
 //! - at most `max_connections` connections at once (`--http-max-connections`,
-//!   default 1024); a connection accepted beyond that is closed at once;
+//!   default 1024); a connection accepted beyond that is closed at once; the
+//!   kernel queues up to 4096 connections not yet accepted;
 //! - a request's headers must arrive within `read_timeout` (`--http-read-timeout`,
 //!   default 10 s) of the connection starting to wait for them, which also closes a
 //!   keep-alive connection idle that long (hyper's `header_read_timeout`);
@@ -102,6 +103,24 @@ async fn bounded_body(State(limits): State<HttpLimits>, req: Request, next: Next
         .await
 }
 
+/// The kernel's queue of connections not yet accepted. A burst of connections
+/// larger than the queue (the default is 128) has its SYNs dropped and retried a
+/// second later, which a burst of hostile connections would impose on everyone.
+const LISTEN_BACKLOG: u32 = 4096;
+
+fn bind(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    // As std's and tokio's own bind do: a restart may bind while old connections
+    // linger in TIME_WAIT.
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
+}
+
 /// The running listener.
 pub(crate) struct HttpServer {
     stop: tokio::sync::oneshot::Sender<()>,
@@ -115,9 +134,7 @@ impl HttpServer {
         router: Router,
         limits: HttpLimits,
     ) -> anyhow::Result<(Self, SocketAddr)> {
-        let listener = tokio::net::TcpListener::bind(addr)
-            .await
-            .with_context(|| format!("cannot listen on {addr} (HTTP)"))?;
+        let listener = bind(addr).with_context(|| format!("cannot listen on {addr} (HTTP)"))?;
         let local = listener.local_addr()?;
         let router = router.layer(middleware::from_fn_with_state(limits, bounded_body));
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();

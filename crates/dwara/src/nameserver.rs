@@ -152,7 +152,10 @@ impl NameServerArgs {
         if let Some(s) = self.dns_tcp_lifetime_s.or(file.dns_tcp_lifetime_s) {
             config.dns.tcp_max_lifetime = Duration::from_secs(s);
         }
-        if let Some(n) = self.dns_tcp_max_connections.or(file.dns_tcp_max_connections) {
+        if let Some(n) = self
+            .dns_tcp_max_connections
+            .or(file.dns_tcp_max_connections)
+        {
             config.dns.max_tcp_connections = to_usize(n);
         }
         if let Some(n) = self.dns_workers {

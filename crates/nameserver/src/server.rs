@@ -524,16 +524,15 @@ async fn read_frame(
     if now >= end_of_life {
         return Ok(NextFrame::Close);
     }
-    let first = match tokio::time::timeout_at(end_of_life.min(now + limits.idle), stream.read_u8())
-        .await
-    {
-        Ok(Ok(b)) => b,
-        Ok(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
-            return Ok(NextFrame::Close);
-        }
-        Ok(Err(e)) => return Err(e),
-        Err(_) => return Ok(NextFrame::Close),
-    };
+    let first =
+        match tokio::time::timeout_at(end_of_life.min(now + limits.idle), stream.read_u8()).await {
+            Ok(Ok(b)) => b,
+            Ok(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                return Ok(NextFrame::Close);
+            }
+            Ok(Err(e)) => return Err(e),
+            Err(_) => return Ok(NextFrame::Close),
+        };
     let frame_deadline = Instant::now() + limits.idle;
     let rest = async {
         let low = stream.read_u8().await?;

@@ -175,7 +175,11 @@ pub(super) fn udp_exchange(
 }
 
 /// One query over an open TCP connection; the reply within `timeout`.
-pub(super) fn tcp_exchange(stream: &mut TcpStream, q: &[u8], timeout: Duration) -> std::io::Result<Vec<u8>> {
+pub(super) fn tcp_exchange(
+    stream: &mut TcpStream,
+    q: &[u8],
+    timeout: Duration,
+) -> std::io::Result<Vec<u8>> {
     stream.set_read_timeout(Some(timeout))?;
     let mut msg = u16::try_from(q.len()).unwrap().to_be_bytes().to_vec();
     msg.extend_from_slice(q);
@@ -331,7 +335,11 @@ fn udp_flood_leaves_valid_queries_answered() {
 }
 
 /// Waits (at most `within`) for the server to close `stream`, and says when.
-pub(super) fn closed_by_server(stream: &mut TcpStream, since: Instant, within: Duration) -> Option<Duration> {
+pub(super) fn closed_by_server(
+    stream: &mut TcpStream,
+    since: Instant,
+    within: Duration,
+) -> Option<Duration> {
     let mut buf = [0u8; 1024];
     loop {
         let left = within.checked_sub(since.elapsed())?;
@@ -730,7 +738,11 @@ fn drip_fed_and_long_lived_tcp_connections_are_cut_within_their_bounds() {
         let mut c = TcpStream::connect(target).unwrap();
         let reply = tcp_exchange(&mut c, &q, Duration::from_secs(5))
             .unwrap_or_else(|e| panic!("fresh TCP query {fresh}: {e}"));
-        assert_eq!(decode(&q, &reply), Some(local_ok()), "fresh TCP query {fresh}");
+        assert_eq!(
+            decode(&q, &reply),
+            Some(local_ok()),
+            "fresh TCP query {fresh}"
+        );
         fresh += 1;
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -758,7 +770,9 @@ fn drip_fed_and_long_lived_tcp_connections_are_cut_within_their_bounds() {
     // The connection limit: of 80 silent connections, those beyond 64 are closed on
     // accept, long before the idle timeout.
     let opened = Instant::now();
-    let mut silent: Vec<TcpStream> = (0..80).map(|_| TcpStream::connect(target).unwrap()).collect();
+    let mut silent: Vec<TcpStream> = (0..80)
+        .map(|_| TcpStream::connect(target).unwrap())
+        .collect();
     // Those closed on accept: polled until 16 are seen, for less than the idle time.
     let mut closed = vec![false; silent.len()];
     while closed.iter().filter(|c| **c).count() < 16 && opened.elapsed() < idle / 2 {
@@ -780,8 +794,12 @@ fn drip_fed_and_long_lived_tcp_connections_are_cut_within_their_bounds() {
         );
     }
     let q = query(9999, LOCAL, A);
-    let reply = tcp_exchange(&mut TcpStream::connect(target).unwrap(), &q, Duration::from_secs(5))
-        .unwrap();
+    let reply = tcp_exchange(
+        &mut TcpStream::connect(target).unwrap(),
+        &q,
+        Duration::from_secs(5),
+    )
+    .unwrap();
     assert_eq!(decode(&q, &reply), Some(local_ok()));
     assert!(alive(&mut s), "dwara serve died");
     eprintln!(
