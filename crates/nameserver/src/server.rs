@@ -54,6 +54,12 @@ use crate::wire::FastRng;
 use udp_batch::UdpBatch;
 
 /// How the DNS listeners are set up.
+///
+/// The TCP limits hold a connection's slot to at most `tcp_max_lifetime` + 2 ×
+/// `tcp_idle_timeout` + the forwarder's deadline: silent for `tcp_idle_timeout`
+/// between messages, a message not whole within `tcp_idle_timeout` of its first
+/// byte, or a reply not written within it, and the connection is closed; past
+/// `tcp_max_lifetime` it is closed at the next message boundary.
 #[derive(Debug, Clone)]
 pub struct DnsServerConfig {
     /// Where to listen, UDP and TCP (port 0: any free port, the same for both).

@@ -325,11 +325,13 @@ fn api_stays_responsive_while_thousands_of_connections_are_held() {
             "--http-max-connections",
             "2500",
             "--http-read-timeout",
-            "10",
+            "30",
         ],
     );
     let (http, pid) = (s.http, s.child.id());
-    let base = open_fds(pid);
+    // The registration's keep-alive connection may still be open here and close
+    // later: a few descriptors of slack.
+    let base = open_fds(pid).saturating_sub(4);
     let opened = Instant::now();
     let held: Vec<TcpStream> = (0..2000)
         .map(|i| {
@@ -344,7 +346,7 @@ fn api_stays_responsive_while_thousands_of_connections_are_held() {
     // Accepted, not just queued by the kernel: the server has a descriptor for each.
     assert!(
         await_fds(pid, base + 2000, Duration::from_secs(30)),
-        "the server did not accept 2,000 connections ({} descriptors open)",
+        "the server did not accept 2,000 connections ({} descriptors open, {base} before)",
         open_fds(pid)
     );
     let held_after = opened.elapsed();
