@@ -132,6 +132,44 @@ pub struct NameServerSection {
     pub tombstone_grace_s: Option<u64>,
     /// Where HTTP registrations are stored to survive restarts (`--data-dir`).
     pub data_dir: Option<PathBuf>,
+    /// Seconds a DNS/TCP connection may be silent, or take over one message
+    /// (`--dns-tcp-idle-timeout`).
+    pub dns_tcp_idle_timeout_s: Option<u64>,
+    /// Seconds after which a DNS/TCP connection is closed (`--dns-tcp-lifetime`).
+    pub dns_tcp_lifetime_s: Option<u64>,
+    /// DNS/TCP connections open at once (`--dns-tcp-max-connections`).
+    pub dns_tcp_max_connections: Option<u64>,
+    /// Seconds an HTTP client may take over a request's headers, then its body
+    /// (`--http-read-timeout`).
+    pub http_read_timeout_s: Option<u64>,
+    /// HTTP connections open at once (`--http-max-connections`).
+    pub http_max_connections: Option<u64>,
+    /// Largest HTTP request body in bytes (`--http-max-body`).
+    pub http_max_body: Option<u64>,
+}
+
+/// The ranges of the `nameserver:` limits, the same as their flags'.
+const NAMESERVER_LIMITS: [(&str, u64, u64); 6] = [
+    ("dns_tcp_idle_timeout_s", 1, 3600),
+    ("dns_tcp_lifetime_s", 1, 86400),
+    ("dns_tcp_max_connections", 1, 1_000_000),
+    ("http_read_timeout_s", 1, 3600),
+    ("http_max_connections", 1, 1_000_000),
+    ("http_max_body", 1, 1 << 30),
+];
+
+impl NameServerSection {
+    fn limit(&self, key: &str) -> Option<u64> {
+        match key {
+            "dns_tcp_idle_timeout_s" => self.dns_tcp_idle_timeout_s,
+            "dns_tcp_lifetime_s" => self.dns_tcp_lifetime_s,
+            "dns_tcp_max_connections" => self.dns_tcp_max_connections,
+            "http_read_timeout_s" => self.http_read_timeout_s,
+            "http_max_connections" => self.http_max_connections,
+            "http_max_body" => self.http_max_body,
+            _ => None,
+        }
+    }
 }
 
 impl Config {
@@ -168,6 +206,15 @@ impl Config {
                     key: "tombstone_grace_s",
                     message: "must be at least 1 second".into(),
                 });
+            }
+            for (key, min, max) in NAMESERVER_LIMITS {
+                if let Some(v) = ns.limit(key).filter(|v| !(min..=max).contains(v)) {
+                    return Err(ConfigError::Section {
+                        section: "nameserver",
+                        key,
+                        message: format!("must be {min}..={max}, got {v}"),
+                    });
+                }
             }
         }
         let section = |section, key, message: String| ConfigError::Section {
@@ -351,6 +398,18 @@ upstreams:
                 "fastest",
             ),
             ("nameserver:\n  domian: x\n".to_owned(), "domian"),
+            (
+                "nameserver:\n  dns_tcp_idle_timeout_s: 0\n".to_owned(),
+                "nameserver.dns_tcp_idle_timeout_s: must be 1..=3600, got 0",
+            ),
+            (
+                "nameserver:\n  http_max_body: 2000000000\n".to_owned(),
+                "nameserver.http_max_body: must be 1..=1073741824, got 2000000000",
+            ),
+            (
+                "nameserver:\n  http_max_connections: 0\n".to_owned(),
+                "nameserver.http_max_connections: must be 1..=1000000, got 0",
+            ),
             ("upstream: []\n".to_owned(), "upstream"),
         ] {
             let e = err(&yaml);

@@ -9,6 +9,7 @@
 mod cluster;
 mod dns_cmd;
 mod docker;
+mod http_server;
 mod nameserver;
 mod serve;
 mod signals;

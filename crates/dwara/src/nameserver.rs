@@ -14,6 +14,7 @@ use dwara_nameserver::{
     NameServerConfig,
 };
 
+use crate::http_server::HttpLimits;
 use dwara::config::NameServerSection;
 
 /// Name-server flags of `dwara serve`.
@@ -46,6 +47,27 @@ pub(crate) struct NameServerArgs {
     /// sendmmsg); 1 = one recv/send per datagram [default: 32, at most 64]
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=64))]
     dns_udp_batch: Option<u64>,
+    /// Seconds a DNS/TCP connection may stay silent between messages, and may take
+    /// to send one message from its first byte [default: 10]
+    #[arg(long = "dns-tcp-idle-timeout", value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(1..=3600))]
+    dns_tcp_idle_timeout_s: Option<u64>,
+    /// Seconds after which a DNS/TCP connection is closed at its next message
+    /// boundary [default: 120]
+    #[arg(long = "dns-tcp-lifetime", value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(1..=86400))]
+    dns_tcp_lifetime_s: Option<u64>,
+    /// DNS/TCP connections open at once; more are closed on accept [default: 512]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    dns_tcp_max_connections: Option<u64>,
+    /// Seconds an HTTP client may take to send a request's headers (or stay idle
+    /// between requests), and then its body [default: 10]
+    #[arg(long = "http-read-timeout", value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(1..=3600))]
+    http_read_timeout_s: Option<u64>,
+    /// HTTP connections open at once; more are closed on accept [default: 1024]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    http_max_connections: Option<u64>,
+    /// Largest HTTP request body in bytes; larger ones get 413 [default: 65536]
+    #[arg(long, value_name = "BYTES", value_parser = clap::value_parser!(u64).range(1..=1 << 30))]
+    http_max_body: Option<u64>,
     /// Seconds a deleted entry's tombstone is kept before it is forgotten [default: 600]
     #[arg(long = "tombstone-grace", value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(1..))]
     tombstone_grace_s: Option<u64>,
@@ -53,6 +75,12 @@ pub(crate) struct NameServerArgs {
     /// [default: none, registrations live in memory only]
     #[arg(long, value_name = "DIR")]
     data_dir: Option<PathBuf>,
+}
+
+/// Counts are range-checked by clap and the config validation; a `usize` narrower
+/// than them (16-bit targets) saturates.
+fn to_usize(n: u64) -> usize {
+    usize::try_from(n).unwrap_or(usize::MAX)
 }
 
 fn parse_server(s: &str) -> Result<SocketAddr, String> {
@@ -69,6 +97,30 @@ impl NameServerArgs {
         self.http_listen
             .or_else(|| section.and_then(|s| s.http_listen))
             .unwrap_or(DEFAULT_HTTP_LISTEN)
+    }
+
+    /// The HTTP listener's limits: flags, then config file, then the defaults.
+    pub(crate) fn http_limits(&self, section: Option<&NameServerSection>) -> HttpLimits {
+        let mut limits = HttpLimits::default();
+        if let Some(s) = self
+            .http_read_timeout_s
+            .or_else(|| section.and_then(|s| s.http_read_timeout_s))
+        {
+            limits.read_timeout = Duration::from_secs(s);
+        }
+        if let Some(n) = self
+            .http_max_connections
+            .or_else(|| section.and_then(|s| s.http_max_connections))
+        {
+            limits.max_connections = to_usize(n);
+        }
+        if let Some(n) = self
+            .http_max_body
+            .or_else(|| section.and_then(|s| s.http_max_body))
+        {
+            limits.max_body = to_usize(n);
+        }
+        limits
     }
 
     /// These flags over the config file's `nameserver:` section over the defaults.
@@ -93,6 +145,18 @@ impl NameServerArgs {
             .unwrap_or(DEFAULT_DNS_LISTEN);
         if let Some(n) = self.dns_udp_batch {
             config.dns.udp_batch = usize::try_from(n).unwrap_or(1);
+        }
+        if let Some(s) = self.dns_tcp_idle_timeout_s.or(file.dns_tcp_idle_timeout_s) {
+            config.dns.tcp_idle_timeout = Duration::from_secs(s);
+        }
+        if let Some(s) = self.dns_tcp_lifetime_s.or(file.dns_tcp_lifetime_s) {
+            config.dns.tcp_max_lifetime = Duration::from_secs(s);
+        }
+        if let Some(n) = self
+            .dns_tcp_max_connections
+            .or(file.dns_tcp_max_connections)
+        {
+            config.dns.max_tcp_connections = to_usize(n);
         }
         if let Some(n) = self.dns_workers {
             config.dns.udp_workers = n.max(1);

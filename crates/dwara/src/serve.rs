@@ -6,7 +6,8 @@
 //! override the section's values), its `upstreams:` run the L4 dataplane. Each
 //! component is built from its section and hands over its routes and metrics; this
 //! module owns the listener (`GET /upstreams`, `POST /reload`, `GET /metrics` and,
-//! with the name server, its API and `GET /peers`) and the one metrics registry.
+//! with the name server, its API and `GET /peers`; served by `http_server` within
+//! its limits) and the one metrics registry.
 //! The name-server half is the name server plus what writes into its database: the
 //! cluster (with `--gossip-listen`) and the Docker updater (`--docker`, default
 //! `auto`).
@@ -15,7 +16,6 @@
 //! either fully applies or changes nothing); SIGTERM and ctrl-c stop accepting, stop
 //! discovery and drain connections up to `--drain-timeout`.
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -37,6 +37,7 @@ use tracing::{error, info};
 
 use crate::cluster::ClusterArgs;
 use crate::docker::DockerArgs;
+use crate::http_server::HttpServer;
 use crate::nameserver::NameServerArgs;
 use dwara::config::Config;
 
@@ -112,45 +113,6 @@ async fn metrics(State(registry): State<Arc<Registry>>) -> Response {
         )
             .into_response(),
         Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")).into_response(),
-    }
-}
-
-/// The one HTTP listener of the process.
-struct Admin {
-    stop: tokio::sync::oneshot::Sender<()>,
-    task: tokio::task::JoinHandle<std::io::Result<()>>,
-}
-
-impl Admin {
-    async fn serve(addr: SocketAddr, router: Router) -> anyhow::Result<(Self, SocketAddr)> {
-        let listener = tokio::net::TcpListener::bind(addr)
-            .await
-            .with_context(|| format!("cannot listen on {addr} (HTTP)"))?;
-        let local = listener.local_addr()?;
-        let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
-            // Small request/response pairs on keep-alive connections: no Nagle delays.
-            let _ = tcp.set_nodelay(true);
-        });
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let task = tokio::spawn(async move {
-            axum::serve(listener, router)
-                .with_graceful_shutdown(async move {
-                    let _ = stopped.await;
-                })
-                .await
-        });
-        Ok((Self { stop, task }, local))
-    }
-
-    /// Finishes the requests in flight (at most 5 s).
-    async fn shutdown(self) {
-        let _ = self.stop.send(());
-        match tokio::time::timeout(Duration::from_secs(5), self.task).await {
-            Ok(Ok(Ok(()))) => {}
-            Ok(Ok(Err(e))) => tracing::warn!(error = %e, "HTTP server failed"),
-            Ok(Err(e)) => tracing::warn!(error = %e, "HTTP server task failed"),
-            Err(_) => tracing::warn!("HTTP server did not stop within 5 s"),
-        }
     }
 }
 
@@ -275,7 +237,12 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let router = router
         .route("/metrics", get(metrics).with_state(Arc::new(registry)))
         .fallback(|| async { (StatusCode::NOT_FOUND, "no such endpoint\n") });
-    let (admin, http) = Admin::serve(args.nameserver.http_listen(section), router).await?;
+    let (admin, http) = HttpServer::serve(
+        args.nameserver.http_listen(section),
+        router,
+        args.nameserver.http_limits(section),
+    )
+    .await?;
     match &name_half {
         Some(half) => info!(
             dns = %half.nameserver.dns_addr(),

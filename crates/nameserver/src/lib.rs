@@ -9,6 +9,9 @@
 //! - [`Db`]: the records database and its change API (what replication and the Docker
 //!   updater build on).
 //! - [`DnsServer`]: UDP and TCP listeners answering from in-memory record tables.
+//!   A DNS/TCP connection is bounded in number (512), in silence between messages
+//!   (10 s), in the time one message may take from its first byte (10 s) and in
+//!   lifetime (120 s, then closed at a message boundary): see [`DnsServerConfig`].
 //! - [`Forwarder`]: forwarding to fallback servers, following resolv.conf if asked.
 //! - [`http`]: the HTTP API as an axum [`axum::Router`] (the binary serves it).
 //! - [`NameServerCollector`]: the metrics, as a `prometheus-client` collector.
@@ -62,7 +65,10 @@ pub use forward::{Forwarder, ForwarderConfig};
 pub use metrics::{Metrics, NameServerCollector};
 pub use name::{Domain, reverse_name};
 pub use resolv::{is_own_address, load_resolv_conf, parse_resolv_conf, spawn_resolv_conf_watcher};
-pub use server::{DnsServer, DnsServerConfig};
+pub use server::{
+    DEFAULT_MAX_TCP_CONNECTIONS, DEFAULT_TCP_IDLE_TIMEOUT, DEFAULT_TCP_MAX_LIFETIME, DnsServer,
+    DnsServerConfig,
+};
 
 /// The per-packet work of the DNS server without sockets: for benchmarks, fuzzing
 /// and embedding.

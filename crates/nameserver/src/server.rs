@@ -10,8 +10,24 @@
 //! this workload (see `docs/PERFORMANCE.md`), and a worker's packet path allocates
 //! nothing. Queries that must be forwarded are handed to a tokio task (bounded by a
 //! semaphore), which sends the reply on the worker's socket. TCP is a tokio task per
-//! connection, with an idle timeout and a connection limit; TCP answers are never
-//! truncated.
+//! connection; TCP answers are never truncated.
+//!
+//! # DNS/TCP limits
+//!
+//! A client that holds a connection open without using it takes a slot from
+//! everyone else, so every connection is bounded in time (see [`DnsServerConfig`]):
+//!
+//! - at most `max_tcp_connections` at once (default 512); more are closed on accept;
+//! - between messages, a connection that sends nothing for `tcp_idle_timeout`
+//!   (default 10 s) is closed;
+//! - a message (its two-byte length and its body) must arrive whole within
+//!   `tcp_idle_timeout` of its first byte, so a client that sends one byte just
+//!   before each idle timeout is cut after one timeout, not kept forever; writing
+//!   a reply has the same bound (a client that never reads);
+//! - a connection lives at most `tcp_max_lifetime` (default 120 s): the first
+//!   message boundary after that closes it (RFC 7766 lets a server close at any
+//!   message boundary). A connection therefore holds its slot at most
+//!   `tcp_max_lifetime` + 2 × `tcp_idle_timeout` + the forwarder's deadline.
 
 mod udp_batch;
 
@@ -23,10 +39,11 @@ use std::time::Duration;
 
 use nix::errno::Errno;
 use socket2::{Domain, Protocol, Socket, Type};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
+use tokio::time::Instant;
 
 use crate::db::Db;
 use crate::error::{Error, Result};
@@ -37,14 +54,23 @@ use crate::wire::FastRng;
 use udp_batch::UdpBatch;
 
 /// How the DNS listeners are set up.
+///
+/// The TCP limits hold a connection's slot to at most `tcp_max_lifetime` + 2 ×
+/// `tcp_idle_timeout` + the forwarder's deadline: silent for `tcp_idle_timeout`
+/// between messages, a message not whole within `tcp_idle_timeout` of its first
+/// byte, or a reply not written within it, and the connection is closed; past
+/// `tcp_max_lifetime` it is closed at the next message boundary.
 #[derive(Debug, Clone)]
 pub struct DnsServerConfig {
     /// Where to listen, UDP and TCP (port 0: any free port, the same for both).
     pub listen: SocketAddr,
     /// Number of UDP worker threads (at least 1).
     pub udp_workers: usize,
-    /// A TCP connection idle this long is closed.
+    /// A TCP connection idle this long between messages is closed, and a message
+    /// must arrive whole within this long of its first byte.
     pub tcp_idle_timeout: Duration,
+    /// A TCP connection is closed at the first message boundary after this long.
+    pub tcp_max_lifetime: Duration,
     /// At most this many TCP connections at once; more are closed on accept.
     pub max_tcp_connections: usize,
     /// At most this many forwarded UDP queries in flight; more get SERVFAIL.
@@ -60,6 +86,13 @@ pub struct DnsServerConfig {
 /// `docs/PERFORMANCE.md` for the measurements behind it).
 pub(crate) const DEFAULT_UDP_BATCH: usize = 32;
 
+/// The default [`DnsServerConfig::tcp_idle_timeout`].
+pub const DEFAULT_TCP_IDLE_TIMEOUT: Duration = Duration::from_secs(10);
+/// The default [`DnsServerConfig::tcp_max_lifetime`].
+pub const DEFAULT_TCP_MAX_LIFETIME: Duration = Duration::from_secs(120);
+/// The default [`DnsServerConfig::max_tcp_connections`].
+pub const DEFAULT_MAX_TCP_CONNECTIONS: usize = 512;
+
 impl DnsServerConfig {
     /// Defaults for `listen`: one UDP worker per available core (at most 4).
     pub fn new(listen: SocketAddr) -> Self {
@@ -67,8 +100,9 @@ impl DnsServerConfig {
         Self {
             listen,
             udp_workers: cores.clamp(1, 4),
-            tcp_idle_timeout: Duration::from_secs(10),
-            max_tcp_connections: 512,
+            tcp_idle_timeout: DEFAULT_TCP_IDLE_TIMEOUT,
+            tcp_max_lifetime: DEFAULT_TCP_MAX_LIFETIME,
+            max_tcp_connections: DEFAULT_MAX_TCP_CONNECTIONS,
             max_forwards_in_flight: 1024,
             udp_batch: DEFAULT_UDP_BATCH,
         }
@@ -452,10 +486,13 @@ async fn serve_tcp(
                     continue;
                 };
                 let (handler, forwarder, counters) = (handler.clone(), forwarder.clone(), counters.clone());
-                let idle = config.tcp_idle_timeout;
+                let limits = TcpLimits {
+                    idle: config.tcp_idle_timeout,
+                    lifetime: config.tcp_max_lifetime,
+                };
                 conns.spawn(async move {
                     let _permit = permit;
-                    if let Err(e) = serve_tcp_conn(stream, &handler, &forwarder, &counters, idle).await {
+                    if let Err(e) = serve_tcp_conn(stream, &handler, &forwarder, &counters, limits).await {
                         tracing::trace!(%peer, error = %e, "DNS/TCP connection ended");
                     }
                 });
@@ -465,25 +502,75 @@ async fn serve_tcp(
     }
 }
 
+/// The time bounds of one DNS/TCP connection (see the module docs).
+#[derive(Debug, Clone, Copy)]
+struct TcpLimits {
+    idle: Duration,
+    lifetime: Duration,
+}
+
+/// Why a connection stopped waiting for its next message.
+enum NextFrame {
+    /// A whole message of this length is in the query buffer.
+    Frame(usize),
+    /// Idle, past its lifetime, or closed by the client: close quietly.
+    Close,
+}
+
+/// Reads the next length-prefixed message into `query`: the first byte may take
+/// `limits.idle` (less when the lifetime ends sooner), the rest of the message must
+/// follow within `limits.idle` of that first byte.
+async fn read_frame(
+    stream: &mut BufReader<TcpStream>,
+    query: &mut [u8],
+    limits: TcpLimits,
+    end_of_life: Instant,
+) -> std::io::Result<NextFrame> {
+    let now = Instant::now();
+    if now >= end_of_life {
+        return Ok(NextFrame::Close);
+    }
+    let first =
+        match tokio::time::timeout_at(end_of_life.min(now + limits.idle), stream.read_u8()).await {
+            Ok(Ok(b)) => b,
+            Ok(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                return Ok(NextFrame::Close);
+            }
+            Ok(Err(e)) => return Err(e),
+            Err(_) => return Ok(NextFrame::Close),
+        };
+    let frame_deadline = Instant::now() + limits.idle;
+    let rest = async {
+        let low = stream.read_u8().await?;
+        let len = usize::from(u16::from_be_bytes([first, low]));
+        stream.read_exact(&mut query[..len]).await?;
+        Ok::<_, std::io::Error>(len)
+    };
+    match tokio::time::timeout_at(frame_deadline, rest).await {
+        Ok(len) => Ok(NextFrame::Frame(len?)),
+        Err(_) => Err(std::io::ErrorKind::TimedOut.into()),
+    }
+}
+
 async fn serve_tcp_conn(
-    mut stream: TcpStream,
+    stream: TcpStream,
     handler: &Handler,
     forwarder: &Forwarder,
     counters: &Counters,
-    idle: Duration,
+    limits: TcpLimits,
 ) -> std::io::Result<()> {
     stream.set_nodelay(true)?;
+    let end_of_life = Instant::now() + limits.lifetime;
+    // Buffered: a client that sends several messages in one write costs one read.
+    let mut stream = BufReader::new(stream);
     let mut rng = FastRng::new();
     let mut query = vec![0u8; MAX_MESSAGE];
     let mut out = vec![0u8; MAX_MESSAGE + 2];
     loop {
-        let len = match tokio::time::timeout(idle, stream.read_u16()).await {
-            Ok(r) => usize::from(r?),
-            Err(_) => return Ok(()),
+        let len = match read_frame(&mut stream, &mut query, limits, end_of_life).await? {
+            NextFrame::Frame(len) => len,
+            NextFrame::Close => return Ok(()),
         };
-        tokio::time::timeout(idle, stream.read_exact(&mut query[..len]))
-            .await
-            .map_err(|_| std::io::ErrorKind::TimedOut)??;
         let packet = &query[..len];
         let reply_len =
             match handler.handle(packet, &mut out[2..], Transport::Tcp, &mut rng, counters) {
@@ -510,6 +597,9 @@ async fn serve_tcp_conn(
             };
         // reply_len ≤ MAX_MESSAGE.
         out[..2].copy_from_slice(&(reply_len as u16).to_be_bytes());
-        stream.write_all(&out[..reply_len + 2]).await?;
+        // A client that does not read its replies must not hold the slot either.
+        tokio::time::timeout(limits.idle, stream.write_all(&out[..reply_len + 2]))
+            .await
+            .map_err(|_| std::io::ErrorKind::TimedOut)??;
     }
 }

@@ -18,6 +18,8 @@ use dwara_lb::{EndpointSet, Policy, UpstreamLb};
 use dwara_resolver::{DnsResolver, ResolverConfig};
 use test_support::dns_server::{FailureMode, SrvRecord, TestDnsServer};
 
+mod lying;
+
 const WAIT: Duration = Duration::from_secs(10);
 
 fn ip(s: &str) -> Ipv4Addr {

@@ -4,9 +4,10 @@
 //!
 //! The limits exercised are the name server's defaults (`DnsServerConfig::new`,
 //! `ForwarderConfig::default`): a DNS/TCP connection idle for 10 s (or that takes
-//! longer than 10 s to send a message it has announced) is closed, at most 512 are
-//! open at once, and a forwarded query waits at most 1.5 s per fallback server and
-//! 3 s in all before it gets SERVFAIL.
+//! longer than 10 s to send a message from its first byte) is closed, at most 512
+//! are open at once, and a forwarded query waits at most 1.5 s per fallback server
+//! and 3 s in all before it gets SERVFAIL; and the same limits set lower with
+//! `--dns-tcp-idle-timeout`, `--dns-tcp-lifetime` and `--dns-tcp-max-connections`.
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
@@ -17,18 +18,23 @@ use std::time::{Duration, Instant};
 use super::nameserver::Serve;
 
 /// The local name every test registers, and its address.
-const LOCAL: &str = "web.weave.local";
-const LOCAL_IP: [u8; 4] = [10, 32, 0, 1];
+pub(super) const LOCAL: &str = "web.weave.local";
+pub(super) const LOCAL_IP: [u8; 4] = [10, 32, 0, 1];
 
 /// The server closes a DNS/TCP connection idle this long (`DnsServerConfig::new`).
 const TCP_IDLE: Duration = Duration::from_secs(10);
 /// The forwarder's overall deadline (`ForwarderConfig::default`).
 const FORWARD_DEADLINE: Duration = Duration::from_secs(3);
 
-const A: u16 = 1;
+pub(super) const A: u16 = 1;
 
 /// `dwara serve` on free loopback ports with `LOCAL` registered over the HTTP API.
 fn serve_with_local(fallbacks: &[SocketAddr]) -> Serve {
+    serve_with_local_and(fallbacks, &[])
+}
+
+/// [`serve_with_local`] with more `dwara serve` arguments.
+pub(super) fn serve_with_local_and(fallbacks: &[SocketAddr], more: &[&str]) -> Serve {
     let fallbacks: Vec<String> = fallbacks.iter().map(ToString::to_string).collect();
     let mut args = vec![
         "--dns-listen",
@@ -39,6 +45,7 @@ fn serve_with_local(fallbacks: &[SocketAddr]) -> Serve {
     for f in &fallbacks {
         args.extend(["--fallback", f.as_str()]);
     }
+    args.extend(more);
     let s = Serve::start(&args);
     let put = reqwest::blocking::Client::builder()
         .no_proxy()
@@ -53,7 +60,7 @@ fn serve_with_local(fallbacks: &[SocketAddr]) -> Serve {
 }
 
 /// A DNS query (RD set, class IN) for `name`.
-fn query(id: u16, name: &str, qtype: u16) -> Vec<u8> {
+pub(super) fn query(id: u16, name: &str, qtype: u16) -> Vec<u8> {
     let mut q = Vec::with_capacity(64);
     q.extend_from_slice(&id.to_be_bytes());
     q.extend_from_slice(&[0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0]);
@@ -70,10 +77,10 @@ fn query(id: u16, name: &str, qtype: u16) -> Vec<u8> {
 /// What a reply says, once it is known to answer `query` (same ID, a response, the
 /// same question).
 #[derive(Debug, PartialEq)]
-struct Reply {
-    rcode: u8,
+pub(super) struct Reply {
+    pub(super) rcode: u8,
     /// The A records of the answer section.
-    a: Vec<[u8; 4]>,
+    pub(super) a: Vec<[u8; 4]>,
 }
 
 fn u16_at(p: &[u8], i: usize) -> Option<u16> {
@@ -94,7 +101,7 @@ fn skip_name(p: &[u8], mut i: usize) -> Option<usize> {
 
 /// Decodes `reply` as an answer to `query`; `None` when it is not one, or is
 /// malformed.
-fn decode(query: &[u8], reply: &[u8]) -> Option<Reply> {
+pub(super) fn decode(query: &[u8], reply: &[u8]) -> Option<Reply> {
     let question_end = query.len();
     if reply.len() < question_end
         || reply[..2] != query[..2]
@@ -121,11 +128,11 @@ fn decode(query: &[u8], reply: &[u8]) -> Option<Reply> {
 }
 
 /// Whether the `dwara serve` process is still running.
-fn alive(s: &mut Serve) -> bool {
+pub(super) fn alive(s: &mut Serve) -> bool {
     s.child.try_wait().unwrap().is_none()
 }
 
-fn local_ok() -> Reply {
+pub(super) fn local_ok() -> Reply {
     Reply {
         rcode: 0,
         a: vec![LOCAL_IP],
@@ -135,7 +142,7 @@ fn local_ok() -> Reply {
 /// Sends `q` over UDP and waits for its answer, resending every `retry` until
 /// `deadline`; returns the answer, the time from the first send, and whether the
 /// first send was answered.
-fn udp_exchange(
+pub(super) fn udp_exchange(
     sock: &UdpSocket,
     server: SocketAddr,
     q: &[u8],
@@ -168,7 +175,11 @@ fn udp_exchange(
 }
 
 /// One query over an open TCP connection; the reply within `timeout`.
-fn tcp_exchange(stream: &mut TcpStream, q: &[u8], timeout: Duration) -> std::io::Result<Vec<u8>> {
+pub(super) fn tcp_exchange(
+    stream: &mut TcpStream,
+    q: &[u8],
+    timeout: Duration,
+) -> std::io::Result<Vec<u8>> {
     stream.set_read_timeout(Some(timeout))?;
     let mut msg = u16::try_from(q.len()).unwrap().to_be_bytes().to_vec();
     msg.extend_from_slice(q);
@@ -176,7 +187,7 @@ fn tcp_exchange(stream: &mut TcpStream, q: &[u8], timeout: Duration) -> std::io:
     tcp_read_frame(stream)
 }
 
-fn tcp_read_frame(stream: &mut TcpStream) -> std::io::Result<Vec<u8>> {
+pub(super) fn tcp_read_frame(stream: &mut TcpStream) -> std::io::Result<Vec<u8>> {
     let mut len = [0u8; 2];
     stream.read_exact(&mut len)?;
     let mut reply = vec![0u8; usize::from(u16::from_be_bytes(len))];
@@ -185,17 +196,17 @@ fn tcp_read_frame(stream: &mut TcpStream) -> std::io::Result<Vec<u8>> {
 }
 
 /// xorshift64*: random bytes for the flood without a dependency.
-struct Rng(u64);
+pub(super) struct Rng(pub(super) u64);
 
 impl Rng {
-    fn next(&mut self) -> u64 {
+    pub(super) fn next(&mut self) -> u64 {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
         self.0 ^= self.0 >> 27;
         self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
     }
 
-    fn below(&mut self, n: u64) -> u64 {
+    pub(super) fn below(&mut self, n: u64) -> u64 {
         self.next() % n
     }
 }
@@ -227,7 +238,7 @@ fn hostile_datagram(rng: &mut Rng, valid: &[u8], out: &mut Vec<u8>) {
     }
 }
 
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
+pub(super) fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[((sorted.len() - 1) as f64 * p).round() as usize]
 }
 
@@ -324,7 +335,11 @@ fn udp_flood_leaves_valid_queries_answered() {
 }
 
 /// Waits (at most `within`) for the server to close `stream`, and says when.
-fn closed_by_server(stream: &mut TcpStream, since: Instant, within: Duration) -> Option<Duration> {
+pub(super) fn closed_by_server(
+    stream: &mut TcpStream,
+    since: Instant,
+    within: Duration,
+) -> Option<Duration> {
     let mut buf = [0u8; 1024];
     loop {
         let left = within.checked_sub(since.elapsed())?;
@@ -625,5 +640,171 @@ fn lying_fallback_gives_servfail_and_local_names_still_answer() {
         "lying fallback: SERVFAIL for every lie ({}); {local_queries} local queries \
          answered meanwhile",
         times.join(", ")
+    );
+}
+
+/// Whether the server has closed `stream`, looking for at most `wait`: a read of 0
+/// bytes or a reset.
+fn closed_now(stream: &mut TcpStream, wait: Duration) -> bool {
+    stream.set_read_timeout(Some(wait)).unwrap();
+    match stream.read(&mut [0u8; 512]) {
+        Ok(0) => true,
+        Ok(_) => false,
+        Err(e) => e.kind() == ErrorKind::ConnectionReset,
+    }
+}
+
+/// With `--dns-tcp-idle-timeout 2 --dns-tcp-lifetime 6 --dns-tcp-max-connections 64`:
+/// clients that send a valid query one byte every 1.5 s (never idle for the timeout)
+/// are cut 2 s after the first byte of their frame; clients that send a whole valid
+/// query every 1.5 s are answered and then closed once their lifetime is over; the
+/// connections beyond 64 are closed on accept; and valid TCP queries on fresh
+/// connections keep being answered all along.
+#[test]
+fn drip_fed_and_long_lived_tcp_connections_are_cut_within_their_bounds() {
+    let idle = Duration::from_secs(2);
+    let lifetime = Duration::from_secs(6);
+    let mut s = serve_with_local_and(
+        &["127.0.0.1:9".parse().unwrap()],
+        &[
+            "--dns-tcp-idle-timeout",
+            "2",
+            "--dns-tcp-lifetime",
+            "6",
+            "--dns-tcp-max-connections",
+            "64",
+        ],
+    );
+    let target = s.dns;
+    let step = Duration::from_millis(1500);
+    let drippers: Vec<_> = (0..3u16)
+        .map(|n| {
+            std::thread::spawn(move || {
+                let q = query(200 + n, LOCAL, A);
+                let frame = [&u16::try_from(q.len()).unwrap().to_be_bytes()[..], &q].concat();
+                let mut c = TcpStream::connect(target).unwrap();
+                let start = Instant::now();
+                for byte in frame.iter().cycle() {
+                    if c.write_all(&[*byte]).is_err() {
+                        return start.elapsed();
+                    }
+                    // Waiting for the next byte doubles as watching for the close.
+                    if closed_now(&mut c, step) {
+                        return start.elapsed();
+                    }
+                    assert!(
+                        start.elapsed() < Duration::from_secs(20),
+                        "a drip-fed DNS/TCP connection was never closed"
+                    );
+                }
+                unreachable!("the frame cycles forever")
+            })
+        })
+        .collect();
+    let steady: Vec<_> = (0..2u16)
+        .map(|n| {
+            std::thread::spawn(move || {
+                let mut c = TcpStream::connect(target).unwrap();
+                let start = Instant::now();
+                let mut answered = 0u32;
+                loop {
+                    let q = query(300 + n * 100 + answered as u16, LOCAL, A);
+                    match tcp_exchange(&mut c, &q, Duration::from_secs(5)) {
+                        Ok(reply) => {
+                            assert_eq!(decode(&q, &reply), Some(local_ok()), "steady query");
+                            answered += 1;
+                        }
+                        // Closed by the server at a message boundary.
+                        Err(_) => return (start.elapsed(), answered),
+                    }
+                    if closed_now(&mut c, step) {
+                        return (start.elapsed(), answered);
+                    }
+                    assert!(
+                        start.elapsed() < Duration::from_secs(30),
+                        "a steady DNS/TCP connection outlived its lifetime"
+                    );
+                }
+            })
+        })
+        .collect();
+
+    // Meanwhile, fresh connections are answered; 8 s covers the steady clients'
+    // lifetime.
+    let started = Instant::now();
+    let mut fresh = 0u32;
+    while started.elapsed() < lifetime + idle {
+        let q = query(1000 + fresh as u16, LOCAL, A);
+        let mut c = TcpStream::connect(target).unwrap();
+        let reply = tcp_exchange(&mut c, &q, Duration::from_secs(5))
+            .unwrap_or_else(|e| panic!("fresh TCP query {fresh}: {e}"));
+        assert_eq!(
+            decode(&q, &reply),
+            Some(local_ok()),
+            "fresh TCP query {fresh}"
+        );
+        fresh += 1;
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    let slack = Duration::from_secs(2);
+    let dripped: Vec<Duration> = drippers.into_iter().map(|t| t.join().unwrap()).collect();
+    for d in &dripped {
+        // The frame's first byte goes out at once; the frame must be whole 2 s later.
+        // (A deadline per read would let it live 3.5 s: the length in 1.5 s, then
+        // 2 s for the body.)
+        assert!(
+            *d <= idle + Duration::from_secs(1),
+            "a drip-fed connection lived {d:?}"
+        );
+    }
+    let lived: Vec<(Duration, u32)> = steady.into_iter().map(|t| t.join().unwrap()).collect();
+    for (d, answered) in &lived {
+        assert!(*answered >= 2, "a steady connection got {answered} answers");
+        assert!(
+            *d >= lifetime && *d <= lifetime + idle + slack,
+            "a steady connection lived {d:?} (lifetime {lifetime:?})"
+        );
+    }
+
+    // The connection limit: of 80 silent connections, those beyond 64 are closed on
+    // accept, long before the idle timeout.
+    let opened = Instant::now();
+    let mut silent: Vec<TcpStream> = (0..80)
+        .map(|_| TcpStream::connect(target).unwrap())
+        .collect();
+    // Those closed on accept: polled until 16 are seen, for less than the idle time.
+    let mut closed = vec![false; silent.len()];
+    while closed.iter().filter(|c| **c).count() < 16 && opened.elapsed() < idle / 2 {
+        for (c, done) in silent.iter_mut().zip(&mut closed) {
+            *done = *done || closed_now(c, Duration::from_millis(1));
+        }
+    }
+    let refused = closed.iter().filter(|c| **c).count();
+    let refused_within = opened.elapsed();
+    assert!(
+        refused >= 16 && refused_within < idle / 2,
+        "{refused} of 80 connections closed on accept (limit 64) within {refused_within:?}"
+    );
+    for (i, c) in silent.iter_mut().enumerate() {
+        assert!(
+            closed_by_server(c, opened, idle + slack).is_some(),
+            "silent connection {i} still open after {:?}",
+            idle + slack
+        );
+    }
+    let q = query(9999, LOCAL, A);
+    let reply = tcp_exchange(
+        &mut TcpStream::connect(target).unwrap(),
+        &q,
+        Duration::from_secs(5),
+    )
+    .unwrap();
+    assert_eq!(decode(&q, &reply), Some(local_ok()));
+    assert!(alive(&mut s), "dwara serve died");
+    eprintln!(
+        "DNS/TCP limits: drip-fed connections closed after {dripped:?}; steady ones after \
+         {lived:?} (time, answers); {refused} of 80 closed on accept; {fresh} fresh \
+         queries answered meanwhile"
     );
 }

@@ -6,6 +6,7 @@
 mod cluster;
 mod docker;
 mod hostile;
+mod hostile_http;
 mod nameserver;
 mod serve;
 mod store;
