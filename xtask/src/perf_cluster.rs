@@ -4,6 +4,7 @@
 //! ```text
 //! cargo xtask perf cluster [--sizes 3,5,10] [--records 20] [--rounds 3]
 //!                          [--sync 10000,50000] [--idle-seconds 10]
+//!                          [--baseline PATH] [--sync-rounds 1]
 //! ```
 //!
 //! 1. **Convergence.** For each cluster size N (every node on its own 127.0.2.x,
@@ -22,15 +23,19 @@
 //! 4. **Sync.** For each `--sync` K: three nodes hold K records (K/3 registered on
 //!    each); a fourth starts seeded with the first, timed from spawn until its
 //!    `GET /peers` lists the three live and counts all K entries (so it serves
-//!    them), then a sample is checked with DNS. RSS of every node then.
+//!    them), then a sample is checked with DNS. RSS of every node then, and the CPU
+//!    time (user + system, `/proc/PID/stat`) the three used from their start until
+//!    they held every record. With `--baseline PATH` (another build of `dwara`,
+//!    e.g. from an earlier commit) each sync runs `--sync-rounds` times with each
+//!    binary, interleaved, and the medians are printed side by side with ratios.
 
 use std::collections::BTreeSet;
 use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::perf_util::{free_port, release_dwara, rss_kib};
+use crate::perf_util::{clock_ticks, cpu_ticks, free_port, release_dwara, rss_kib};
 use anyhow::{Context, bail};
 
 struct Options {
@@ -39,6 +44,8 @@ struct Options {
     rounds: usize,
     sync: Vec<usize>,
     idle_seconds: u64,
+    baseline: Option<PathBuf>,
+    sync_rounds: usize,
 }
 
 fn list(v: &str, name: &str) -> anyhow::Result<Vec<usize>> {
@@ -54,6 +61,8 @@ fn parse_args(args: &[String]) -> anyhow::Result<Options> {
         rounds: 3,
         sync: vec![10_000, 50_000],
         idle_seconds: 10,
+        baseline: None,
+        sync_rounds: 1,
     };
     let mut it = args.iter();
     while let Some(flag) = it.next() {
@@ -64,14 +73,22 @@ fn parse_args(args: &[String]) -> anyhow::Result<Options> {
             "--rounds" => o.rounds = v.parse().context("--rounds")?,
             "--sync" => o.sync = list(v, "--sync")?,
             "--idle-seconds" => o.idle_seconds = v.parse().context("--idle-seconds")?,
+            "--baseline" => o.baseline = Some(PathBuf::from(v)),
+            "--sync-rounds" => o.sync_rounds = v.parse().context("--sync-rounds")?,
             other => bail!(
                 "unknown option {other}; usage: cargo xtask perf cluster [--sizes 3,5,10] \
-                 [--records 20] [--rounds 3] [--sync 10000,50000] [--idle-seconds 10]"
+                 [--records 20] [--rounds 3] [--sync 10000,50000] [--idle-seconds 10] \
+                 [--baseline PATH] [--sync-rounds 1]"
             ),
         }
     }
-    if o.sizes.iter().any(|n| *n < 2) || o.records == 0 || o.rounds == 0 {
-        bail!("--sizes must be at least 2, --records and --rounds at least 1");
+    if o.sizes.iter().any(|n| *n < 2) || o.records == 0 || o.rounds == 0 || o.sync_rounds == 0 {
+        bail!("--sizes must be at least 2, --records, --rounds and --sync-rounds at least 1");
+    }
+    if let Some(b) = &o.baseline
+        && !b.is_file()
+    {
+        bail!("--baseline {}: no such file", b.display());
     }
     Ok(o)
 }
@@ -125,14 +142,17 @@ fn seed_all(specs: &mut [Spec]) {
 }
 
 fn start(spec: &Spec, key: &Path) -> anyhow::Result<Node> {
-    let bin = release_dwara();
+    start_bin(spec, key, &release_dwara())
+}
+
+fn start_bin(spec: &Spec, key: &Path, bin: &Path) -> anyhow::Result<Node> {
     let mut cmd = match &spec.netns {
         Some(ns) => {
             let mut c = Command::new("ip");
-            c.args(["netns", "exec", ns]).arg(&bin);
+            c.args(["netns", "exec", ns]).arg(bin);
             c
         }
-        None => Command::new(&bin),
+        None => Command::new(bin),
     };
     cmd.args(["serve", "--docker", "off", "--fallback", "127.0.0.1:9"])
         .args(["--node-id", &spec.id])
@@ -514,9 +534,11 @@ struct SyncRow {
     spread: Duration,
     sync: Duration,
     rss: Vec<f64>,
+    /// CPU seconds the three holders used from their start until they held every record.
+    cpu: f64,
 }
 
-fn sync_run(k: usize, subnet: u8, key: &Path) -> anyhow::Result<SyncRow> {
+fn sync_run(k: usize, subnet: u8, key: &Path, bin: &Path) -> anyhow::Result<SyncRow> {
     let mut all = specs(subnet, 4)?;
     // The newcomer knows only the first node; the others do not know it.
     let newcomer_addr = all[3].gossip;
@@ -526,7 +548,7 @@ fn sync_run(k: usize, subnet: u8, key: &Path) -> anyhow::Result<SyncRow> {
     all[3].peers = vec![all[0].gossip];
     let nodes = all[..3]
         .iter()
-        .map(|s| start(s, key))
+        .map(|s| start_bin(s, key, bin))
         .collect::<anyhow::Result<Vec<Node>>>()?;
     let client = client()?;
     await_mesh(&client, &nodes)?;
@@ -569,13 +591,20 @@ fn sync_run(k: usize, subnet: u8, key: &Path) -> anyhow::Result<SyncRow> {
         },
     )?;
     let spread = started.elapsed();
+    let ticks = clock_ticks();
+    let mut cpu = 0.0;
+    for n in &nodes {
+        let (own, _) =
+            cpu_ticks(&n.child.id().to_string()).context("cannot read a node's /proc stat")?;
+        cpu += own as f64 / ticks;
+    }
     println!(
         "  {k} records registered on 3 nodes (K/3 each, sequential per node) and held by all 3 after {:.2} s",
         spread.as_secs_f64()
     );
 
     let spawned = Instant::now();
-    let newcomer = start(&all[3], key)?;
+    let newcomer = start_bin(&all[3], key, bin)?;
     await_that(
         "the new node holds every record and sees their owners live",
         Duration::from_secs(120),
@@ -599,7 +628,47 @@ fn sync_run(k: usize, subnet: u8, key: &Path) -> anyhow::Result<SyncRow> {
         spread,
         sync,
         rss,
+        cpu,
     })
+}
+
+/// The row of medians of several runs of one sync size.
+fn median_row(mut rows: Vec<SyncRow>) -> SyncRow {
+    let mid = rows.len() / 2;
+    let median = |rows: &mut Vec<SyncRow>, key: fn(&SyncRow) -> f64| {
+        rows.sort_by(|a, b| key(a).total_cmp(&key(b)));
+        key(&rows[mid])
+    };
+    let spread = median(&mut rows, |r| r.spread.as_secs_f64());
+    let cpu = median(&mut rows, |r| r.cpu);
+    let sync = median(&mut rows, |r| r.sync.as_secs_f64());
+    // RSS of the run with the median new-node sync (sorted last).
+    let row = rows.swap_remove(mid);
+    SyncRow {
+        spread: Duration::from_secs_f64(spread),
+        cpu,
+        sync: Duration::from_secs_f64(sync),
+        ..row
+    }
+}
+
+fn print_syncs(label: &str, syncs: &[SyncRow]) {
+    println!("  {label}:");
+    println!(
+        "  {:>8} {:>16} {:>14} {:>12} {:>28}",
+        "records", "held by 3 after", "holders' CPU", "new node", "RSS per node MiB (4 nodes)"
+    );
+    for s in syncs {
+        let rss: Vec<String> = s.rss.iter().map(|m| format!("{m:.1}")).collect();
+        println!(
+            "  {:>8} {:>14.2} s {:>12.2} s {:>10.2} s {:>28}",
+            s.records,
+            s.spread.as_secs_f64(),
+            s.cpu,
+            s.sync.as_secs_f64(),
+            rss.join(" ")
+        );
+    }
 }
 
 /// Runs the benchmark.
@@ -632,9 +701,23 @@ fn run_in(dir: &Path, opts: &Options) -> anyhow::Result<()> {
         row.idle = idle_traffic(n, &key, opts.idle_seconds)?;
         rows.push(row);
     }
+    let current = release_dwara();
     let mut syncs = Vec::new();
+    let mut baseline_syncs = Vec::new();
     for (i, &k) in opts.sync.iter().enumerate() {
-        syncs.push(sync_run(k, 20 + u8::try_from(i)?, &key)?);
+        let subnet = 20 + u8::try_from(i)?;
+        let mut ours = Vec::new();
+        let mut theirs = Vec::new();
+        for _ in 0..opts.sync_rounds {
+            ours.push(sync_run(k, subnet, &key, &current)?);
+            if let Some(b) = &opts.baseline {
+                theirs.push(sync_run(k, subnet, &key, b)?);
+            }
+        }
+        syncs.push(median_row(ours));
+        if !theirs.is_empty() {
+            baseline_syncs.push(median_row(theirs));
+        }
     }
 
     println!(
@@ -660,20 +743,23 @@ fn run_in(dir: &Path, opts: &Options) -> anyhow::Result<()> {
             r.nodes, r.converge.0, r.converge.1, r.vanish.0, r.vanish.1, r.back.0, r.back.1, b, p
         );
     }
-    println!("\nsync of a new node (spawn -> GET /peers counts every record; 3 nodes hold them):");
     println!(
-        "  {:>8} {:>16} {:>12} {:>28}",
-        "records", "held by 3 after", "new node", "RSS per node MiB (4 nodes)"
+        "\nsync of a new node (spawn -> GET /peers counts every record; 3 nodes hold them; median of {} round(s)):",
+        opts.sync_rounds
     );
-    for s in &syncs {
-        let rss: Vec<String> = s.rss.iter().map(|m| format!("{m:.1}")).collect();
-        println!(
-            "  {:>8} {:>14.2} s {:>10.2} s {:>28}",
-            s.records,
-            s.spread.as_secs_f64(),
-            s.sync.as_secs_f64(),
-            rss.join(" ")
-        );
+    print_syncs("this build", &syncs);
+    if let Some(b) = &opts.baseline {
+        print_syncs(&format!("baseline {}", b.display()), &baseline_syncs);
+        println!("  ratios, this build / baseline (below 1 is better):");
+        for (s, b) in syncs.iter().zip(&baseline_syncs) {
+            println!(
+                "  {:>8} records: held by 3 {:.2}x, new node {:.2}x, holders' CPU {:.2}x",
+                s.records,
+                s.spread.as_secs_f64() / b.spread.as_secs_f64(),
+                s.sync.as_secs_f64() / b.sync.as_secs_f64(),
+                s.cpu / b.cpu
+            );
+        }
     }
     if let Some(r) = rows.iter().find(|r| r.nodes == 10) {
         println!(

@@ -33,7 +33,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::perf_util::{free_port, release_dwara, rss_kib};
+use crate::perf_util::{clock_ticks, cpu_ticks, free_port, release_dwara, rss_kib};
 use anyhow::{Context, bail};
 
 struct Options {
@@ -406,30 +406,6 @@ impl Run {
         let rank = (q * self.latencies.len() as f64).ceil() as usize;
         self.latencies[rank.clamp(1, self.latencies.len()) - 1]
     }
-}
-
-/// Clock ticks per second of `/proc/*/stat` times.
-fn clock_ticks() -> f64 {
-    Command::new("getconf")
-        .arg("CLK_TCK")
-        .output()
-        .ok()
-        .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
-        .unwrap_or(100.0)
-}
-
-/// (utime + stime, cutime + cstime) of `pid` in clock ticks (`/proc/PID/stat`
-/// fields 14–17; the name in parentheses may hold spaces, so count after it).
-fn cpu_ticks(pid: &str) -> Option<(u64, u64)> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let rest = &stat[stat.rfind(')')? + 1..];
-    let f: Vec<u64> = rest
-        .split_whitespace()
-        .skip(11)
-        .take(4)
-        .map(|v| v.parse().unwrap_or(0))
-        .collect();
-    (f.len() == 4).then(|| (f[0] + f[1], f[2] + f[3]))
 }
 
 fn dnsperf(

@@ -1,8 +1,9 @@
 //! What every `cargo xtask perf …` harness needs: the release `dwara` binary, free
-//! ports, a process's resident memory.
+//! ports, a process's resident memory and CPU time.
 
 use std::net::{Ipv4Addr, TcpListener, UdpSocket};
 use std::path::{Path, PathBuf};
+use std::process::Command;
 
 /// Where `cargo build --release` put `dwara` (`CARGO_TARGET_DIR` or the workspace's).
 pub(crate) fn release_dwara() -> PathBuf {
@@ -33,4 +34,28 @@ pub(crate) fn rss_kib(pid: u32) -> Option<u64> {
         .find_map(|l| l.strip_prefix("VmRSS:"))
         .and_then(|v| v.split_whitespace().next())
         .and_then(|v| v.parse().ok())
+}
+
+/// Clock ticks per second of `/proc/*/stat` times.
+pub(crate) fn clock_ticks() -> f64 {
+    Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
+        .unwrap_or(100.0)
+}
+
+/// (utime + stime, cutime + cstime) of `pid` in clock ticks (`/proc/PID/stat`
+/// fields 14–17; the name in parentheses may hold spaces, so count after it).
+pub(crate) fn cpu_ticks(pid: &str) -> Option<(u64, u64)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let f: Vec<u64> = rest
+        .split_whitespace()
+        .skip(11)
+        .take(4)
+        .map(|v| v.parse().unwrap_or(0))
+        .collect();
+    (f.len() == 4).then(|| (f[0] + f[1], f[2] + f[3]))
 }

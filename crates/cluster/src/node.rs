@@ -674,7 +674,8 @@ impl Engine {
         }
         let now = tokio::time::Instant::now();
         for addr in pull {
-            if self.pacer.request(addr, now) && self.handle.gossip(addr).is_ok() {
+            if self.handle.gossip(addr).is_ok() {
+                self.pacer.started(addr, now);
                 self.shared.metrics.pulls.inc();
             }
         }

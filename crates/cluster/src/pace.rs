@@ -1,5 +1,4 @@
-//! Pacing of the gossip rounds the engine starts on its own (pushes of local changes,
-//! pulls from a peer that has more to send).
+//! Pacing of the gossip rounds the engine starts to push local changes.
 //!
 //! Every such round costs both sides a digest, a delta and chitchat's zstd
 //! compression of them, whatever the delta holds. One round per registration made a
@@ -7,7 +6,8 @@
 //! the samples of a node taking 3,500 registrations a second). A [`Pacer`] lets the
 //! first request for a peer through at once, so an isolated change still spreads in
 //! one round trip, and folds the requests that follow within [`GAP`] into one round
-//! at the end of the gap, which then carries all of them.
+//! at the end of the gap, which then carries all of them. A catch-up pull (a round
+//! that brought many keys asks for the next at once) is not paced: each is full.
 //!
 //! Time is the monotonic clock of the caller's `now`; nothing here reads a wall clock.
 
@@ -41,6 +41,14 @@ impl Pacer {
                 true
             }
         }
+    }
+
+    /// Records a round with `peer` started outside the pacing (a catch-up pull, which
+    /// goes at once: it is full, not one of many small ones). It carries whatever
+    /// was owed to the peer.
+    pub(crate) fn started(&mut self, peer: SocketAddr, now: Instant) {
+        self.last.insert(peer, now);
+        self.owed.remove(&peer);
     }
 
     /// The owed rounds whose gap has passed at `now`, marked as started.
@@ -107,6 +115,18 @@ mod tests {
         // Late timer: the next request after the gap goes at once and covers it.
         assert!(p.request(addr(1), t0 + GAP * 2));
         assert_eq!(p.next_due(), None);
+    }
+
+    #[test]
+    fn an_unpaced_round_settles_what_was_owed_and_starts_a_gap() {
+        let t0 = Instant::now();
+        let mut p = Pacer::default();
+        assert!(p.request(addr(1), t0));
+        assert!(!p.request(addr(1), t0 + GAP / 4));
+        p.started(addr(1), t0 + GAP / 2);
+        assert_eq!(p.next_due(), None);
+        assert!(!p.request(addr(1), t0 + GAP));
+        assert_eq!(p.due(t0 + GAP / 2 + GAP), [addr(1)]);
     }
 
     #[test]
