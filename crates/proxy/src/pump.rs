@@ -1,7 +1,8 @@
 //! One direction of a forwarded connection: bytes from one socket to the other.
 //!
-//! A direction starts by copying through a small user-space buffer, allocated on the
-//! first readable event (an idle connection holds none). Once a read fills that
+//! A direction starts by copying through a small user-space buffer, allocated when
+//! the source is readable and kept once it has given a byte (an idle connection
+//! holds none). Once a read fills that
 //! buffer the direction carries a long transfer and switches to `splice(2)` through
 //! a pipe of its own: socket → pipe → socket, the bytes never leave the kernel. Short
 //! request/response exchanges thus cost no pipe, and bulk bodies cost no copies.
@@ -78,12 +79,19 @@ impl Direction<'_> {
         let mut mode = Mode::Copy(None);
         loop {
             let moved = match &mut mode {
-                Mode::Copy(buf) => {
-                    if buf.is_none() {
-                        self.from.readable().await?;
-                    }
-                    let buf = buf.get_or_insert_with(|| vec![0; COPY_CHUNK].into_boxed_slice());
-                    let n = self.copy_once(buf).await?;
+                Mode::Copy(slot) => {
+                    self.from.readable().await?;
+                    let buf = slot.get_or_insert_with(|| vec![0; COPY_CHUNK].into_boxed_slice());
+                    let Some(n) = self.try_read_into(buf)? else {
+                        if total == 0 {
+                            // Readiness without data before the first byte (a
+                            // fresh socket can be reported readable once): an
+                            // idle connection keeps no buffer.
+                            *slot = None;
+                        }
+                        continue;
+                    };
+                    self.write_all(&buf[..n]).await?;
                     if n == COPY_CHUNK {
                         match Pipe::new() {
                             Ok(pipe) => mode = Mode::Splice(pipe),
@@ -118,31 +126,44 @@ impl Direction<'_> {
     async fn copy_once(&self, buf: &mut [u8]) -> io::Result<usize> {
         let n = loop {
             self.from.readable().await?;
-            // A short read took everything the socket had: report it as "would
-            // block" too, so tokio clears the readiness now and the next read waits
-            // for the next event instead of costing a system call that finds
-            // nothing. (tokio never clears the read-closed bit, so a FIN that came
-            // with the data is not missed.)
-            let mut short = 0;
-            let r = self.from.try_io(Interest::READABLE, || {
-                let n = nix::unistd::read(self.from, buf)?;
-                if n > 0 && n < buf.len() {
-                    short = n;
-                    return Err(io::ErrorKind::WouldBlock.into());
-                }
-                Ok(n)
-            });
-            match r {
-                Ok(n) => break n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock && short > 0 => break short,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-                Err(e) => return Err(e),
+            if let Some(n) = self.try_read_into(buf)? {
+                break n;
             }
         };
+        self.write_all(&buf[..n]).await?;
+        Ok(n)
+    }
+
+    /// One read attempt; `None` when the socket had nothing (readiness cleared).
+    fn try_read_into(&self, buf: &mut [u8]) -> io::Result<Option<usize>> {
+        // A short read took everything the socket had: report it as "would block"
+        // too, so tokio clears the readiness now and the next read waits for the
+        // next event instead of costing a system call that finds nothing. (tokio
+        // never clears the read-closed bit, so a FIN that came with the data is
+        // not missed.)
+        let mut short = 0;
+        let r = self.from.try_io(Interest::READABLE, || {
+            let n = nix::unistd::read(self.from, buf)?;
+            if n > 0 && n < buf.len() {
+                short = n;
+                return Err(io::ErrorKind::WouldBlock.into());
+            }
+            Ok(n)
+        });
+        match r {
+            Ok(n) => Ok(Some(n)),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock && short > 0 => Ok(Some(short)),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Writes all of `data` to `to`, counting as it goes.
+    async fn write_all(&self, data: &[u8]) -> io::Result<()> {
         let mut written = 0;
-        while written < n {
+        while written < data.len() {
             self.to.writable().await?;
-            match self.to.try_write(&buf[written..n]) {
+            match self.to.try_write(&data[written..]) {
                 Ok(m) => {
                     written += m;
                     self.bytes.fetch_add(m as u64, Ordering::Relaxed);
@@ -151,7 +172,7 @@ impl Direction<'_> {
                 Err(e) => return Err(e),
             }
         }
-        Ok(n)
+        Ok(())
     }
 
     /// One splice from `from` into the (empty) pipe and splicing all of it out to
@@ -212,18 +233,7 @@ impl Direction<'_> {
             if n == 0 {
                 break;
             }
-            let mut written = 0;
-            while written < n {
-                self.to.writable().await?;
-                match self.to.try_write(&buf[written..n]) {
-                    Ok(m) => {
-                        written += m;
-                        self.bytes.fetch_add(m as u64, Ordering::Relaxed);
-                    }
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-                    Err(e) => return Err(e),
-                }
-            }
+            self.write_all(&buf[..n]).await?;
             left -= n;
         }
         Ok(())
