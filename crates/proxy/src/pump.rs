@@ -10,11 +10,15 @@
 //! descriptors) the direction goes back to copying for good, without losing bytes.
 //!
 //! Both directions of a connection run in one task on shared references to the two
-//! sockets, driven by tokio's readiness (`readable`/`writable` + `try_io`). When the
+//! sockets, driven by tokio's readiness (`poll_read_ready`/`poll_write_ready` +
+//! `try_io`). The poll functions keep one waker per socket and direction, which is
+//! all this needs (one reader and one writer per socket), without the waiter list
+//! that `readable()`/`writable()` lock on every wait. When the
 //! source reaches end of stream the destination's write side is shut down (the
 //! half-close is passed on) and the direction is done; the counter given to it grows
 //! by every chunk written, so byte counters are live while the connection is open.
 
+use std::future::poll_fn;
 use std::io;
 use std::net::Shutdown;
 use std::os::fd::OwnedFd;
@@ -80,7 +84,7 @@ impl Direction<'_> {
         loop {
             let moved = match &mut mode {
                 Mode::Copy(slot) => {
-                    self.from.readable().await?;
+                    poll_fn(|cx| self.from.poll_read_ready(cx)).await?;
                     let buf = slot.get_or_insert_with(|| vec![0; COPY_CHUNK].into_boxed_slice());
                     let Some(n) = self.try_read_into(buf)? else {
                         if total == 0 {
@@ -125,7 +129,7 @@ impl Direction<'_> {
     /// One read into `buf` and writing all of it; 0 at end of stream.
     async fn copy_once(&self, buf: &mut [u8]) -> io::Result<usize> {
         let n = loop {
-            self.from.readable().await?;
+            poll_fn(|cx| self.from.poll_read_ready(cx)).await?;
             if let Some(n) = self.try_read_into(buf)? {
                 break n;
             }
@@ -162,7 +166,7 @@ impl Direction<'_> {
     async fn write_all(&self, data: &[u8]) -> io::Result<()> {
         let mut written = 0;
         while written < data.len() {
-            self.to.writable().await?;
+            poll_fn(|cx| self.to.poll_write_ready(cx)).await?;
             match self.to.try_write(&data[written..]) {
                 Ok(m) => {
                     written += m;
@@ -179,7 +183,7 @@ impl Direction<'_> {
     /// `to`; `Moved(0)` at end of stream.
     async fn splice_once(&self, pipe: &Pipe) -> io::Result<Spliced> {
         let n = loop {
-            self.from.readable().await?;
+            poll_fn(|cx| self.from.poll_read_ready(cx)).await?;
             let r = self.from.try_io(Interest::READABLE, || {
                 splice(self.from, None, &pipe.write, None, SPLICE_CHUNK, FLAGS)
                     .map_err(io::Error::from)
@@ -200,7 +204,7 @@ impl Direction<'_> {
         };
         let mut left = n;
         while left > 0 {
-            self.to.writable().await?;
+            poll_fn(|cx| self.to.poll_write_ready(cx)).await?;
             let r = self.to.try_io(Interest::WRITABLE, || {
                 splice(&pipe.read, None, self.to, None, left, FLAGS).map_err(io::Error::from)
             });
