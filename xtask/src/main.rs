@@ -8,6 +8,8 @@
 //!   memory vs with `--data-dir`.
 //! - `cargo xtask perf cluster [--sizes 3,5,10] [--sync 10000,50000]` times gossip
 //!   replication between `dwara serve` processes.
+//! - `cargo xtask perf l4 [--rounds R] [--seconds S] [--proxies …]` compares dwara's
+//!   L4 upstreams with HAProxy and nginx `stream` under wrk.
 //! - `cargo xtask fuzz [TARGET] [--seconds N]` runs the cargo-fuzz targets (nightly).
 
 #![forbid(unsafe_code)]
@@ -16,6 +18,7 @@
 mod fuzz;
 mod perf_cluster;
 mod perf_dns;
+mod perf_l4;
 mod perf_store;
 mod perf_util;
 mod tidy;
@@ -43,7 +46,8 @@ fn main() -> anyhow::Result<()> {
             }
             Some((what, rest)) if what == "store" => perf_store::run(rest),
             Some((what, rest)) if what == "cluster" => perf_cluster::run(rest),
-            _ => bail!("usage: cargo xtask perf dns|store|cluster [OPTIONS]"),
+            Some((what, rest)) if what == "l4" => perf_l4::run(rest),
+            _ => bail!("usage: cargo xtask perf dns|store|cluster|l4 [OPTIONS]"),
         },
         _ => {
             println!("usage: cargo xtask <ci|tools|bench|fuzz|perf dns>");

@@ -2,7 +2,9 @@
 //!
 //! Run as root (CI, a fresh machine) it installs what is missing with apt-get,
 //! quietly, running `apt-get update` once first; as another user it stops with the
-//! exact line to run.
+//! exact line to run. [`ensure`] covers what the tests need (the CI command);
+//! [`ensure_perf_l4`] adds what only `cargo xtask perf l4` runs, so CI does not
+//! install it.
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -27,7 +29,22 @@ const TOOLS: &[(&str, &str)] = &[
     ("ip", "iproute2"),
 ];
 
+/// What `cargo xtask perf l4` adds: the backend, the client and the peer proxies
+/// (an absolute path is a file to look for, here nginx's dynamic stream module).
+const PERF_L4_TOOLS: &[(&str, &str)] = &[
+    ("nginx", "nginx-light"),
+    (
+        "/usr/lib/nginx/modules/ngx_stream_module.so",
+        "libnginx-mod-stream",
+    ),
+    ("haproxy", "haproxy"),
+    ("wrk", "wrk"),
+];
+
 fn on_path(program: &str) -> bool {
+    if program.starts_with('/') {
+        return Path::new(program).is_file();
+    }
     let Some(path) = std::env::var_os("PATH") else {
         return false;
     };
@@ -47,9 +64,18 @@ fn is_root() -> bool {
         .unwrap_or(false)
 }
 
-/// Installs the missing tools, or fails naming the install command.
+/// Installs the missing test tools, or fails naming the install command.
 pub(crate) fn ensure() -> anyhow::Result<()> {
-    let missing: Vec<&str> = TOOLS
+    install_missing(TOOLS)
+}
+
+/// Installs the missing `perf l4` tools, or fails naming the install command.
+pub(crate) fn ensure_perf_l4() -> anyhow::Result<()> {
+    install_missing(PERF_L4_TOOLS)
+}
+
+fn install_missing(tools: &[(&str, &str)]) -> anyhow::Result<()> {
+    let missing: Vec<&str> = tools
         .iter()
         .filter(|(prog, _)| !on_path(prog))
         .map(|(_, pkg)| *pkg)
@@ -72,7 +98,7 @@ pub(crate) fn ensure() -> anyhow::Result<()> {
     .with_context(|| format!("`{line}` failed"))?;
     // The Debian packages start system services on install; the tests start their
     // own instances on loopback ports and do not want these.
-    for svc in ["dnsmasq", "unbound"] {
+    for svc in ["dnsmasq", "unbound", "nginx", "haproxy"] {
         let _ = Command::new("service")
             .args([svc, "stop"])
             .stdout(Stdio::null())

@@ -281,6 +281,8 @@ impl Dataplane {
                         "no_endpoints": stats.no_endpoints.load(Ordering::Relaxed),
                         "connect_failures": stats.connect_failures.load(Ordering::Relaxed),
                         "failed": stats.failed.load(Ordering::Relaxed),
+                        "bytes_to_upstream": stats.bytes_to_upstream.load(Ordering::Relaxed),
+                        "bytes_to_client": stats.bytes_to_client.load(Ordering::Relaxed),
                     },
                 })
             })

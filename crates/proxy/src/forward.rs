@@ -1,10 +1,12 @@
 //! L4 forwarding of one client connection to an endpoint of its upstream.
 //!
 //! Pick (consistent hash keys on the client IP), connect with a timeout, try another
-//! pick on a connect failure (at most three tries), then copy both ways until either
-//! side closes. An upstream with no endpoints closes the client at once: the L4
+//! pick on a connect failure (at most three tries), then move bytes both ways until
+//! both sides have closed (a half-close is passed on). An upstream with no endpoints closes the client at once: the L4
 //! analogue of a 503, counted as `no_endpoints`. The pick guard lives as long as the
-//! connection, so a connection outlives its endpoint's removal from DNS.
+//! connection, so a connection outlives its endpoint's removal from DNS. The bytes
+//! move as [`crate::pump`] moves them, and its byte counters grow while the
+//! connection is open.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -15,6 +17,8 @@ use std::time::Duration;
 use dwara_lb::{Policy, UpstreamLb};
 use parking_lot::Mutex;
 use tokio::net::TcpStream;
+
+use crate::pump;
 use tracing::{debug, warn};
 
 /// Per-upstream connection counters; kept across reloads for the same upstream name.
@@ -44,7 +48,7 @@ pub(crate) struct Target {
 const MAX_TRIES: usize = 3;
 
 /// Forwards `client` until either side closes.
-pub(crate) async fn handle(mut client: TcpStream, peer: SocketAddr, target: Arc<Target>) {
+pub(crate) async fn handle(client: TcpStream, peer: SocketAddr, target: Arc<Target>) {
     let stats = &target.stats;
     stats.accepted.fetch_add(1, Ordering::Relaxed);
     let mut connected = None;
@@ -78,7 +82,7 @@ pub(crate) async fn handle(mut client: TcpStream, peer: SocketAddr, target: Arc<
             }
         }
     }
-    let Some((mut server, guard)) = connected else {
+    let Some((server, guard)) = connected else {
         stats.failed.fetch_add(1, Ordering::Relaxed);
         return;
     };
@@ -86,10 +90,18 @@ pub(crate) async fn handle(mut client: TcpStream, peer: SocketAddr, target: Arc<
     stats.active.fetch_add(1, Ordering::Relaxed);
     let _ = client.set_nodelay(true);
     let _ = server.set_nodelay(true);
-    match tokio::io::copy_bidirectional(&mut client, &mut server).await {
+    let up = pump::Direction {
+        from: &client,
+        to: &server,
+        bytes: &stats.bytes_to_upstream,
+    };
+    let down = pump::Direction {
+        from: &server,
+        to: &client,
+        bytes: &stats.bytes_to_client,
+    };
+    match tokio::try_join!(up.run(), down.run()) {
         Ok((up, down)) => {
-            stats.bytes_to_upstream.fetch_add(up, Ordering::Relaxed);
-            stats.bytes_to_client.fetch_add(down, Ordering::Relaxed);
             debug!(upstream = %target.name, endpoint = %guard.addr(), %peer, up, down, "connection closed");
         }
         Err(e) => {

@@ -37,6 +37,7 @@ mod forward;
 mod http;
 mod metrics;
 pub mod plan;
+mod pump;
 
 use std::sync::Arc;
 

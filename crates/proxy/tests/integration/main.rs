@@ -1,8 +1,9 @@
 //! Tests of the dataplane library against real sockets and the in-process test DNS
-//! server: reload semantics and the metrics it exposes.
+//! server: forwarding, reload semantics and the metrics it exposes.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
+mod forward;
 mod metrics;
 mod reload;
 

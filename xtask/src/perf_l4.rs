@@ -1,0 +1,709 @@
+//! `cargo xtask perf l4`: dwara's L4 upstreams vs HAProxy and nginx `stream`.
+//!
+//! ```text
+//! cargo xtask perf l4 [--rounds R] [--seconds S] [--idle N] [--threads T]
+//!                     [--proxies dwara,haproxy-1t,haproxy-2t,nginx-stream]
+//!                     [--before PATH] [--dwara PATH]
+//! ```
+//!
+//! 1. Installs nginx-light, nginx's stream module, HAProxy and wrk when missing.
+//! 2. Starts one backend, nginx (one worker, `return 200` for `/tiny`, a 1 MiB static
+//!    file for `/1m`, keep-alive without a request limit), and in front of it:
+//!    `dwara serve` (release build) whose upstream follows `backend.perf.local`
+//!    through dwara's own name server (the name is registered over its HTTP API),
+//!    HAProxy (`mode tcp`, `option splice-auto`, the server resolved through dwara's
+//!    name server with `resolvers`) with `nbthread 1` and with `nbthread 2`, and
+//!    nginx `stream` (one worker, `proxy_pass` to the backend address).
+//! 3. RSS per 1,000 idle connections: on each fresh proxy, opens `N` connections
+//!    (default 1,000) that send nothing, and compares the proxy's RSS (master and
+//!    workers summed) with and without them.
+//! 4. `R` interleaved rounds (default 5) of three wrk loads of `S` seconds each
+//!    (default 5), every proxy in every round: keep-alive requests (32 connections,
+//!    a 3-byte body), a new connection per request (32 connections, `Connection:
+//!    close`), 1 MiB bodies (8 connections). Each run records the rate, the proxy's
+//!    CPU (user + system from `/proc/PID/stat`, its worker processes included) per
+//!    request, connection or MiB, wrk's p99 latency (`--latency`) and its errors.
+//! 5. Prints the medians per load and proxy and the ratios dwara ÷ HAProxy.
+//!
+//! `--before PATH` adds a second dwara, `dwara-before`, run from another build of
+//! the binary (a copy of an earlier `target/release/dwara`): a change to the
+//! forwarding path is then measured before and after in the same rounds. `--dwara
+//! PATH` runs that binary as `dwara` instead of building the release binary.
+//!
+//! Everything listens on 127.0.0.1 only; the configurations live in a temporary
+//! directory that is removed at the end.
+
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::perf_util::{free_port, release_dwara, rss_kib};
+use anyhow::{Context, bail};
+
+const USAGE: &str = "usage: cargo xtask perf l4 [--rounds R] [--seconds S] [--idle N] \
+                     [--threads T] [--proxies dwara,haproxy-1t,haproxy-2t,nginx-stream] \
+                     [--before PATH] [--dwara PATH]";
+const ALL_PROXIES: &[&str] = &["dwara", "haproxy-1t", "haproxy-2t", "nginx-stream"];
+const BODY: usize = 1 << 20;
+
+struct Options {
+    rounds: usize,
+    seconds: u32,
+    idle: usize,
+    threads: u32,
+    proxies: Vec<String>,
+    before: Option<PathBuf>,
+    dwara: Option<PathBuf>,
+}
+
+fn parse_args(args: &[String]) -> anyhow::Result<Options> {
+    let mut o = Options {
+        rounds: 5,
+        seconds: 5,
+        idle: 1000,
+        threads: 1,
+        proxies: ALL_PROXIES.iter().map(|p| (*p).to_owned()).collect(),
+        before: None,
+        dwara: None,
+    };
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let mut value = |name: &str| -> anyhow::Result<&String> {
+            it.next().with_context(|| format!("{name} needs a value"))
+        };
+        let number = |v: &String, name: &str| -> anyhow::Result<usize> {
+            v.parse()
+                .with_context(|| format!("{name} needs a number, got {v:?}"))
+        };
+        match a.as_str() {
+            "--rounds" => o.rounds = number(value("--rounds")?, "--rounds")?.max(1),
+            "--seconds" => {
+                o.seconds = u32::try_from(number(value("--seconds")?, "--seconds")?.max(1))?
+            }
+            "--idle" => o.idle = number(value("--idle")?, "--idle")?.max(1),
+            "--threads" => {
+                o.threads = u32::try_from(number(value("--threads")?, "--threads")?.max(1))?
+            }
+            "--proxies" => {
+                let list: Vec<String> = value("--proxies")?.split(',').map(str::to_owned).collect();
+                if let Some(bad) = list.iter().find(|p| !ALL_PROXIES.contains(&p.as_str())) {
+                    bail!("unknown proxy {bad:?}; known: {}", ALL_PROXIES.join(","));
+                }
+                if !list.iter().any(|p| p == "dwara") {
+                    bail!("--proxies must include dwara (the ratios are dwara's)");
+                }
+                o.proxies = list;
+            }
+            "--before" => o.before = Some(PathBuf::from(value("--before")?)),
+            "--dwara" => o.dwara = Some(PathBuf::from(value("--dwara")?)),
+            other => bail!("unknown argument {other:?}; {USAGE}"),
+        }
+    }
+    Ok(o)
+}
+
+/// A process under test; killed on drop.
+struct Proc {
+    name: String,
+    child: Child,
+    stderr: PathBuf,
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Proc {
+    fn spawn(name: &str, dir: &Path, cmd: &mut Command) -> anyhow::Result<Self> {
+        let stderr = dir.join(format!("{name}.stderr"));
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&stderr)?)
+            .spawn()
+            .with_context(|| format!("cannot start {name} ({cmd:?})"))?;
+        Ok(Self {
+            name: name.to_owned(),
+            child,
+            stderr,
+        })
+    }
+
+    /// Waits until `GET /tiny` through `port` answers 200.
+    fn wait_http(&mut self, port: u16) -> anyhow::Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while Instant::now() < deadline {
+            if let Some(status) = self.child.try_wait()? {
+                bail!(
+                    "{} exited during startup ({status}): {}",
+                    self.name,
+                    std::fs::read_to_string(&self.stderr)
+                        .unwrap_or_default()
+                        .trim()
+                );
+            }
+            if get_tiny(port).is_ok_and(|head| head.starts_with("HTTP/1.1 200")) {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        bail!(
+            "{} did not answer on port {port}: {}",
+            self.name,
+            std::fs::read_to_string(&self.stderr)
+                .unwrap_or_default()
+                .trim()
+        )
+    }
+
+    /// User + system clock ticks of the process and its children (nginx workers).
+    fn cpu_ticks(&self) -> u64 {
+        tree(self.child.id())
+            .iter()
+            .filter_map(|pid| stat_fields(*pid))
+            .map(|f| f.utime + f.stime)
+            .sum()
+    }
+
+    /// Resident memory of the process and its children, KiB.
+    fn rss_kib(&self) -> u64 {
+        tree(self.child.id())
+            .iter()
+            .filter_map(|pid| rss_kib(*pid))
+            .sum()
+    }
+}
+
+fn get_tiny(port: u16) -> std::io::Result<String> {
+    let mut s = TcpStream::connect_timeout(
+        &SocketAddr::from((Ipv4Addr::LOCALHOST, port)),
+        Duration::from_secs(1),
+    )?;
+    s.set_read_timeout(Some(Duration::from_secs(1)))?;
+    s.write_all(b"GET /tiny HTTP/1.1\r\nHost: perf\r\nConnection: close\r\n\r\n")?;
+    let mut out = String::new();
+    s.read_to_string(&mut out)?;
+    Ok(out)
+}
+
+struct Stat {
+    ppid: u32,
+    utime: u64,
+    stime: u64,
+}
+
+/// `/proc/PID/stat` fields 4, 14 and 15 (the name in parentheses may hold spaces,
+/// so count after it).
+fn stat_fields(pid: u32) -> Option<Stat> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    Some(Stat {
+        ppid: f.get(1)?.parse().ok()?,
+        utime: f.get(11)?.parse().ok()?,
+        stime: f.get(12)?.parse().ok()?,
+    })
+}
+
+/// `pid` and its direct children.
+fn tree(pid: u32) -> Vec<u32> {
+    let mut out = vec![pid];
+    if let Ok(dir) = std::fs::read_dir("/proc") {
+        for entry in dir.flatten() {
+            if let Some(child) = entry.file_name().to_str().and_then(|n| n.parse().ok())
+                && stat_fields(child).is_some_and(|s| s.ppid == pid)
+            {
+                out.push(child);
+            }
+        }
+    }
+    out
+}
+
+/// Clock ticks per second of `/proc/*/stat` times.
+fn clock_ticks() -> f64 {
+    Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
+        .unwrap_or(100.0)
+}
+
+fn local(port: u16) -> String {
+    format!("127.0.0.1:{port}")
+}
+
+fn nginx_head(dir: &Path, name: &str) -> String {
+    // Run as root (no user switch) so the worker reads the temporary directory.
+    format!(
+        "daemon off;\nmaster_process on;\nworker_processes 1;\nuser root;\n\
+         pid {dir}/{name}.pid;\nerror_log {dir}/{name}.log warn;\n\
+         worker_rlimit_nofile 20000;\nevents {{ worker_connections 9000; }}\n",
+        dir = dir.display()
+    )
+}
+
+fn start_backend(dir: &Path) -> anyhow::Result<(Proc, u16)> {
+    let www = dir.join("www");
+    std::fs::create_dir_all(&www)?;
+    std::fs::write(www.join("1m"), vec![b'x'; BODY])?;
+    let port = free_port(Ipv4Addr::LOCALHOST)?;
+    let conf = dir.join("backend.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "{head}http {{\n  access_log off;\n  default_type application/octet-stream;\n  \
+             sendfile on;\n  tcp_nopush on;\n  tcp_nodelay on;\n  keepalive_requests 1000000000;\n  \
+             keepalive_timeout 300s;\n  server {{\n    listen {addr};\n    root {www};\n    \
+             location = /tiny {{ return 200 \"ok\\n\"; }}\n  }}\n}}\n",
+            head = nginx_head(dir, "backend"),
+            addr = local(port),
+            www = www.display()
+        ),
+    )?;
+    let mut p = Proc::spawn(
+        "backend",
+        dir,
+        Command::new("nginx")
+            .arg("-p")
+            .arg(dir)
+            .arg("-c")
+            .arg(&conf),
+    )?;
+    p.wait_http(port)?;
+    Ok((p, port))
+}
+
+/// A proxy under test: its process and its listening port.
+struct Proxy {
+    proc: Proc,
+    port: u16,
+}
+
+/// `dwara serve` from `bin`, named `name`, with its own name server on `dns`.
+fn start_dwara(
+    dir: &Path,
+    name: &str,
+    bin: &Path,
+    backend: u16,
+    dns: u16,
+) -> anyhow::Result<Proxy> {
+    let port = free_port(Ipv4Addr::LOCALHOST)?;
+    let http = free_port(Ipv4Addr::LOCALHOST)?;
+    let conf = dir.join(format!("{name}.yaml"));
+    std::fs::write(
+        &conf,
+        format!(
+            "nameserver:\n  domain: perf.local\n  dns_listen: {dns}\n  ttl: 1\n  fallback: [127.0.0.1:9]\n\
+             upstreams:\n  - name: backend\n    listen: {listen}\n    dns_discovery:\n      \
+             hostname: backend.perf.local\n      port: {backend}\n      refresh_interval_s: 1\n      \
+             nameservers: [{dns}]\n",
+            dns = local(dns),
+            listen = local(port),
+        ),
+    )?;
+    let mut proc = Proc::spawn(
+        name,
+        dir,
+        Command::new(bin)
+            .args(["serve", "--docker", "off", "--config"])
+            .arg(&conf)
+            .args(["--http-listen", &local(http)])
+            .env("DWARA_LOG", "warn"),
+    )?;
+    // The upstream's only endpoint comes from dwara's own name server.
+    let client = reqwest::blocking::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .no_proxy()
+        .build()?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Some(status) = proc.child.try_wait()? {
+            bail!("{name} exited during startup ({status})");
+        }
+        let put = client
+            .put(format!("http://{}/name/backend/127.0.0.1", local(http)))
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body("fqdn=backend.perf.local")
+            .send();
+        match put {
+            Ok(r) if r.status().as_u16() == 204 => break,
+            Ok(r) => bail!("registering backend.perf.local failed: {}", r.status()),
+            Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
+            Err(e) => return Err(e).with_context(|| format!("{name}'s HTTP API did not answer")),
+        }
+    }
+    proc.wait_http(port)?;
+    Ok(Proxy { proc, port })
+}
+
+fn start_haproxy(dir: &Path, backend: u16, dns: u16, threads: u32) -> anyhow::Result<Proxy> {
+    let name = format!("haproxy-{threads}t");
+    let port = free_port(Ipv4Addr::LOCALHOST)?;
+    let conf = dir.join(format!("{name}.cfg"));
+    std::fs::write(
+        &conf,
+        format!(
+            "global\n  nbthread {threads}\n  maxconn 4000\n\
+             defaults\n  mode tcp\n  option splice-auto\n  timeout connect 5s\n  \
+             timeout client 300s\n  timeout server 300s\n\
+             resolvers dwara\n  nameserver dwara {dns}\n  hold valid 1s\n\
+             frontend f\n  bind {listen}\n  default_backend b\n\
+             backend b\n  server s1 backend.perf.local:{backend} resolvers dwara \
+             resolve-prefer ipv4 init-addr none\n",
+            dns = local(dns),
+            listen = local(port),
+        ),
+    )?;
+    let mut proc = Proc::spawn(
+        &name,
+        dir,
+        Command::new("haproxy").arg("-db").arg("-f").arg(&conf),
+    )?;
+    proc.wait_http(port)?;
+    Ok(Proxy { proc, port })
+}
+
+fn start_nginx_stream(dir: &Path, backend: u16) -> anyhow::Result<Proxy> {
+    let port = free_port(Ipv4Addr::LOCALHOST)?;
+    let conf = dir.join("nginx-stream.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "load_module /usr/lib/nginx/modules/ngx_stream_module.so;\n{head}\
+             stream {{\n  server {{\n    listen {listen};\n    proxy_pass {backend};\n  }}\n}}\n",
+            head = nginx_head(dir, "nginx-stream"),
+            listen = local(port),
+            backend = local(backend),
+        ),
+    )?;
+    let mut proc = Proc::spawn(
+        "nginx-stream",
+        dir,
+        Command::new("nginx")
+            .arg("-p")
+            .arg(dir)
+            .arg("-c")
+            .arg(&conf),
+    )?;
+    proc.wait_http(port)?;
+    Ok(Proxy { proc, port })
+}
+
+/// One of the three wrk loads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Load {
+    KeepAlive,
+    NewConnection,
+    Bodies,
+}
+
+impl Load {
+    const ALL: [Load; 3] = [Load::KeepAlive, Load::NewConnection, Load::Bodies];
+
+    fn title(self) -> &'static str {
+        match self {
+            Load::KeepAlive => "keep-alive requests, 32 conns, tiny body",
+            Load::NewConnection => "a new connection per request, 32 conns",
+            Load::Bodies => "1 MiB bodies, 8 conns",
+        }
+    }
+
+    /// The unit of work of a rate and of the CPU per unit.
+    fn unit(self) -> &'static str {
+        match self {
+            Load::KeepAlive => "req",
+            Load::NewConnection => "conn",
+            Load::Bodies => "MiB",
+        }
+    }
+
+    fn args(self) -> Vec<&'static str> {
+        match self {
+            Load::KeepAlive => vec!["-c", "32", "/tiny"],
+            Load::NewConnection => vec!["-c", "32", "-H", "Connection: close", "/tiny"],
+            Load::Bodies => vec!["-c", "8", "/1m"],
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default)]
+struct Run {
+    /// Units of work per second.
+    rate: f64,
+    /// Proxy CPU per unit, µs.
+    cpu_us: f64,
+    p99_ms: f64,
+    errors: u64,
+}
+
+/// "12.34MB" (wrk's binary units) in bytes.
+fn bytes(s: &str) -> Option<f64> {
+    let split = s.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(s.len());
+    let (n, unit) = s.split_at(split);
+    let scale = match unit {
+        "" | "B" => 1.0,
+        "KB" => 1024.0,
+        "MB" => 1024.0 * 1024.0,
+        "GB" => 1024.0 * 1024.0 * 1024.0,
+        "TB" => 1024.0 * 1024.0 * 1024.0 * 1024.0,
+        _ => return None,
+    };
+    Some(n.parse::<f64>().ok()? * scale)
+}
+
+/// "1.23ms" in milliseconds.
+fn millis(s: &str) -> Option<f64> {
+    let split = s.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(s.len());
+    let (n, unit) = s.split_at(split);
+    let scale = match unit {
+        "us" => 1e-3,
+        "ms" => 1.0,
+        "s" => 1e3,
+        "m" => 60e3,
+        "h" => 3600e3,
+        _ => return None,
+    };
+    Some(n.parse::<f64>().ok()? * scale)
+}
+
+fn wrk(proxy: &Proxy, load: Load, opts: &Options, ticks: f64) -> anyhow::Result<Run> {
+    let mut args = load.args();
+    let path = args.pop().unwrap_or("/tiny");
+    let url = format!("http://{}{path}", local(proxy.port));
+    let before = proxy.proc.cpu_ticks();
+    let out = Command::new("wrk")
+        .args(["--latency", "-t", &opts.threads.to_string()])
+        .args(["-d", &format!("{}s", opts.seconds)])
+        .args(&args)
+        .arg(&url)
+        .output()
+        .context("cannot run wrk")?;
+    let after = proxy.proc.cpu_ticks();
+    let text = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        bail!("wrk failed: {text}{}", String::from_utf8_lossy(&out.stderr));
+    }
+    // "  123456 requests in 5.00s, 12.34MB read"
+    let summary = text
+        .lines()
+        .find(|l| l.contains(" requests in "))
+        .context("no request count in wrk's output")?;
+    let words: Vec<&str> = summary.split_whitespace().collect();
+    let requests: f64 = words.first().and_then(|w| w.parse().ok()).unwrap_or(0.0);
+    let secs = words
+        .get(3)
+        .and_then(|w| w.trim_end_matches(',').strip_suffix('s'))
+        .and_then(|w| w.parse::<f64>().ok())
+        .context("no duration in wrk's output")?;
+    let read = words.get(4).and_then(|w| bytes(w)).unwrap_or(0.0);
+    let units = match load {
+        Load::Bodies => read / (1024.0 * 1024.0),
+        Load::KeepAlive | Load::NewConnection => requests,
+    };
+    let p99_ms = text
+        .lines()
+        .map(str::trim)
+        .find_map(|l| l.strip_prefix("99%"))
+        .and_then(|v| millis(v.trim()))
+        .unwrap_or(f64::NAN);
+    // "Socket errors: connect 0, read 0, write 0, timeout 0" and non-2xx answers.
+    let mut errors = 0;
+    for l in text.lines().map(str::trim) {
+        if let Some(rest) = l.strip_prefix("Socket errors:") {
+            errors += rest
+                .split(',')
+                .filter_map(|p| p.split_whitespace().nth(1)?.parse::<u64>().ok())
+                .sum::<u64>();
+        }
+        if let Some(rest) = l.strip_prefix("Non-2xx or 3xx responses:") {
+            errors += rest.trim().parse::<u64>().unwrap_or(0);
+        }
+    }
+    let cpu = after.saturating_sub(before) as f64 / ticks;
+    Ok(Run {
+        rate: units / secs.max(1e-9),
+        cpu_us: cpu * 1e6 / units.max(1e-9),
+        p99_ms,
+        errors,
+    })
+}
+
+/// KiB of proxy RSS per 1,000 idle connections.
+fn idle_rss(proxy: &Proxy, n: usize) -> anyhow::Result<f64> {
+    let before = proxy.proc.rss_kib();
+    let mut open = Vec::with_capacity(n);
+    for _ in 0..n {
+        open.push(
+            TcpStream::connect(SocketAddr::from((Ipv4Addr::LOCALHOST, proxy.port)))
+                .with_context(|| format!("cannot open idle connections to {}", proxy.proc.name))?,
+        );
+    }
+    // Each proxy dials the backend and sets up its state after the accept: give it
+    // a moment to do so for all of them.
+    std::thread::sleep(Duration::from_secs(2));
+    let with = proxy.proc.rss_kib();
+    drop(open);
+    Ok(with.saturating_sub(before) as f64 * 1000.0 / n as f64)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v[v.len() / 2]
+}
+
+/// Runs the comparison.
+pub(crate) fn run(args: &[String]) -> anyhow::Result<()> {
+    let opts = parse_args(args)?;
+    crate::tools::ensure_perf_l4()?;
+    if opts.dwara.is_none() {
+        crate::cargo(&["build", "--release", "-p", "dwara"])?;
+    }
+    let dir = std::env::temp_dir().join(format!("dwara-perf-l4-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let result = run_in(&dir, &opts);
+    let _ = std::fs::remove_dir_all(&dir);
+    result
+}
+
+fn run_in(dir: &Path, opts: &Options) -> anyhow::Result<()> {
+    let load_avg = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    println!(
+        "perf l4: wrk --latency -t {} -d {}s through each proxy to nginx, {} interleaved rounds; \
+         {} idle connections for RSS; load average at start: {}",
+        opts.threads,
+        opts.seconds,
+        opts.rounds,
+        opts.idle,
+        load_avg
+            .split_whitespace()
+            .take(3)
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    let (_backend, backend) = start_backend(dir)?;
+    let mut proxies: Vec<Proxy> = Vec::new();
+    let dns = free_port(Ipv4Addr::LOCALHOST)?;
+    // dwara first: HAProxy resolves the backend through dwara's name server.
+    for name in ALL_PROXIES {
+        if !opts.proxies.iter().any(|p| p == name) {
+            continue;
+        }
+        let p = match *name {
+            "dwara" => {
+                let bin = opts.dwara.clone().unwrap_or_else(release_dwara);
+                start_dwara(dir, name, &bin, backend, dns)?
+            }
+            "haproxy-1t" => start_haproxy(dir, backend, dns, 1)?,
+            "haproxy-2t" => start_haproxy(dir, backend, dns, 2)?,
+            _ => start_nginx_stream(dir, backend)?,
+        };
+        proxies.push(p);
+    }
+    if let Some(bin) = &opts.before {
+        let dns = free_port(Ipv4Addr::LOCALHOST)?;
+        proxies.push(start_dwara(dir, "dwara-before", bin, backend, dns)?);
+    }
+
+    let mut idle = Vec::new();
+    for p in &proxies {
+        let kib = idle_rss(p, opts.idle)?;
+        println!(
+            "  {:<13} RSS {:>7} KiB fresh, +{kib:.0} KiB per 1,000 idle connections",
+            p.proc.name,
+            p.proc.rss_kib()
+        );
+        idle.push(kib);
+    }
+
+    let ticks = clock_ticks();
+    let mut runs: Vec<Vec<Vec<Run>>> = vec![vec![Vec::new(); proxies.len()]; Load::ALL.len()];
+    for round in 0..opts.rounds {
+        for (l, load) in Load::ALL.iter().enumerate() {
+            // Rotate who goes first so no proxy always runs right after the same one.
+            for k in 0..proxies.len() {
+                let i = (k + round) % proxies.len();
+                let p = &proxies[i];
+                let r = wrk(p, *load, opts, ticks)?;
+                println!(
+                    "  round {} {:<5} {:<13} {:>10.1} {}/s  {:>8.2} us CPU/{}  p99 {:>7.3} ms  errors {}",
+                    round + 1,
+                    load.unit(),
+                    p.proc.name,
+                    r.rate,
+                    load.unit(),
+                    r.cpu_us,
+                    load.unit(),
+                    r.p99_ms,
+                    r.errors
+                );
+                runs[l][i].push(r);
+            }
+        }
+    }
+
+    let med = |rs: &[Run], f: &dyn Fn(&Run) -> f64| median(rs.iter().map(f).collect());
+    let hap = proxies.iter().position(|p| p.proc.name == "haproxy-1t");
+    let mut targets = Vec::new();
+    for (l, load) in Load::ALL.iter().enumerate() {
+        println!("\n{}, median of {} rounds:", load.title(), opts.rounds);
+        println!(
+            "  {:<13} {:>12} {:>14} {:>9} {:>7} {:>11} {:>10}",
+            "proxy",
+            format!("{}/s", load.unit()),
+            format!("us CPU/{}", load.unit()),
+            "p99 ms",
+            "errors",
+            "dwara rate",
+            "dwara CPU"
+        );
+        let dwara = &runs[l][0];
+        for (p, rs) in proxies.iter().zip(&runs[l]) {
+            println!(
+                "  {:<13} {:>12.1} {:>14.2} {:>9.3} {:>7} {:>10.2}x {:>9.2}x",
+                p.proc.name,
+                med(rs, &|r| r.rate),
+                med(rs, &|r| r.cpu_us),
+                med(rs, &|r| r.p99_ms),
+                rs.iter().map(|r| r.errors).sum::<u64>(),
+                med(dwara, &|r| r.rate) / med(rs, &|r| r.rate),
+                med(dwara, &|r| r.cpu_us) / med(rs, &|r| r.cpu_us),
+            );
+        }
+        if let Some(h) = hap {
+            let h = &runs[l][h];
+            targets.push(format!(
+                "{}: rate {:.2}x (>= 1.1), CPU/{} {:.2}x (<= 1), p99 {:.2}x (<= 1)",
+                load.unit(),
+                med(dwara, &|r| r.rate) / med(h, &|r| r.rate),
+                load.unit(),
+                med(dwara, &|r| r.cpu_us) / med(h, &|r| r.cpu_us),
+                med(dwara, &|r| r.p99_ms) / med(h, &|r| r.p99_ms),
+            ));
+        }
+    }
+    println!("\nRSS per 1,000 idle connections (fresh processes):");
+    for (p, kib) in proxies.iter().zip(&idle) {
+        println!("  {:<13} {kib:>8.0} KiB", p.proc.name);
+    }
+    if let Some(h) = hap {
+        targets.push(format!(
+            "idle RSS {:.2}x (<= 1)",
+            idle[0] / idle[h].max(1e-9)
+        ));
+        println!(
+            "\ntargets (issue 16), dwara / haproxy-1t: {}",
+            targets.join("; ")
+        );
+    }
+    Ok(())
+}
