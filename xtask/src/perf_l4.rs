@@ -39,7 +39,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::perf_util::{free_port, release_dwara, rss_kib};
+use crate::perf_util::{clock_ticks, free_port, release_dwara, rss_kib};
 use anyhow::{Context, bail};
 
 const USAGE: &str = "usage: cargo xtask perf l4 [--rounds R] [--seconds S] [--idle N] \
@@ -223,16 +223,6 @@ fn tree(pid: u32) -> Vec<u32> {
         }
     }
     out
-}
-
-/// Clock ticks per second of `/proc/*/stat` times.
-fn clock_ticks() -> f64 {
-    Command::new("getconf")
-        .arg("CLK_TCK")
-        .output()
-        .ok()
-        .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
-        .unwrap_or(100.0)
 }
 
 fn local(port: u16) -> String {
