@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! cargo xtask perf l4 [--rounds R] [--seconds S] [--idle N] [--threads T]
-//!                     [--proxies dwara,haproxy-1t,haproxy-2t,nginx-stream]
+//!                     [--proxies dwara,dwara-1t,haproxy-1t,haproxy-2t,nginx-stream]
 //!                     [--before PATH] [--dwara PATH]
 //! ```
 //!
@@ -11,6 +11,8 @@
 //!    file for `/1m`, keep-alive without a request limit), and in front of it:
 //!    `dwara serve` (release build) whose upstream follows `backend.perf.local`
 //!    through dwara's own name server (the name is registered over its HTTP API),
+//!    once with its defaults (`dwara`, a runtime thread per core) and once with
+//!    `--worker-threads 1` (`dwara-1t`, the pairing for HAProxy's `nbthread 1`),
 //!    HAProxy (`mode tcp`, `option splice-auto`, the server resolved through dwara's
 //!    name server with `resolvers`) with `nbthread 1` and with `nbthread 2`, and
 //!    nginx `stream` (one worker, `proxy_pass` to the backend address).
@@ -43,9 +45,15 @@ use crate::perf_util::{clock_ticks, free_port, release_dwara, rss_kib};
 use anyhow::{Context, bail};
 
 const USAGE: &str = "usage: cargo xtask perf l4 [--rounds R] [--seconds S] [--idle N] \
-                     [--threads T] [--proxies dwara,haproxy-1t,haproxy-2t,nginx-stream] \
+                     [--threads T] [--proxies dwara,dwara-1t,haproxy-1t,haproxy-2t,nginx-stream] \
                      [--before PATH] [--dwara PATH]";
-const ALL_PROXIES: &[&str] = &["dwara", "haproxy-1t", "haproxy-2t", "nginx-stream"];
+const ALL_PROXIES: &[&str] = &[
+    "dwara",
+    "dwara-1t",
+    "haproxy-1t",
+    "haproxy-2t",
+    "nginx-stream",
+];
 const BODY: usize = 1 << 20;
 
 struct Options {
@@ -283,6 +291,7 @@ fn start_dwara(
     bin: &Path,
     backend: u16,
     dns: u16,
+    worker_threads: Option<u16>,
 ) -> anyhow::Result<Proxy> {
     let port = free_port(Ipv4Addr::LOCALHOST)?;
     let http = free_port(Ipv4Addr::LOCALHOST)?;
@@ -298,15 +307,15 @@ fn start_dwara(
             listen = local(port),
         ),
     )?;
-    let mut proc = Proc::spawn(
-        name,
-        dir,
-        Command::new(bin)
-            .args(["serve", "--docker", "off", "--config"])
-            .arg(&conf)
-            .args(["--http-listen", &local(http)])
-            .env("DWARA_LOG", "warn"),
-    )?;
+    let mut cmd = Command::new(bin);
+    cmd.args(["serve", "--docker", "off", "--config"])
+        .arg(&conf)
+        .args(["--http-listen", &local(http)])
+        .env("DWARA_LOG", "warn");
+    if let Some(n) = worker_threads {
+        cmd.args(["--worker-threads", &n.to_string()]);
+    }
+    let mut proc = Proc::spawn(name, dir, &mut cmd)?;
     // The upstream's only endpoint comes from dwara's own name server.
     let client = reqwest::blocking::Client::builder()
         .timeout(Duration::from_secs(5))
@@ -591,7 +600,13 @@ fn run_in(dir: &Path, opts: &Options) -> anyhow::Result<()> {
         let p = match *name {
             "dwara" => {
                 let bin = opts.dwara.clone().unwrap_or_else(release_dwara);
-                start_dwara(dir, name, &bin, backend, dns)?
+                start_dwara(dir, name, &bin, backend, dns, None)?
+            }
+            "dwara-1t" => {
+                // Its own name server: every dwara serves the backend name itself.
+                let bin = opts.dwara.clone().unwrap_or_else(release_dwara);
+                let dns = free_port(Ipv4Addr::LOCALHOST)?;
+                start_dwara(dir, name, &bin, backend, dns, Some(1))?
             }
             "haproxy-1t" => start_haproxy(dir, backend, dns, 1)?,
             "haproxy-2t" => start_haproxy(dir, backend, dns, 2)?,
@@ -601,7 +616,7 @@ fn run_in(dir: &Path, opts: &Options) -> anyhow::Result<()> {
     }
     if let Some(bin) = &opts.before {
         let dns = free_port(Ipv4Addr::LOCALHOST)?;
-        proxies.push(start_dwara(dir, "dwara-before", bin, backend, dns)?);
+        proxies.push(start_dwara(dir, "dwara-before", bin, backend, dns, None)?);
     }
 
     let mut idle = Vec::new();
@@ -643,7 +658,15 @@ fn run_in(dir: &Path, opts: &Options) -> anyhow::Result<()> {
 
     let med = |rs: &[Run], f: &dyn Fn(&Run) -> f64| median(rs.iter().map(f).collect());
     let hap = proxies.iter().position(|p| p.proc.name == "haproxy-1t");
-    let mut targets = Vec::new();
+    // The ratios against HAProxy-1t: dwara as configured by default, and dwara on one
+    // runtime thread (the like-for-like pairing), when it ran.
+    let ours: Vec<(usize, &str)> = proxies
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| p.proc.name == "dwara" || p.proc.name == "dwara-1t")
+        .map(|(i, p)| (i, p.proc.name.as_str()))
+        .collect();
+    let mut targets: Vec<Vec<String>> = vec![Vec::new(); ours.len()];
     for (l, load) in Load::ALL.iter().enumerate() {
         println!("\n{}, median of {} rounds:", load.title(), opts.rounds);
         println!(
@@ -671,14 +694,17 @@ fn run_in(dir: &Path, opts: &Options) -> anyhow::Result<()> {
         }
         if let Some(h) = hap {
             let h = &runs[l][h];
-            targets.push(format!(
-                "{}: rate {:.2}x (>= 1.1), CPU/{} {:.2}x (<= 1), p99 {:.2}x (<= 1)",
-                load.unit(),
-                med(dwara, &|r| r.rate) / med(h, &|r| r.rate),
-                load.unit(),
-                med(dwara, &|r| r.cpu_us) / med(h, &|r| r.cpu_us),
-                med(dwara, &|r| r.p99_ms) / med(h, &|r| r.p99_ms),
-            ));
+            for ((i, _), t) in ours.iter().zip(&mut targets) {
+                let d = &runs[l][*i];
+                t.push(format!(
+                    "{}: rate {:.2}x (>= 1.1), CPU/{} {:.2}x (<= 1), p99 {:.2}x (<= 1)",
+                    load.unit(),
+                    med(d, &|r| r.rate) / med(h, &|r| r.rate),
+                    load.unit(),
+                    med(d, &|r| r.cpu_us) / med(h, &|r| r.cpu_us),
+                    med(d, &|r| r.p99_ms) / med(h, &|r| r.p99_ms),
+                ));
+            }
         }
     }
     println!("\nRSS per 1,000 idle connections (fresh processes):");
@@ -686,14 +712,16 @@ fn run_in(dir: &Path, opts: &Options) -> anyhow::Result<()> {
         println!("  {:<13} {kib:>8.0} KiB", p.proc.name);
     }
     if let Some(h) = hap {
-        targets.push(format!(
-            "idle RSS {:.2}x (<= 1)",
-            idle[0] / idle[h].max(1e-9)
-        ));
-        println!(
-            "\ntargets (issue 16), dwara / haproxy-1t: {}",
-            targets.join("; ")
-        );
+        for ((i, name), t) in ours.iter().zip(&mut targets) {
+            t.push(format!(
+                "idle RSS {:.2}x (<= 1)",
+                idle[*i] / idle[h].max(1e-9)
+            ));
+            println!(
+                "\ntargets (issue 16), {name} / haproxy-1t: {}",
+                t.join("; ")
+            );
+        }
     }
     Ok(())
 }

@@ -101,10 +101,13 @@ fn check(path: &std::path::Path) -> anyhow::Result<()> {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_tracing();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Command::Serve(args) = &cli.command
+        && let Some(n) = args.worker_threads
     {
+        builder.worker_threads(usize::from(n));
+    }
+    let runtime = match builder.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("dwara: cannot start the tokio runtime: {e}");

@@ -50,6 +50,9 @@ pub(crate) struct ServeArgs {
     /// How long connections may drain after SIGTERM, in seconds.
     #[arg(long = "drain-timeout", default_value_t = 10)]
     pub(crate) drain_timeout_s: u64,
+    /// Threads of the async runtime (L4 forwarding, HTTP, DNS over TCP, gossip) [default: one per core]; the DNS/UDP workers (--dns-workers) are threads of their own
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
+    pub(crate) worker_threads: Option<u16>,
     #[command(flatten)]
     pub(crate) nameserver: NameServerArgs,
     #[command(flatten)]

@@ -256,6 +256,9 @@ fn domain_ttl_and_resolv_conf_flags() {
         resolv.to_str().unwrap(),
         "--dns-workers",
         "1",
+        // One runtime thread serves HTTP and DNS over TCP as well.
+        "--worker-threads",
+        "1",
     ]);
     ok(&s.dns(&["add", "c1", "10.32.0.1", "db.example.internal"]));
     let a = s.dig().query("db.example.internal", "A").unwrap();
@@ -277,8 +280,20 @@ fn domain_ttl_and_resolv_conf_flags() {
             .status
             .success()
     );
+    let tcp = s
+        .dig()
+        .query_with("db.example.internal", "A", &["+tcp"])
+        .unwrap();
+    assert_eq!(tcp.data("A"), ["10.32.0.1"]);
     let status = s.signal_and_wait("INT");
     assert!(status.success(), "{status:?}");
+    let zero = Command::new(BIN)
+        .args(["serve", "--worker-threads", "0"])
+        .output()
+        .unwrap();
+    assert!(!zero.status.success());
+    let err = String::from_utf8_lossy(&zero.stderr);
+    assert!(err.contains("--worker-threads"), "{err}");
 }
 
 #[test]
