@@ -8,7 +8,7 @@
 //!   memory vs with `--data-dir`.
 //! - `cargo xtask perf cluster [--sizes 3,5,10] [--sync 10000,50000]` times gossip
 //!   replication between `dwara serve` processes.
-//! - `cargo xtask fuzz [TARGET] [--seconds N]` runs the cargo-fuzz targets (nightly).
+//! - `cargo xtask fuzz [TARGET...] [--seconds N] [--idle]` runs the cargo-fuzz targets (nightly).
 
 #![forbid(unsafe_code)]
 #![allow(clippy::print_stdout)]
