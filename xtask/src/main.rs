@@ -10,7 +10,7 @@
 //!   replication between `dwara serve` processes.
 //! - `cargo xtask perf l4 [--rounds R] [--seconds S] [--proxies …]` compares dwara's
 //!   L4 upstreams with HAProxy and nginx `stream` under wrk.
-//! - `cargo xtask fuzz [TARGET] [--seconds N]` runs the cargo-fuzz targets (nightly).
+//! - `cargo xtask fuzz [TARGET...] [--seconds N] [--idle]` runs the cargo-fuzz targets (nightly).
 
 #![forbid(unsafe_code)]
 #![allow(clippy::print_stdout)]

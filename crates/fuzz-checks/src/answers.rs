@@ -5,7 +5,7 @@
 //! asked: records for other names, CNAME chains and loops, duplicates, zero and
 //! huge TTLs, thousands of records.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, UdpSocket};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -294,12 +294,18 @@ pub fn dns_answers(data: &[u8]) {
         }
         _ => {
             let owners = chain(&records, &qname);
+            // Each target's addresses once: thousands of SRV records name at most
+            // seven targets, and the check must stay linear in the records too.
+            let mut targets: BTreeMap<String, BTreeSet<IpAddr>> = BTreeMap::new();
             for r in &records {
                 if let RData::SRV(srv) = &r.data
                     && owners.contains(&lower(&r.name))
                 {
-                    for ip in addrs_of(&records, &srv.target, Kind::SRV) {
-                        allowed.insert(SocketAddr::new(ip, srv.port));
+                    let ips = targets
+                        .entry(lower(&srv.target))
+                        .or_insert_with(|| addrs_of(&records, &srv.target, Kind::SRV));
+                    for ip in ips.iter() {
+                        allowed.insert(SocketAddr::new(*ip, srv.port));
                     }
                 }
             }

@@ -37,13 +37,13 @@
 mod error;
 mod resolv_conf;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::future::try_join_all;
+use futures::{StreamExt, TryStreamExt, stream};
 use hickory_resolver::TokioResolver;
 use hickory_resolver::config::{
     NameServerConfig, ResolveHosts, ResolverConfig as HickoryConfig, ResolverOpts,
@@ -109,6 +109,9 @@ impl NameServerSource {
         }
     }
 }
+
+/// How many SRV targets [`DnsResolver::lookup_srv`] resolves at the same time.
+const SRV_TARGETS_AT_ONCE: usize = 8;
 
 /// One resolved SRV target.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -242,7 +245,8 @@ impl DnsResolver {
 
     /// SRV records of `name`, each target resolved to its addresses (A and AAAA).
     ///
-    /// Targets are resolved explicitly (additional records are not relied on). A target
+    /// Targets are resolved explicitly (additional records are not relied on), each
+    /// distinct name once and at most eight at a time however many records name it. A target
     /// with no address records is skipped with a warning; a failure resolving any
     /// target fails the whole lookup, so a caller never mistakes half an answer for
     /// the whole set. The target `.` ("service not available", RFC 2782) yields nothing.
@@ -271,32 +275,46 @@ impl DnsResolver {
                 negative_ttl: None,
             });
         }
-        let resolved = try_join_all(srvs.iter().map(|(srv, ttl)| async move {
-            if srv.target.is_root() {
-                return Ok(Vec::new());
-            }
-            let target = srv.target.to_ascii();
-            let addrs = match self.lookup_ip(&target).await {
-                Ok(a) => a,
-                Err(ResolveError::NoRecords { .. }) => {
-                    warn!(srv = name, target = %target, "SRV target has no address records; skipped");
-                    Vec::new()
+        // Each distinct target is asked for once, a few at a time: an answer that
+        // names one target in thousands of records (or thousands of targets) must
+        // not turn into thousands of concurrent lookups, each of which the same
+        // upstream may answer with thousands of records again.
+        let target_names: BTreeSet<Name> = srvs
+            .iter()
+            .map(|(srv, _)| srv.target.to_lowercase())
+            .filter(|target| !target.is_root())
+            .collect();
+        let addrs: HashMap<Name, Vec<(IpAddr, u32)>> = stream::iter(target_names)
+            .map(|target| async move {
+                let ascii = target.to_ascii();
+                match self.lookup_ip(&ascii).await {
+                    Ok(a) => Ok((target, a)),
+                    Err(ResolveError::NoRecords { .. }) => {
+                        warn!(srv = name, target = %ascii, "SRV target has no address records; skipped");
+                        Ok((target, Vec::new()))
+                    }
+                    Err(e) => Err(e),
                 }
-                Err(e) => return Err(e),
-            };
-            Ok(addrs
-                .into_iter()
-                .map(|(ip, addr_ttl)| SrvTarget {
-                    ip,
-                    port: srv.port,
-                    priority: srv.priority,
-                    weight: srv.weight,
-                    ttl: (*ttl).min(addr_ttl),
-                })
-                .collect::<Vec<_>>())
-        }))
-        .await?;
-        let mut targets: Vec<SrvTarget> = resolved.into_iter().flatten().collect();
+            })
+            .buffer_unordered(SRV_TARGETS_AT_ONCE)
+            .try_collect()
+            .await?;
+        let mut targets: Vec<SrvTarget> = srvs
+            .iter()
+            .flat_map(|(srv, ttl)| {
+                addrs
+                    .get(&srv.target.to_lowercase())
+                    .into_iter()
+                    .flatten()
+                    .map(|&(ip, addr_ttl)| SrvTarget {
+                        ip,
+                        port: srv.port,
+                        priority: srv.priority,
+                        weight: srv.weight,
+                        ttl: (*ttl).min(addr_ttl),
+                    })
+            })
+            .collect();
         targets.sort();
         targets.dedup();
         debug!(srv = name, targets = targets.len(), "resolved SRV");

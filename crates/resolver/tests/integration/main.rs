@@ -176,6 +176,35 @@ async fn srv_targets_are_resolved_with_min_ttl_ports_weights_priorities() {
     assert!(server.query_count_for("gone.test.") >= 1);
 }
 
+/// Found by the `dns_answers` fuzz target: every SRV record cost a lookup of its
+/// target, so an answer naming one target in hundreds of records became hundreds of
+/// lookups. hickory merges identical questions that are in flight at once, so the
+/// server saw two, but every lookup still got and filtered its own copy of the
+/// answer (seconds of work when that answer was large too). Now each distinct
+/// target is one lookup, whether or not the lookups overlap.
+#[tokio::test]
+async fn srv_target_named_by_many_records_is_resolved_once() {
+    let server = TestDnsServer::start().await.unwrap();
+    let records: Vec<SrvRecord> = (0..200)
+        .map(|i| SrvRecord {
+            priority: 1,
+            weight: 1,
+            port: 1000 + i,
+            // Mixed case: still one name.
+            target: if i % 2 == 0 { "a.test." } else { "A.Test." }.into(),
+        })
+        .collect();
+    server.set_srv("_many._tcp.test.", &records, 30);
+    server.set_a("a.test.", &["10.0.0.1".parse().unwrap()], 30);
+    let r = resolver_for(server.addr());
+
+    let targets = r.lookup_srv("_many._tcp.test.").await.unwrap();
+    let ports: Vec<u16> = targets.iter().map(|t| t.port).collect();
+    assert_eq!(ports, (1000..1200).collect::<Vec<u16>>());
+    // One A and one AAAA question for the one target.
+    assert_eq!(server.query_count_for("a.test."), 2);
+}
+
 #[tokio::test]
 async fn srv_target_without_addresses_is_skipped_and_missing_srv_is_empty_answer() {
     let server = TestDnsServer::start().await.unwrap();
