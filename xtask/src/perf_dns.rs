@@ -33,7 +33,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::perf_util::{clock_ticks, cpu_ticks, free_port, release_dwara, rss_kib};
+use crate::perf_util::{clock_ticks, cpu_ticks, free_port, median, release_dwara, rss_kib};
 use anyhow::{Context, bail};
 
 struct Options {
@@ -506,14 +506,6 @@ fn dnsperf(
         wall,
         latencies,
     })
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    v[v.len() / 2]
 }
 
 /// Runs the comparison.

@@ -41,7 +41,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::perf_util::{clock_ticks, free_port, release_dwara, rss_kib};
+use crate::perf_util::{clock_ticks, free_port, median, release_dwara, rss_kib};
 use anyhow::{Context, bail};
 
 const USAGE: &str = "usage: cargo xtask perf l4 [--rounds R] [--seconds S] [--idle N] \
@@ -233,6 +233,15 @@ fn tree(pid: u32) -> Vec<u32> {
     out
 }
 
+/// nginx in the foreground with `conf`, its prefix (logs, temp files) in `dir`.
+fn spawn_nginx(name: &str, dir: &Path, conf: &Path) -> anyhow::Result<Proc> {
+    Proc::spawn(
+        name,
+        dir,
+        Command::new("nginx").arg("-p").arg(dir).arg("-c").arg(conf),
+    )
+}
+
 fn local(port: u16) -> String {
     format!("127.0.0.1:{port}")
 }
@@ -265,15 +274,7 @@ fn start_backend(dir: &Path) -> anyhow::Result<(Proc, u16)> {
             www = www.display()
         ),
     )?;
-    let mut p = Proc::spawn(
-        "backend",
-        dir,
-        Command::new("nginx")
-            .arg("-p")
-            .arg(dir)
-            .arg("-c")
-            .arg(&conf),
-    )?;
+    let mut p = spawn_nginx("backend", dir, &conf)?;
     p.wait_http(port)?;
     Ok((p, port))
 }
@@ -382,15 +383,7 @@ fn start_nginx_stream(dir: &Path, backend: u16) -> anyhow::Result<Proxy> {
             backend = local(backend),
         ),
     )?;
-    let mut proc = Proc::spawn(
-        "nginx-stream",
-        dir,
-        Command::new("nginx")
-            .arg("-p")
-            .arg(dir)
-            .arg("-c")
-            .arg(&conf),
-    )?;
+    let mut proc = spawn_nginx("nginx-stream", dir, &conf)?;
     proc.wait_http(port)?;
     Ok(Proxy { proc, port })
 }
@@ -550,14 +543,6 @@ fn idle_rss(proxy: &Proxy, n: usize) -> anyhow::Result<f64> {
     let with = proxy.proc.rss_kib();
     drop(open);
     Ok(with.saturating_sub(before) as f64 * 1000.0 / n as f64)
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    v[v.len() / 2]
 }
 
 /// Runs the comparison.

@@ -59,3 +59,12 @@ pub(crate) fn cpu_ticks(pid: &str) -> Option<(u64, u64)> {
         .collect();
     (f.len() == 4).then(|| (f[0] + f[1], f[2] + f[3]))
 }
+
+/// The median of `v` (the upper one of an even count); NaN when empty.
+pub(crate) fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v[v.len() / 2]
+}

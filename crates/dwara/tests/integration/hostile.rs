@@ -348,7 +348,8 @@ pub(super) fn closed_by_server(
             .unwrap();
         match stream.read(&mut buf) {
             Ok(0) => return Some(since.elapsed()),
-            // An answer to what a connection sent (a garbage frame gets FORMERR).
+            // An answer to what the connection sent (a garbage DNS frame gets
+            // FORMERR, a cut-off HTTP request a 408): dropped.
             Ok(_) => {}
             Err(e) if e.kind() == ErrorKind::ConnectionReset => return Some(since.elapsed()),
             Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use super::hostile::{A, LOCAL, query, serve_with_local_and, udp_exchange};
+use super::hostile::{A, LOCAL, closed_by_server, query, serve_with_local_and, udp_exchange};
 
 fn client() -> reqwest::blocking::Client {
     reqwest::blocking::Client::builder()
@@ -56,24 +56,6 @@ fn read_status(stream: &mut TcpStream, within: Duration) -> Option<u16> {
     }
     let line = String::from_utf8_lossy(&got);
     line.split_whitespace().nth(1)?.parse().ok()
-}
-
-/// Waits (at most `within`) for the server to close `stream`, reading and dropping
-/// whatever it sends; the time since `since` when it did.
-fn closed_within(stream: &mut TcpStream, since: Instant, within: Duration) -> Option<Duration> {
-    let mut buf = [0u8; 4096];
-    loop {
-        let left = within.checked_sub(since.elapsed())?;
-        stream
-            .set_read_timeout(Some(left.max(Duration::from_millis(1))))
-            .unwrap();
-        match stream.read(&mut buf) {
-            Ok(0) => return Some(since.elapsed()),
-            Ok(_) => {}
-            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
-            Err(_) => return Some(since.elapsed()),
-        }
-    }
 }
 
 /// A PUT whose body is `size` bytes starting with a valid form, sent from another
@@ -191,7 +173,7 @@ fn slowloris_headers_and_bodies_are_cut_after_the_read_timeout() {
                 // Waiting a second for the next byte doubles as watching for the end.
                 match read_status(&mut c, Duration::from_secs(1)) {
                     Some(code) => status = Some(code),
-                    None if closed_within(&mut c, Instant::now(), Duration::from_millis(1))
+                    None if closed_by_server(&mut c, Instant::now(), Duration::from_millis(1))
                         .is_some() =>
                     {
                         return (start.elapsed(), status);
@@ -251,7 +233,7 @@ fn slowloris_headers_and_bodies_are_cut_after_the_read_timeout() {
     }
     let mut silent_lived = Vec::new();
     for c in &mut silent {
-        let t = closed_within(c, opened, bound)
+        let t = closed_by_server(c, opened, bound)
             .unwrap_or_else(|| panic!("a silent HTTP connection still open after {bound:?}"));
         silent_lived.push(t);
     }
@@ -367,7 +349,8 @@ fn api_stays_responsive_while_thousands_of_connections_are_held() {
     // read timeout closes nothing in that time.
     while closed.iter().filter(|c| **c).count() < 300 && watch.elapsed() < Duration::from_secs(8) {
         for (c, done) in extra.iter_mut().zip(&mut closed) {
-            *done = *done || closed_within(c, Instant::now(), Duration::from_millis(1)).is_some();
+            *done =
+                *done || closed_by_server(c, Instant::now(), Duration::from_millis(1)).is_some();
         }
     }
     let refused = closed.iter().filter(|c| **c).count();
