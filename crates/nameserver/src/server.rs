@@ -144,6 +144,21 @@ fn bind_reuseport(addr: SocketAddr, count: usize) -> std::io::Result<Option<Vec<
     Ok(Some(socks))
 }
 
+/// The DNS/TCP accept queue. The kernel caps it at `net.core.somaxconn` (4096 by
+/// default on current kernels); std's 128 drops SYNs when a burst of clients falls
+/// back to TCP at once (every truncated answer brings one).
+const TCP_BACKLOG: i32 = 4096;
+
+/// A DNS/TCP listener on `addr` (`SO_REUSEADDR`, as std sets it, and a deeper
+/// accept queue than std's).
+fn bind_tcp(addr: SocketAddr) -> std::io::Result<StdTcpListener> {
+    let sock = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    sock.set_reuse_address(true)?;
+    sock.bind(&addr.into())?;
+    sock.listen(TCP_BACKLOG)?;
+    Ok(StdTcpListener::from(sock))
+}
+
 /// Binds the UDP sockets on the port `probe` holds, after closing it. The probe is a
 /// plain socket: its bind failed if anything else held the port, including another
 /// program's `SO_REUSEPORT` sockets (which a port-0 bind with the option set could
@@ -168,7 +183,7 @@ fn bind_all(listen: SocketAddr, workers: usize) -> Result<Bound> {
     };
     if listen.port() != 0 {
         let probe = UdpSocket::bind(listen).map_err(|e| bind_err("DNS/UDP", e))?;
-        let tcp = StdTcpListener::bind(listen).map_err(|e| bind_err("DNS/TCP", e))?;
+        let tcp = bind_tcp(listen).map_err(|e| bind_err("DNS/TCP", e))?;
         let udp = bind_udp(probe, workers).map_err(|e| bind_err("DNS/UDP", e))?;
         return Ok(Bound { udp, tcp });
     }
@@ -180,7 +195,7 @@ fn bind_all(listen: SocketAddr, workers: usize) -> Result<Bound> {
             .local_addr()
             .map_err(|e| bind_err("DNS/UDP", e))?
             .port();
-        let tcp = match StdTcpListener::bind(SocketAddr::new(listen.ip(), port)) {
+        let tcp = match bind_tcp(SocketAddr::new(listen.ip(), port)) {
             Ok(tcp) => tcp,
             Err(e) => {
                 last = Some(e);

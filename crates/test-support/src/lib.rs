@@ -10,6 +10,8 @@
 //! - [`docker`]: the real Docker engine through its CLI: [`docker::docker`], the
 //!   busybox test image [`docker::BUSYBOX_IMAGE`] built once per process, and
 //!   [`docker::Scope`], a test's containers and networks removed on drop.
+//! - [`liar::LyingDnsServer`]: a raw-UDP DNS server that answers with the [`liar::Lie`]
+//!   a test picks (wrong IDs, truncation, compression loops, floods, noise …).
 //! - [`init_tracing`], [`free_port`], [`wait_until`], [`signal`]: small helpers.
 //!
 //! ```no_run
@@ -29,6 +31,7 @@ pub mod dns_server;
 pub mod dnsmasq;
 pub mod docker;
 pub mod http;
+pub mod liar;
 
 use std::future::Future;
 use std::io;

@@ -8,6 +8,7 @@
 //! are open at once, and a forwarded query waits at most 1.5 s per fallback server
 //! and 3 s in all before it gets SERVFAIL; and the same limits set lower with
 //! `--dns-tcp-idle-timeout`, `--dns-tcp-lifetime` and `--dns-tcp-max-connections`.
+//! Both TCP listeners (DNS and HTTP) queue up to 4,096 connects.
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
@@ -808,4 +809,38 @@ fn drip_fed_and_long_lived_tcp_connections_are_cut_within_their_bounds() {
          {lived:?} (time, answers); {refused} of 80 closed on accept; {fresh} fresh \
          queries answered meanwhile"
     );
+}
+
+/// The accept queue of the TCP listener on `addr`, as the kernel reports it (`ss`:
+/// Send-Q of a listening socket is its backlog).
+fn listen_backlog(addr: SocketAddr) -> u32 {
+    let out = std::process::Command::new("ss")
+        .args(["-Hltn", &format!("sport = :{}", addr.port())])
+        .output()
+        .expect("ss (iproute2) runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text
+        .lines()
+        .find(|l| l.contains(&addr.to_string()))
+        .unwrap_or_else(|| panic!("no listener on {addr} in: {text}"));
+    line.split_whitespace()
+        .nth(2)
+        .and_then(|q| q.parse().ok())
+        .unwrap_or_else(|| panic!("no Send-Q in {line:?}"))
+}
+
+/// Both TCP listeners queue a burst of connects: the DNS/TCP and HTTP backlogs are
+/// 4,096 (or the kernel's `somaxconn` where that is lower), not std's 128, which
+/// drops SYNs when many clients fall back to TCP at once.
+#[test]
+fn dns_and_http_listeners_have_deep_accept_queues() {
+    let somaxconn: u32 = std::fs::read_to_string("/proc/sys/net/core/somaxconn")
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let want = somaxconn.min(4096);
+    let s = serve_with_local(&[]);
+    assert_eq!(listen_backlog(s.dns), want, "DNS/TCP backlog");
+    assert_eq!(listen_backlog(s.http), want, "HTTP backlog");
 }

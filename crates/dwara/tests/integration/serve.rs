@@ -1,5 +1,5 @@
 //! `dwara serve` with upstreams: real processes, real DNS (dnsmasq and the
-//! in-process test server), TCP echo backends on 127.0.0.x.
+//! in-process test server, and a server that lies), TCP echo backends on 127.0.0.x.
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
@@ -586,4 +586,148 @@ async fn ejection_stops_connect_attempts_to_a_dead_endpoint_dns_still_lists() {
         metrics.contains("dwara_upstream_endpoints_ejected{upstream=\"api\"} 1\n"),
         "{metrics}"
     );
+}
+
+/// The resolution counters of upstream 0: (answers, failures, cleared).
+async fn resolutions(serve: &Serve) -> (u64, u64, u64) {
+    let v = serve.status().await;
+    let r = &v["upstreams"][0]["resolutions"];
+    let n = |k: &str| r[k].as_u64().unwrap();
+    (
+        n("answers_nonempty") + n("answers_empty"),
+        n("failures"),
+        n("cleared"),
+    )
+}
+
+/// `dwara serve` whose upstream is discovered from a lying DNS server
+/// ([`test_support::liar`]): real backends on 127.0.0.2/.3 (the truth) and .4 (the
+/// mixed lie's one true record), and a poison backend on 127.0.0.66 that greets
+/// like the others, so a connection sent there is seen. Through every lie, clients
+/// keep connecting; no connection and no published endpoint ever reaches the
+/// poison. Each lie lasts until the upstream has counted a failure after another
+/// resolution, or three answers (an event, not a fixed time); then the endpoints
+/// are the truth (or .4 alone after the mixed lie), the truth after a failure
+/// under `fail_open`, and none after a failure without it.
+async fn serve_through_lies(fail_open: bool) {
+    use test_support::liar::{Addresses, Lie, LyingDnsServer};
+    let ip = |s: &str| s.parse::<std::net::Ipv4Addr>().unwrap();
+    let backends = Backends::start(&["127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.66"]).await;
+    let liar = LyingDnsServer::start(Addresses {
+        truth: vec![ip("127.0.0.2"), ip("127.0.0.3")],
+        mixed: ip("127.0.0.4"),
+        poison: ip("127.0.0.66"),
+        thousands: [127, 1],
+    })
+    .unwrap();
+    let proxy = test_support::free_addr();
+    let serve = Serve::spawn(&config(
+        proxy,
+        "api.test",
+        backends.port,
+        liar.addr(),
+        fail_open,
+    ));
+    let truth = eps(backends.port, &["127.0.0.2", "127.0.0.3"]);
+    let mixed = eps(backends.port, &["127.0.0.4"]);
+    serve.wait_endpoints(&truth).await;
+
+    let mut report = Vec::new();
+    let (mut refused_total, mut served_total) = (0, 0);
+    for lie in Lie::ALL {
+        liar.set_lie(lie);
+        let (answers0, failures0, _) = resolutions(&serve).await;
+        let (mut served, mut refused) = (0u32, 0u32);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        let failed = loop {
+            match Conn::open(proxy).await {
+                Some(c) => {
+                    assert_ne!(
+                        c.backend, "127.0.0.66",
+                        "{lie:?}: a connection reached the poison"
+                    );
+                    assert!(
+                        ["127.0.0.2", "127.0.0.3", "127.0.0.4"].contains(&c.backend.as_str()),
+                        "{lie:?}: reached {}",
+                        c.backend
+                    );
+                    served += 1;
+                }
+                None => refused += 1,
+            }
+            let eps_now = serve.endpoints().await;
+            assert!(
+                eps_now.iter().all(|e| !e.starts_with("127.0.0.66:")),
+                "{lie:?}: the poison was published: {eps_now:?}"
+            );
+            let (answers, failures, _) = resolutions(&serve).await;
+            let resolved = answers - answers0 + failures - failures0;
+            if failures > failures0 && resolved >= 2 {
+                break true;
+            }
+            if answers - answers0 >= 3 {
+                break false;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{lie:?}: the upstream stopped resolving"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        let now = serve.endpoints().await;
+        if failed {
+            if fail_open {
+                assert_eq!(now, truth, "{lie:?}: fail_open keeps the last good set");
+            } else {
+                assert!(
+                    now.is_empty(),
+                    "{lie:?}: without fail_open the set is cleared, is {now:?}"
+                );
+            }
+        } else {
+            let want = if lie == Lie::OtherNameMixed {
+                &mixed
+            } else {
+                &truth
+            };
+            assert_eq!(&now, want, "{lie:?}");
+        }
+        if fail_open {
+            assert_eq!(refused, 0, "{lie:?}: fail_open serves every connection");
+        }
+        report.push(format!(
+            "{lie:?}: {} (served {served}, refused {refused})",
+            if failed { "failed" } else { "answered" }
+        ));
+        served_total += served;
+        refused_total += refused;
+        liar.set_lie(Lie::Truth);
+        serve.wait_endpoints(&truth).await;
+    }
+    let (_, failures, cleared) = resolutions(&serve).await;
+    assert!(
+        failures >= 3,
+        "wrong IDs, TC without TCP, loops and noise fail: {failures}"
+    );
+    if fail_open {
+        assert_eq!(cleared, 0);
+    } else {
+        assert!(cleared >= 3, "each failing lie clears the set: {cleared}");
+        assert!(refused_total > 0, "a cleared set refuses connections");
+    }
+    assert!(served_total > 0);
+    eprintln!(
+        "dwara serve through lies (fail_open: {fail_open}): {}",
+        report.join("; ")
+    );
+}
+
+#[tokio::test]
+async fn lying_dns_never_sends_traffic_to_a_poisoned_address() {
+    serve_through_lies(true).await;
+}
+
+#[tokio::test]
+async fn lying_dns_without_fail_open_clears_and_never_poisons() {
+    serve_through_lies(false).await;
 }
