@@ -3,6 +3,7 @@
 //! ```text
 //! cargo xtask perf dns [--names N] [--rounds R] [--seconds S] [--workers W]
 //!                      [--clients C] [--outstanding Q] [--edns] [--rate QPS]
+//!                      [--batch N] [--before PATH] [--no-tcp] [--profile DIR]
 //! ```
 //!
 //! 1. Generates one data set: `N` names `hostI.weave.local`, every fifth with three
@@ -16,24 +17,38 @@
 //! 4. Runs `dnsperf -c C -T 1 -q Q -l S` against each server in turn over UDP and
 //!    then over TCP (`-m tcp`), `R` rounds interleaved, and prints per server the
 //!    median qps, mean and max latency, lost queries, the server's CPU time per
-//!    answered query (user + system from `/proc/PID/stat` over the round, children
-//!    included: dnsmasq forks per TCP connection), the client's CPU share (dnsperf's
-//!    user + system time over the wall time, from this process's waited-for children
-//!    times), dwara's ratio to each, and dwara's RSS.
+//!    answered query, split into user and system time (`utime` and `stime` from
+//!    `/proc/PID/stat` over the round, children included: dnsmasq forks per TCP
+//!    connection), the server's context switches per answered query (voluntary:
+//!    it slept, involuntary: it was preempted; summed over its threads'
+//!    `/proc/PID/task/*/status`), the
+//!    client's CPU share (dnsperf's user + system time over the wall time, from this
+//!    process's waited-for children times), dwara's ratio to each, and dwara's RSS.
 //! 5. Then `R` interleaved rounds at a fixed offered load (`dnsperf -Q QPS -v`,
 //!    default 20,000 qps) and prints p50, p99 and p99.9 of the per-query latencies
 //!    dnsperf reports. A server whose median UDP throughput was below 1.25 × QPS is
 //!    left out of these rounds (it would be measured saturated).
 //!
+//! `--before PATH` adds a second dwara, `dwara-before`, run from another build of the
+//! binary (a copy of an earlier `target/release/dwara`) with the same data and
+//! options, so a change is measured before and after in the same interleaved rounds;
+//! the closing lines give dwara ÷ dwara-before. `--batch N` passes
+//! `--dns-udp-batch N` to both dwaras. `--no-tcp` skips the TCP rounds. `--profile
+//! DIR` adds, after the rounds, one UDP round per server under `perf record -g -e
+//! cpu-clock -p PID` (`perf` must be installed) and writes `DIR/NAME.perf.data`
+//! (read with `perf report -i`).
+//!
 //! Everything listens on 127.0.0.1 only.
 
 use std::fmt::Write as _;
 use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::perf_util::{clock_ticks, cpu_ticks, free_port, median, release_dwara, rss_kib};
+use crate::perf_util::{
+    clock_ticks, context_switches, cpu_split, free_port, median, release_dwara, rss_kib,
+};
 use anyhow::{Context, bail};
 
 struct Options {
@@ -45,7 +60,15 @@ struct Options {
     outstanding: u32,
     edns: bool,
     rate: u32,
+    batch: Option<usize>,
+    before: Option<PathBuf>,
+    no_tcp: bool,
+    profile: Option<PathBuf>,
 }
+
+const USAGE: &str = "usage: cargo xtask perf dns [--names N] [--rounds R] [--seconds S] \
+                     [--workers W] [--clients C] [--outstanding Q] [--edns] [--rate QPS] \
+                     [--batch N] [--before PATH] [--no-tcp] [--profile DIR]";
 
 fn parse_args(args: &[String]) -> anyhow::Result<Options> {
     let mut o = Options {
@@ -57,9 +80,25 @@ fn parse_args(args: &[String]) -> anyhow::Result<Options> {
         outstanding: 100,
         edns: false,
         rate: 20_000,
+        batch: None,
+        before: None,
+        no_tcp: false,
+        profile: None,
     };
     let mut it = args.iter();
     while let Some(a) = it.next() {
+        let mut text = |name: &str| -> anyhow::Result<&String> {
+            it.next().with_context(|| format!("{name} needs a value"))
+        };
+        if a == "--before" || a == "--profile" {
+            let path = Some(PathBuf::from(text(a)?));
+            if a == "--before" {
+                o.before = path;
+            } else {
+                o.profile = path;
+            }
+            continue;
+        }
         let mut value = |name: &str| -> anyhow::Result<usize> {
             it.next()
                 .with_context(|| format!("{name} needs a value"))?
@@ -75,10 +114,9 @@ fn parse_args(args: &[String]) -> anyhow::Result<Options> {
             "--outstanding" => o.outstanding = u32::try_from(value("--outstanding")?.max(1))?,
             "--edns" => o.edns = true,
             "--rate" => o.rate = u32::try_from(value("--rate")?.max(1))?,
-            other => bail!(
-                "unknown argument {other:?}; usage: cargo xtask perf dns [--names N] [--rounds R] \
-                 [--seconds S] [--workers W] [--clients C] [--outstanding Q] [--edns] [--rate QPS]"
-            ),
+            "--batch" => o.batch = Some(value("--batch")?.clamp(1, 64)),
+            "--no-tcp" => o.no_tcp = true,
+            other => bail!("unknown argument {other:?}; {USAGE}"),
         }
     }
     Ok(o)
@@ -200,12 +238,16 @@ fn ask(addr: SocketAddr, name: &str, qtype: u16) -> anyhow::Result<(u8, u16)> {
     Ok((buf[3] & 0x0f, u16::from_be_bytes([buf[6], buf[7]])))
 }
 
-fn start_dwara(dir: &Path, opts: &Options) -> anyhow::Result<(Server, SocketAddr)> {
-    let bin = release_dwara();
+fn start_dwara(
+    dir: &Path,
+    name: &str,
+    bin: &Path,
+    opts: &Options,
+) -> anyhow::Result<(Server, SocketAddr)> {
     let port = free_port(Ipv4Addr::LOCALHOST)?;
     let http = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port(Ipv4Addr::LOCALHOST)?));
     let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
-    let mut cmd = Command::new(&bin);
+    let mut cmd = Command::new(bin);
     cmd.args([
         "serve",
         "--dns-listen",
@@ -222,13 +264,16 @@ fn start_dwara(dir: &Path, opts: &Options) -> anyhow::Result<(Server, SocketAddr
     if let Some(w) = opts.workers {
         cmd.args(["--dns-workers", &w.to_string()]);
     }
+    if let Some(b) = opts.batch {
+        cmd.args(["--dns-udp-batch", &b.to_string()]);
+    }
     let mut child = cmd
         .spawn()
         .with_context(|| format!("cannot start {}", bin.display()))?;
-    wait_dns(addr, &mut child, "dwara")?;
+    wait_dns(addr, &mut child, name)?;
     Ok((
         Server {
-            name: "dwara".into(),
+            name: name.into(),
             addr,
             child,
         },
@@ -380,6 +425,10 @@ struct Run {
     completed: u64,
     /// Server CPU (user + system) over the round, seconds.
     server_cpu: f64,
+    /// The system-time part of `server_cpu`, seconds.
+    server_sys: f64,
+    /// The server's context switches over the round (all its threads).
+    switches: u64,
     /// dnsperf's CPU (user + system) over the round, seconds.
     client_cpu: f64,
     wall: f64,
@@ -391,6 +440,21 @@ impl Run {
     /// Server CPU per answered query, µs.
     fn cpu_us(&self) -> f64 {
         self.server_cpu * 1e6 / self.completed.max(1) as f64
+    }
+
+    /// The system-time part of [`Run::cpu_us`], µs.
+    fn sys_us(&self) -> f64 {
+        self.server_sys * 1e6 / self.completed.max(1) as f64
+    }
+
+    /// The user-time part of [`Run::cpu_us`], µs.
+    fn user_us(&self) -> f64 {
+        self.cpu_us() - self.sys_us()
+    }
+
+    /// Server context switches per answered query.
+    fn switches_per_query(&self) -> f64 {
+        self.switches as f64 / self.completed.max(1) as f64
     }
 
     /// dnsperf's CPU as a share of one core.
@@ -408,12 +472,15 @@ impl Run {
     }
 }
 
+/// One dnsperf round against `server`; with `profile`, the server runs under
+/// `perf record` for the round, writing that file.
 fn dnsperf(
     server: &Server,
     file: &Path,
     opts: &Options,
     mode: Mode,
     ticks: f64,
+    profile: Option<&Path>,
 ) -> anyhow::Result<Run> {
     let mut cmd = Command::new("dnsperf");
     cmd.args(["-s", "127.0.0.1", "-p", &server.addr.port().to_string()])
@@ -439,13 +506,34 @@ fn dnsperf(
         cmd.arg("-e");
     }
     let pid = server.child.id().to_string();
-    let server_before = cpu_ticks(&pid).context("cannot read the server's /proc stat")?;
-    let client_before = cpu_ticks("self").context("cannot read /proc/self/stat")?;
+    let mut recorder = match profile {
+        Some(path) => Some(
+            Command::new("perf")
+                .args(["record", "-q", "-g", "-e", "cpu-clock", "-p", &pid, "-o"])
+                .arg(path)
+                .args(["--", "sleep", &opts.seconds.to_string()])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .spawn()
+                .context("cannot run perf record")?,
+        ),
+        None => None,
+    };
+    let switches_before = context_switches(server.child.id()).unwrap_or(0);
+    let server_before = cpu_split(&pid).context("cannot read the server's /proc stat")?;
+    let client_before = cpu_split("self").context("cannot read /proc/self/stat")?;
     let started = Instant::now();
     let out = cmd.output().context("cannot run dnsperf")?;
     let wall = started.elapsed().as_secs_f64();
-    let server_after = cpu_ticks(&pid).context("cannot read the server's /proc stat")?;
-    let client_after = cpu_ticks("self").context("cannot read /proc/self/stat")?;
+    let server_after = cpu_split(&pid).context("cannot read the server's /proc stat")?;
+    let client_after = cpu_split("self").context("cannot read /proc/self/stat")?;
+    let switches_after = context_switches(server.child.id()).unwrap_or(0);
+    if let Some(mut perf) = recorder.take() {
+        let status = perf.wait()?;
+        if !status.success() {
+            bail!("perf record failed for {} ({status})", server.name);
+        }
+    }
     let text = String::from_utf8_lossy(&out.stdout);
     if !out.status.success() {
         bail!(
@@ -494,7 +582,12 @@ fn dnsperf(
         .map(|s| s * 1000.0)
         .collect();
     latencies.sort_by(f64::total_cmp);
-    let server_ticks = (server_after.0 + server_after.1) - (server_before.0 + server_before.1);
+    let user = |c: &crate::perf_util::CpuSplit| c.user + c.child_user;
+    let sys = |c: &crate::perf_util::CpuSplit| c.sys + c.child_sys;
+    let server_sys = sys(&server_after).saturating_sub(sys(&server_before));
+    let server_ticks = user(&server_after).saturating_sub(user(&server_before)) + server_sys;
+    let client_ticks = (client_after.child_user + client_after.child_sys)
+        .saturating_sub(client_before.child_user + client_before.child_sys);
     Ok(Run {
         qps,
         mean_ms: mean * 1000.0,
@@ -502,7 +595,9 @@ fn dnsperf(
         lost: count("Queries lost:"),
         completed: count("Queries completed:"),
         server_cpu: server_ticks as f64 / ticks,
-        client_cpu: client_after.1.saturating_sub(client_before.1) as f64 / ticks,
+        server_sys: server_sys as f64 / ticks,
+        switches: switches_after.saturating_sub(switches_before),
+        client_cpu: client_ticks as f64 / ticks,
         wall,
         latencies,
     })
@@ -528,7 +623,7 @@ fn run_in(dir: &Path, opts: &Options) -> anyhow::Result<()> {
     std::fs::write(&qfile, lines.join("\n") + "\n")?;
     println!(
         "perf dns: {} names ({records} records), {} queries in the file, dnsperf -c {} -T 1 -q {} -l {}{}, \
-         {} rounds of UDP, TCP and -Q {}",
+         {} rounds of UDP{} and -Q {}{}",
         opts.names,
         lines.len(),
         opts.clients,
@@ -536,10 +631,14 @@ fn run_in(dir: &Path, opts: &Options) -> anyhow::Result<()> {
         opts.seconds,
         if opts.edns { " -e" } else { "" },
         opts.rounds,
-        opts.rate
+        if opts.no_tcp { "" } else { ", TCP" },
+        opts.rate,
+        opts.batch
+            .map(|b| format!(", dwara --dns-udp-batch {b}"))
+            .unwrap_or_default()
     );
 
-    let (dwara, http) = start_dwara(dir, opts)?;
+    let (dwara, http) = start_dwara(dir, "dwara", &release_dwara(), opts)?;
     let rss_before = rss_kib(dwara.child.id());
     let took = register(http, &data)?;
     let rss_loaded = rss_kib(dwara.child.id());
@@ -551,10 +650,25 @@ fn run_in(dir: &Path, opts: &Options) -> anyhow::Result<()> {
         rss_before.unwrap_or(0),
         rss_loaded.unwrap_or(0)
     );
+    let before = match &opts.before {
+        Some(bin) => {
+            let (server, http) = start_dwara(dir, "dwara-before", bin, opts)?;
+            let took = register(http, &data)?;
+            println!(
+                "dwara-before ({}): registered in {:.2} s",
+                bin.display(),
+                took.as_secs_f64()
+            );
+            Some(server)
+        }
+        None => None,
+    };
     let dnsmasq = start_dnsmasq(dir, &data)?;
     let unbound1 = start_unbound(dir, &data, 1)?;
     let unbound2 = start_unbound(dir, &data, 2)?;
-    let servers = [&dwara, &dnsmasq, &unbound1, &unbound2];
+    // 0 dwara, 1 dnsmasq, 2 unbound 1 thread, 3 unbound 2 threads, 4 dwara-before.
+    let mut servers = vec![&dwara, &dnsmasq, &unbound1, &unbound2];
+    servers.extend(before.as_ref());
     cross_check(&servers, &lines)?;
     println!(
         "answers cross-checked on {} queries: identical rcodes and counts",
@@ -564,13 +678,23 @@ fn run_in(dir: &Path, opts: &Options) -> anyhow::Result<()> {
     let ticks = clock_ticks();
     let mut udp: Vec<Vec<Run>> = vec![Vec::new(); servers.len()];
     let mut tcp: Vec<Vec<Run>> = vec![Vec::new(); servers.len()];
+    let modes: &[Mode] = if opts.no_tcp {
+        &[Mode::Udp]
+    } else {
+        &[Mode::Udp, Mode::Tcp]
+    };
     for round in 1..=opts.rounds {
-        for (mode, runs) in [(Mode::Udp, &mut udp), (Mode::Tcp, &mut tcp)] {
+        for &mode in modes {
+            let runs = if mode == Mode::Tcp {
+                &mut tcp
+            } else {
+                &mut udp
+            };
             for (i, s) in servers.iter().enumerate() {
-                let r = dnsperf(s, &qfile, opts, mode, ticks)?;
+                let r = dnsperf(s, &qfile, opts, mode, ticks, None)?;
                 println!(
-                    "  round {round} {:<4} {:<11} {:>9.0} qps  mean {:.3} ms  max {:.2} ms  lost {}  \
-                     server {:.2} us/query  client {:.0}% of a core",
+                    "  round {round} {:<4} {:<12} {:>9.0} qps  mean {:.3} ms  max {:.2} ms  lost {}  \
+                     server {:.2} us/query (user {:.2} sys {:.2}) {:.2} cs/query  client {:.0}% of a core",
                     if mode == Mode::Tcp { "tcp" } else { "udp" },
                     s.name,
                     r.qps,
@@ -578,6 +702,9 @@ fn run_in(dir: &Path, opts: &Options) -> anyhow::Result<()> {
                     r.max_ms,
                     r.lost,
                     r.cpu_us(),
+                    r.user_us(),
+                    r.sys_us(),
+                    r.switches_per_query(),
                     r.client_share() * 100.0
                 );
                 runs[i].push(r);
@@ -595,10 +722,10 @@ fn run_in(dir: &Path, opts: &Options) -> anyhow::Result<()> {
             if !keep[i] {
                 continue;
             }
-            let r = dnsperf(s, &qfile, opts, Mode::Rate(opts.rate), ticks)?;
+            let r = dnsperf(s, &qfile, opts, Mode::Rate(opts.rate), ticks, None)?;
             println!(
-                "  round {round} -Q {} {:<11} {:>9.0} qps  p50 {:.3} ms  p99 {:.3} ms  p99.9 {:.3} ms  \
-                 lost {}  server {:.2} us/query",
+                "  round {round} -Q {} {:<12} {:>9.0} qps  p50 {:.3} ms  p99 {:.3} ms  p99.9 {:.3} ms  \
+                 lost {}  server {:.2} us/query (user {:.2} sys {:.2}) {:.2} cs/query",
                 opts.rate,
                 s.name,
                 r.qps,
@@ -606,18 +733,38 @@ fn run_in(dir: &Path, opts: &Options) -> anyhow::Result<()> {
                 r.quantile(0.99),
                 r.quantile(0.999),
                 r.lost,
-                r.cpu_us()
+                r.cpu_us(),
+                r.user_us(),
+                r.sys_us(),
+                r.switches_per_query()
             );
             rate[i].push(r);
         }
     }
     let rss_after = rss_kib(dwara.child.id());
+    if let Some(pdir) = &opts.profile {
+        std::fs::create_dir_all(pdir)?;
+        println!("\nprofiled UDP rounds (perf record -g -e cpu-clock; not in the medians):");
+        for s in &servers {
+            let file = pdir.join(format!("{}.perf.data", s.name));
+            let r = dnsperf(s, &qfile, opts, Mode::Udp, ticks, Some(&file))?;
+            println!(
+                "  {:<12} {:>9.0} qps  server {:.2} us/query (user {:.2} sys {:.2})  {}",
+                s.name,
+                r.qps,
+                r.cpu_us(),
+                r.user_us(),
+                r.sys_us(),
+                file.display()
+            );
+        }
+    }
 
     let med = |rs: &[Run], f: &dyn Fn(&Run) -> f64| median(rs.iter().map(f).collect());
     let table = |title: &str, runs: &[Vec<Run>]| -> Vec<(f64, f64)> {
         println!("\n{title}, median of {} rounds:", opts.rounds);
         println!(
-            "  {:<11} {:>9} {:>9} {:>12} {:>10} {:>6} {:>13} {:>12} {:>11}",
+            "  {:<12} {:>9} {:>9} {:>12} {:>10} {:>6} {:>11} {:>8} {:>8} {:>7} {:>12} {:>11}",
             "server",
             "qps",
             "mean ms",
@@ -625,6 +772,9 @@ fn run_in(dir: &Path, opts: &Options) -> anyhow::Result<()> {
             "worst max",
             "lost",
             "server us/q",
+            "user",
+            "sys",
+            "cs/q",
             "client core",
             "dwara/this"
         );
@@ -634,7 +784,7 @@ fn run_in(dir: &Path, opts: &Options) -> anyhow::Result<()> {
             let qps = med(rs, &|r| r.qps);
             let cpu = med(rs, &|r| r.cpu_us());
             println!(
-                "  {:<11} {:>9.0} {:>9.3} {:>12.2} {:>10.2} {:>6} {:>13.2} {:>11.0}% {:>10.2}x",
+                "  {:<12} {:>9.0} {:>9.3} {:>12.2} {:>10.2} {:>6} {:>11.2} {:>8.2} {:>8.2} {:>7.2} {:>11.0}% {:>10.2}x",
                 s.name,
                 qps,
                 med(rs, &|r| r.mean_ms),
@@ -642,6 +792,9 @@ fn run_in(dir: &Path, opts: &Options) -> anyhow::Result<()> {
                 rs.iter().map(|r| r.max_ms).fold(0.0, f64::max),
                 rs.iter().map(|r| r.lost).sum::<u64>(),
                 cpu,
+                med(rs, &|r| r.user_us()),
+                med(rs, &|r| r.sys_us()),
+                med(rs, &|r| r.switches_per_query()),
                 med(rs, &|r| r.client_share()) * 100.0,
                 dwara_qps / qps
             );
@@ -650,27 +803,41 @@ fn run_in(dir: &Path, opts: &Options) -> anyhow::Result<()> {
         out
     };
     let u = table("UDP", &udp);
-    let t = table("TCP (dnsperf -m tcp)", &tcp);
+    let t = if opts.no_tcp {
+        vec![(f64::NAN, f64::NAN); servers.len()]
+    } else {
+        table("TCP (dnsperf -m tcp)", &tcp)
+    };
     println!(
         "\nfixed load: dnsperf -Q {} -v (per-query latencies), median of {} rounds:",
         opts.rate, opts.rounds
     );
     println!(
-        "  {:<11} {:>9} {:>9} {:>9} {:>9} {:>9} {:>6} {:>13}",
-        "server", "qps", "p50 ms", "p99 ms", "p99.9 ms", "max ms", "lost", "server us/q"
+        "  {:<12} {:>9} {:>9} {:>9} {:>9} {:>9} {:>6} {:>11} {:>8} {:>8} {:>7}",
+        "server",
+        "qps",
+        "p50 ms",
+        "p99 ms",
+        "p99.9 ms",
+        "max ms",
+        "lost",
+        "server us/q",
+        "user",
+        "sys",
+        "cs/q"
     );
     let mut p99 = vec![f64::NAN; servers.len()];
     for (i, (s, rs)) in servers.iter().zip(&rate).enumerate() {
         if rs.is_empty() {
             println!(
-                "  {:<11} left out: saturates at {:.0} qps (< 1.25 x {})",
+                "  {:<12} left out: saturates at {:.0} qps (< 1.25 x {})",
                 s.name, u[i].0, opts.rate
             );
             continue;
         }
         p99[i] = med(rs, &|r| r.quantile(0.99));
         println!(
-            "  {:<11} {:>9.0} {:>9.3} {:>9.3} {:>9.3} {:>9.2} {:>6} {:>13.2}",
+            "  {:<12} {:>9.0} {:>9.3} {:>9.3} {:>9.3} {:>9.2} {:>6} {:>11.2} {:>8.2} {:>8.2} {:>7.2}",
             s.name,
             med(rs, &|r| r.qps),
             med(rs, &|r| r.quantile(0.5)),
@@ -679,6 +846,9 @@ fn run_in(dir: &Path, opts: &Options) -> anyhow::Result<()> {
             med(rs, &|r| r.max_ms),
             rs.iter().map(|r| r.lost).sum::<u64>(),
             med(rs, &|r| r.cpu_us()),
+            med(rs, &|r| r.user_us()),
+            med(rs, &|r| r.sys_us()),
+            med(rs, &|r| r.switches_per_query()),
         );
     }
     let lost: u64 = udp[0]
@@ -687,7 +857,6 @@ fn run_in(dir: &Path, opts: &Options) -> anyhow::Result<()> {
         .chain(&rate[0])
         .map(|r| r.lost)
         .sum();
-    // Servers: 0 dwara, 1 dnsmasq, 2 unbound 1 thread, 3 unbound 2 threads.
     println!(
         "\ntargets (issue 14): qps dwara/unbound-2t {:.2}x (>= 1.25), dwara/dnsmasq {:.2}x (>= 1.8); \
          CPU per query dwara/unbound {:.2}x (<= 0.6, vs the leaner unbound); p99 dwara {:.3} ms vs unbound {:.3} ms \
@@ -699,6 +868,19 @@ fn run_in(dir: &Path, opts: &Options) -> anyhow::Result<()> {
         p99[2].min(p99[3]),
         t[0].0 / t[2].0.max(t[3].0),
     );
+    if before.is_some() {
+        println!(
+            "dwara / dwara-before: UDP qps {:.2}x, UDP CPU per query {:.2}x, p99 at -Q {} {:.3} vs {:.3} ms, \
+             TCP qps {:.2}x, TCP CPU per query {:.2}x",
+            u[0].0 / u[4].0,
+            u[0].1 / u[4].1,
+            opts.rate,
+            p99[0],
+            p99[4],
+            t[0].0 / t[4].0,
+            t[0].1 / t[4].1,
+        );
+    }
     if opts.names >= 100_000 {
         println!(
             "targets at {} names: registration {:.1} s (<= 20 s for 100,000), RSS {:.1} MiB (<= 64)",

@@ -46,9 +46,24 @@ pub(crate) fn clock_ticks() -> f64 {
         .unwrap_or(100.0)
 }
 
-/// (utime + stime, cutime + cstime) of `pid` in clock ticks (`/proc/PID/stat`
-/// fields 14–17; the name in parentheses may hold spaces, so count after it).
+/// (utime + stime, cutime + cstime) of `pid` in clock ticks (see [`cpu_split`]).
 pub(crate) fn cpu_ticks(pid: &str) -> Option<(u64, u64)> {
+    cpu_split(pid).map(|c| (c.user + c.sys, c.child_user + c.child_sys))
+}
+
+/// User and system time of `pid` in clock ticks, its own (`utime`, `stime`) and its
+/// waited-for children's (`cutime`, `cstime`): `/proc/PID/stat` fields 14–17 (the
+/// name in parentheses may hold spaces, so they are counted after it).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct CpuSplit {
+    pub(crate) user: u64,
+    pub(crate) sys: u64,
+    pub(crate) child_user: u64,
+    pub(crate) child_sys: u64,
+}
+
+/// [`CpuSplit`] of `pid` (or `"self"`).
+pub(crate) fn cpu_split(pid: &str) -> Option<CpuSplit> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let rest = &stat[stat.rfind(')')? + 1..];
     let f: Vec<u64> = rest
@@ -57,7 +72,29 @@ pub(crate) fn cpu_ticks(pid: &str) -> Option<(u64, u64)> {
         .take(4)
         .map(|v| v.parse().unwrap_or(0))
         .collect();
-    (f.len() == 4).then(|| (f[0] + f[1], f[2] + f[3]))
+    (f.len() == 4).then(|| CpuSplit {
+        user: f[0],
+        sys: f[1],
+        child_user: f[2],
+        child_sys: f[3],
+    })
+}
+
+/// Context switches (voluntary + involuntary) of every thread of `pid`, summed over
+/// `/proc/PID/task/*/status`; threads that exited are not counted.
+pub(crate) fn context_switches(pid: u32) -> Option<u64> {
+    let mut total = 0;
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).ok()? {
+        let Ok(status) = std::fs::read_to_string(task.ok()?.path().join("status")) else {
+            continue;
+        };
+        total += status
+            .lines()
+            .filter(|l| l.contains("ctxt_switches:"))
+            .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+            .sum::<u64>();
+    }
+    Some(total)
 }
 
 /// The median of `v` (the upper one of an even count); NaN when empty.
