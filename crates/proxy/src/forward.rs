@@ -88,7 +88,7 @@ pub(crate) async fn handle(client: TcpStream, peer: SocketAddr, target: Arc<Targ
     };
     *stats.picks.lock().entry(guard.addr()).or_default() += 1;
     stats.active.fetch_add(1, Ordering::Relaxed);
-    let _ = client.set_nodelay(true);
+    // The client's socket inherited TCP_NODELAY from the listening socket.
     let _ = server.set_nodelay(true);
     let up = pump::Direction {
         from: &client,
