@@ -122,6 +122,19 @@ struct Proc {
 
 impl Drop for Proc {
     fn drop(&mut self) {
+        // SIGTERM first, so nginx's master stops its workers: a SIGKILLed master
+        // leaves them running, with every file they inherited (quiet.sh's lock).
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .stderr(Stdio::null())
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
