@@ -11,8 +11,9 @@
 //!    file for `/1m`, keep-alive without a request limit), and in front of it:
 //!    `dwara serve` (release build) whose upstream follows `backend.perf.local`
 //!    through dwara's own name server (the name is registered over its HTTP API),
-//!    once with its defaults (`dwara`, a runtime thread per core) and once with
-//!    `--worker-threads 1` (`dwara-1t`, the pairing for HAProxy's `nbthread 1`),
+//!    once with its defaults (`dwara`, an L4 worker thread per core) and once with
+//!    `--l4-workers 1 --worker-threads 1` (`dwara-1t`: one thread forwards, the
+//!    pairing for HAProxy's `nbthread 1`),
 //!    HAProxy (`mode tcp`, `option splice-auto`, the server resolved through dwara's
 //!    name server with `resolvers`) with `nbthread 1` and with `nbthread 2`, and
 //!    nginx `stream` (one worker, `proxy_pass` to the backend address).
@@ -121,6 +122,19 @@ struct Proc {
 
 impl Drop for Proc {
     fn drop(&mut self) {
+        // SIGTERM first, so nginx's master stops its workers: a SIGKILLed master
+        // leaves them running, with every file they inherited (quiet.sh's lock).
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .stderr(Stdio::null())
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -292,7 +306,7 @@ fn start_dwara(
     bin: &Path,
     backend: u16,
     dns: u16,
-    worker_threads: Option<u16>,
+    one_thread: bool,
 ) -> anyhow::Result<Proxy> {
     let port = free_port(Ipv4Addr::LOCALHOST)?;
     let http = free_port(Ipv4Addr::LOCALHOST)?;
@@ -313,8 +327,8 @@ fn start_dwara(
         .arg(&conf)
         .args(["--http-listen", &local(http)])
         .env("DWARA_LOG", "warn");
-    if let Some(n) = worker_threads {
-        cmd.args(["--worker-threads", &n.to_string()]);
+    if one_thread {
+        cmd.args(["--l4-workers", "1", "--worker-threads", "1"]);
     }
     let mut proc = Proc::spawn(name, dir, &mut cmd)?;
     // The upstream's only endpoint comes from dwara's own name server.
@@ -585,13 +599,13 @@ fn run_in(dir: &Path, opts: &Options) -> anyhow::Result<()> {
         let p = match *name {
             "dwara" => {
                 let bin = opts.dwara.clone().unwrap_or_else(release_dwara);
-                start_dwara(dir, name, &bin, backend, dns, None)?
+                start_dwara(dir, name, &bin, backend, dns, false)?
             }
             "dwara-1t" => {
                 // Its own name server: every dwara serves the backend name itself.
                 let bin = opts.dwara.clone().unwrap_or_else(release_dwara);
                 let dns = free_port(Ipv4Addr::LOCALHOST)?;
-                start_dwara(dir, name, &bin, backend, dns, Some(1))?
+                start_dwara(dir, name, &bin, backend, dns, true)?
             }
             "haproxy-1t" => start_haproxy(dir, backend, dns, 1)?,
             "haproxy-2t" => start_haproxy(dir, backend, dns, 2)?,
@@ -601,7 +615,7 @@ fn run_in(dir: &Path, opts: &Options) -> anyhow::Result<()> {
     }
     if let Some(bin) = &opts.before {
         let dns = free_port(Ipv4Addr::LOCALHOST)?;
-        proxies.push(start_dwara(dir, "dwara-before", bin, backend, dns, None)?);
+        proxies.push(start_dwara(dir, "dwara-before", bin, backend, dns, false)?);
     }
 
     let mut idle = Vec::new();
@@ -644,7 +658,7 @@ fn run_in(dir: &Path, opts: &Options) -> anyhow::Result<()> {
     let med = |rs: &[Run], f: &dyn Fn(&Run) -> f64| median(rs.iter().map(f).collect());
     let hap = proxies.iter().position(|p| p.proc.name == "haproxy-1t");
     // The ratios against HAProxy-1t: dwara as configured by default, and dwara on one
-    // runtime thread (the like-for-like pairing), when it ran.
+    // L4 worker and one runtime thread (the like-for-like pairing), when it ran.
     let ours: Vec<(usize, &str)> = proxies
         .iter()
         .enumerate()

@@ -61,6 +61,11 @@ pub struct Config {
     /// L4 upstreams that follow discovery.
     #[serde(default)]
     pub upstreams: Vec<UpstreamConfig>,
+    /// Threads that accept and forward the upstreams' connections, each on its own
+    /// socket per listen address (`--l4-workers`; default: one per core). Read at
+    /// start; a reload does not change it.
+    #[serde(default)]
+    pub l4_workers: Option<u16>,
     /// Replication of the name server's records to its peers (needs the name server).
     #[serde(default)]
     pub cluster: Option<ClusterSection>,
@@ -195,6 +200,12 @@ impl Config {
 
     fn validate(&self) -> Result<(), ConfigError> {
         dwara_proxy::validate_upstreams(&self.upstreams)?;
+        if self.l4_workers == Some(0) {
+            return Err(ConfigError::Invalid(dwara_proxy::Error::InvalidConfig {
+                key: "l4_workers".into(),
+                message: "must be at least 1 (leave it out for one per core)".into(),
+            }));
+        }
         if let Some(ns) = &self.nameserver {
             if ns.ttl == Some(0) {
                 // TTL 0 is legal DNS but defeats every cache in front of us; say so.
@@ -306,6 +317,8 @@ upstreams:
         assert!(!dns.fail_open);
         assert_eq!(c.nameserver.unwrap().domain.as_deref(), Some("weave.local"));
         assert_eq!(Config::parse("").unwrap(), Config::default());
+        assert_eq!(c.l4_workers, None);
+        assert_eq!(Config::parse("l4_workers: 3").unwrap().l4_workers, Some(3));
     }
 
     #[test]
@@ -317,6 +330,7 @@ upstreams:
         let c = Config::parse(&section[start..end]).unwrap();
         let e = c.upstreams[0].ejection.unwrap();
         assert_eq!((e.consecutive_failures, e.cool_down_s), (5, 30));
+        assert_eq!(c.l4_workers, Some(2));
     }
 
     #[test]
@@ -411,6 +425,10 @@ upstreams:
                 "nameserver.http_max_connections: must be 1..=1000000, got 0",
             ),
             ("upstream: []\n".to_owned(), "upstream"),
+            (
+                "l4_workers: 0\n".to_owned(),
+                "l4_workers: must be at least 1",
+            ),
         ] {
             let e = err(&yaml);
             assert!(e.contains(want), "{yaml}\n=> {e}");

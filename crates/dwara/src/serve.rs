@@ -12,10 +12,16 @@
 //! cluster (with `--gossip-listen`) and the Docker updater (`--docker`, default
 //! `auto`).
 //!
+//! The upstreams' connections are accepted and forwarded by the dataplane's L4
+//! worker threads (`--l4-workers`, or `l4_workers:` in the file; one per core by
+//! default), apart from the runtime (`--worker-threads`) that serves HTTP, DNS over
+//! TCP and gossip and runs discovery.
+//!
 //! SIGHUP and `POST /reload` re-read the file and apply its upstreams (a reload
-//! either fully applies or changes nothing); SIGTERM and ctrl-c stop accepting, stop
+//! either fully applies or changes nothing; `l4_workers` takes effect at a start); SIGTERM and ctrl-c stop accepting, stop
 //! discovery and drain connections up to `--drain-timeout`.
 
+use std::num::NonZeroUsize;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -33,7 +39,7 @@ use dwara_nameserver::NameServer;
 use dwara_proxy::Dataplane;
 use prometheus_client::registry::Registry;
 use tokio::signal::unix::{SignalKind, signal};
-use tracing::{error, info};
+use tracing::{error, info, warn};
 
 use crate::cluster::ClusterArgs;
 use crate::docker::DockerArgs;
@@ -50,9 +56,12 @@ pub(crate) struct ServeArgs {
     /// How long connections may drain after SIGTERM, in seconds.
     #[arg(long = "drain-timeout", default_value_t = 10)]
     pub(crate) drain_timeout_s: u64,
-    /// Threads of the async runtime (L4 forwarding, HTTP, DNS over TCP, gossip) [default: one per core]; the DNS/UDP workers (--dns-workers) are threads of their own
+    /// Threads of the async runtime (HTTP, DNS over TCP, gossip, discovery) [default: one per core]; the L4 workers (--l4-workers) and the DNS/UDP workers (--dns-workers) are threads of their own
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
     pub(crate) worker_threads: Option<u16>,
+    /// L4 worker threads: each accepts and forwards upstream connections on its own SO_REUSEPORT socket per listen address [config: l4_workers; default: one per core]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
+    pub(crate) l4_workers: Option<u16>,
     #[command(flatten)]
     pub(crate) nameserver: NameServerArgs,
     #[command(flatten)]
@@ -65,6 +74,8 @@ pub(crate) struct ServeArgs {
 struct Reloader {
     path: Option<PathBuf>,
     dataplane: Arc<Dataplane>,
+    /// `--l4-workers`, which wins over the file's `l4_workers`.
+    l4_workers_flag: bool,
 }
 
 impl Reloader {
@@ -74,11 +85,22 @@ impl Reloader {
             anyhow::bail!("no --config file to reload");
         };
         let result = match crate::load_config(path) {
-            Ok(config) => self
-                .dataplane
-                .apply(&config.upstreams)
-                .await
-                .map_err(anyhow::Error::from),
+            Ok(config) => {
+                let running = self.dataplane.l4_workers();
+                if let Some(n) = config
+                    .l4_workers
+                    .filter(|n| !self.l4_workers_flag && usize::from(*n) != running)
+                {
+                    warn!(
+                        l4_workers = n,
+                        running, "l4_workers changed: it takes effect at the next start"
+                    );
+                }
+                self.dataplane
+                    .apply(&config.upstreams)
+                    .await
+                    .map_err(anyhow::Error::from)
+            }
             Err(e) => Err(e),
         };
         match &result {
@@ -213,12 +235,17 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
     };
     let mut registry = Registry::default();
 
-    let dataplane = Dataplane::new();
+    let l4_workers = args.l4_workers.or(config.l4_workers);
+    let dataplane = match l4_workers.and_then(|n| NonZeroUsize::new(usize::from(n))) {
+        Some(n) => Dataplane::with_l4_workers(n),
+        None => Dataplane::new(),
+    };
     dataplane.apply(&config.upstreams).await?;
     dataplane.register_metrics(&mut registry);
     let reloader = Arc::new(Reloader {
         path: args.config.clone(),
         dataplane: dataplane.clone(),
+        l4_workers_flag: args.l4_workers.is_some(),
     });
     let mut router = dataplane.router().merge(
         Router::new()

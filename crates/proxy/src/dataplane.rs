@@ -9,12 +9,18 @@
 //! swapped and [`DiscoveryTasks::respawn`] restarts discovery). Connections in flight
 //! hold their own snapshot of their upstream and are never cut by a reload.
 //!
+//! Connections are accepted and forwarded by the L4 workers ([`crate::workers`]):
+//! threads of their own, each with a `current_thread` runtime and its own socket per
+//! listen address. They start with the first listener; discovery, reload and status
+//! run on the caller's runtime.
+//!
 //! Across reloads an upstream keeps its load balancer (endpoints, in-flight counts,
 //! ejections) while its name, policy, ejection settings and discovery target stay the
 //! same, and its counters while its name does.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::num::NonZeroUsize;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime};
@@ -24,15 +30,15 @@ use dwara_discovery::{DiscoverySnapshot, DiscoveryStats, DiscoveryTasks, Upstrea
 use dwara_discovery_dns::DnsSource;
 use dwara_lb::UpstreamLb;
 use serde_json::json;
-use tokio::net::TcpListener;
-use tokio::task::AbortHandle;
+use tokio::task::JoinHandle;
 use tokio_util::task::TaskTracker;
 use tracing::{info, warn};
 
 use crate::Error;
 use crate::config::UpstreamConfig;
-use crate::forward::{self, Target};
+use crate::forward::Target;
 use crate::plan::{LbPlan, ListenerPlan, plan};
+use crate::workers::{self, WorkerStats, Workers};
 
 /// One upstream of a generation.
 #[derive(Debug)]
@@ -58,13 +64,29 @@ pub struct Generation {
 #[derive(Debug)]
 struct Listener {
     target: Arc<ArcSwap<Target>>,
-    accept: AbortHandle,
+    /// The accepting tasks, one per worker socket.
+    accepts: Vec<JoinHandle<()>>,
+}
+
+impl Listener {
+    /// Stops accepting and waits until the sockets are closed.
+    async fn stop(self) {
+        for accept in &self.accepts {
+            accept.abort();
+        }
+        for accept in self.accepts {
+            // Cancelled, or its worker has stopped: either way the socket is closed.
+            let _ = accept.await;
+        }
+    }
 }
 
 #[derive(Debug, Default)]
 struct Inner {
     tasks: DiscoveryTasks,
     listeners: HashMap<SocketAddr, Listener>,
+    /// Started with the first listener.
+    workers: Option<Workers>,
 }
 
 /// The running upstreams.
@@ -73,16 +95,29 @@ pub struct Dataplane {
     current: ArcSwap<Generation>,
     inner: tokio::sync::Mutex<Inner>,
     connections: TaskTracker,
+    worker_stats: Vec<Arc<WorkerStats>>,
 }
 
 impl Dataplane {
-    /// An empty dataplane (generation 0, no upstreams).
+    /// An empty dataplane (generation 0, no upstreams) with one L4 worker per core.
     pub fn new() -> Arc<Self> {
+        Self::with_l4_workers(workers::default_count())
+    }
+
+    /// An empty dataplane whose connections are accepted and forwarded by `n`
+    /// worker threads (started with the first listener).
+    pub fn with_l4_workers(n: NonZeroUsize) -> Arc<Self> {
         Arc::new(Self {
             current: ArcSwap::from_pointee(Generation::default()),
             inner: tokio::sync::Mutex::new(Inner::default()),
             connections: TaskTracker::new(),
+            worker_stats: (0..n.get()).map(|_| Arc::default()).collect(),
         })
+    }
+
+    /// The number of L4 worker threads.
+    pub fn l4_workers(&self) -> usize {
+        self.worker_stats.len()
     }
 
     /// The running generation.
@@ -157,25 +192,34 @@ impl Dataplane {
         }
 
         // Bind every new address before changing anything.
+        let binds = plan.upstreams.iter().zip(&upstreams);
+        let binds: Vec<_> = binds
+            .filter(|(p, _)| p.listener == ListenerPlan::Bind)
+            .map(|(_, up)| up.clone())
+            .collect();
+        if !binds.is_empty() && inner.workers.is_none() {
+            let started = Workers::start(&self.worker_stats)
+                .await
+                .map_err(Error::Workers)?;
+            inner.workers = Some(started);
+        }
         let mut bound = Vec::new();
-        for (p, up) in plan.upstreams.iter().zip(&upstreams) {
-            if p.listener == ListenerPlan::Bind {
+        if let Some(workers) = &inner.workers {
+            for up in binds {
                 let addr = up.config.listen;
-                let listener = TcpListener::bind(addr)
-                    .await
-                    .map_err(|source| Error::Bind {
-                        upstream: up.config.name.clone(),
-                        addr,
-                        source,
-                    })?;
-                bound.push((up.clone(), listener));
+                let sockets = workers.bind(addr).map_err(|source| Error::Bind {
+                    upstream: up.config.name.clone(),
+                    addr,
+                    source,
+                })?;
+                bound.push((up, sockets));
             }
         }
 
         // Commit: stop removed listeners, retarget kept ones, start new ones.
         for addr in &plan.stop {
             if let Some(listener) = inner.listeners.remove(addr) {
-                listener.accept.abort();
+                listener.stop().await;
                 info!(listen = %addr, "listener closed: upstream removed");
             }
         }
@@ -184,19 +228,16 @@ impl Dataplane {
                 listener.target.store(up.target.clone());
             }
         }
-        for (up, listener) in bound {
-            let target = Arc::new(ArcSwap::new(up.target.clone()));
-            let accept = tokio::spawn(accept_loop(
-                listener,
-                target.clone(),
-                self.connections.clone(),
-            ))
-            .abort_handle();
-            info!(upstream = %up.config.name, listen = %up.config.listen, policy = %up.config.policy, "listening");
-            inner
-                .listeners
-                .insert(up.config.listen, Listener { target, accept });
+        let mut started = Vec::new();
+        if let Some(workers) = &inner.workers {
+            for (up, sockets) in bound {
+                let target = Arc::new(ArcSwap::new(up.target.clone()));
+                let accepts = workers.serve(sockets, &target, &self.connections);
+                info!(upstream = %up.config.name, listen = %up.config.listen, policy = %up.config.policy, sockets = accepts.len(), "listening");
+                started.push((up.config.listen, Listener { target, accepts }));
+            }
         }
+        inner.listeners.extend(started);
         let snapshot = DiscoverySnapshot {
             generation: number,
             upstreams: upstreams.iter().map(|u| u.discovery.clone()).collect(),
@@ -223,7 +264,7 @@ impl Dataplane {
     pub async fn shutdown(&self, drain: Duration) {
         let mut inner = self.inner.lock().await;
         for (_, listener) in inner.listeners.drain() {
-            listener.accept.abort();
+            listener.stop().await;
         }
         inner.tasks.shutdown().await;
         self.connections.close();
@@ -240,6 +281,8 @@ impl Dataplane {
                 "drain deadline passed; closing the remaining connections"
             );
         }
+        // Their runtimes drop what is still open.
+        inner.workers = None;
     }
 
     /// `GET /upstreams`: every upstream's endpoints, generation and last resolution.
@@ -295,22 +338,18 @@ impl Dataplane {
                     .map(|d| d.as_millis() as u64)
             }),
             "upstreams": upstreams,
+            "l4_workers": self
+                .worker_stats
+                .iter()
+                .map(|w| json!({ "accepted": w.accepted.load(Ordering::Relaxed) }))
+                .collect::<Vec<_>>(),
         })
     }
-}
 
-async fn accept_loop(listener: TcpListener, target: Arc<ArcSwap<Target>>, tracker: TaskTracker) {
-    loop {
-        match listener.accept().await {
-            Ok((socket, peer)) => {
-                let target = target.load_full();
-                tracker.spawn(forward::handle(socket, peer, target));
-            }
-            Err(e) => {
-                // EMFILE and friends: back off a little instead of spinning.
-                warn!(error = %e, "accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        }
+    /// Connections accepted by each L4 worker, in worker order.
+    pub(crate) fn worker_accepted(&self) -> impl Iterator<Item = u64> + '_ {
+        self.worker_stats
+            .iter()
+            .map(|w| w.accepted.load(Ordering::Relaxed))
     }
 }

@@ -35,4 +35,7 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// The L4 worker threads could not be started.
+    #[error("cannot start the L4 worker threads: {0}")]
+    Workers(#[source] std::io::Error),
 }

@@ -11,7 +11,7 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use dwara_lb::{Policy, UpstreamLb};
@@ -88,17 +88,22 @@ pub(crate) async fn handle(client: TcpStream, peer: SocketAddr, target: Arc<Targ
     };
     *stats.picks.lock().entry(guard.addr()).or_default() += 1;
     stats.active.fetch_add(1, Ordering::Relaxed);
-    let _ = client.set_nodelay(true);
+    // The client's socket inherited TCP_NODELAY from the listening socket.
     let _ = server.set_nodelay(true);
+    let (client_ended, server_ended) = (AtomicBool::new(false), AtomicBool::new(false));
     let up = pump::Direction {
         from: &client,
         to: &server,
         bytes: &stats.bytes_to_upstream,
+        ended: &client_ended,
+        to_ended: &server_ended,
     };
     let down = pump::Direction {
         from: &server,
         to: &client,
         bytes: &stats.bytes_to_client,
+        ended: &server_ended,
+        to_ended: &client_ended,
     };
     match tokio::try_join!(up.run(), down.run()) {
         Ok((up, down)) => {

@@ -6,7 +6,9 @@
 //!   addresses and the new configuration (unit-tested without sockets).
 //! - [`Dataplane`]: carries plans out (build, bind, commit), owns the listeners and
 //!   the discovery tasks, forwards connections (pick, connect with retries, copy
-//!   both ways), drains on shutdown, and reports its status
+//!   both ways) on its L4 worker threads ([`Dataplane::with_l4_workers`]: each a
+//!   `current_thread` runtime with its own `SO_REUSEPORT` socket per listen
+//!   address, one per core by default), drains on shutdown, and reports its status
 //!   ([`Dataplane::router`]: `GET /upstreams`) and metrics
 //!   ([`Dataplane::register_metrics`]). It owns no HTTP listener.
 //!
@@ -38,6 +40,7 @@ mod http;
 mod metrics;
 pub mod plan;
 mod pump;
+mod workers;
 
 use std::sync::Arc;
 

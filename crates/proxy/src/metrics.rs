@@ -138,6 +138,16 @@ impl Collector for DataplaneCollector {
             }
         }
         let mut family = encoder.encode_descriptor(
+            "dwara_l4_worker_connections",
+            "Client connections accepted, by L4 worker thread",
+            None,
+            MetricType::Counter,
+        )?;
+        for (i, n) in self.dataplane.worker_accepted().enumerate() {
+            let worker = i.to_string();
+            encode_value(&mut family, MetricType::Counter, &[("worker", &worker)], n)?;
+        }
+        let mut family = encoder.encode_descriptor(
             "dwara_discovery_resolutions",
             "Discovery resolutions, by upstream and outcome (ok: endpoints, empty: an authoritative empty answer, failure)",
             None,

@@ -1,11 +1,13 @@
 //! One direction of a forwarded connection: bytes from one socket to the other.
 //!
-//! A direction starts by copying through a small user-space buffer, allocated when
-//! the source is readable and kept once it has given a byte (an idle connection
-//! holds none). Once a read fills that
-//! buffer the direction carries a long transfer and switches to `splice(2)` through
-//! a pipe of its own: socket → pipe → socket, the bytes never leave the kernel. Short
-//! request/response exchanges thus cost no pipe, and bulk bodies cost no copies.
+//! A direction starts by copying through its worker thread's scratch buffer: a read
+//! and the writes that the destination takes at once happen in one go, and only
+//! bytes the destination cannot take yet are kept, in a buffer of the connection's
+//! own until they are written (an idle or request/response connection holds no
+//! buffer). Once a read fills the scratch buffer the direction carries a long
+//! transfer and switches to `splice(2)` through a pipe of its own: socket → pipe →
+//! socket, the bytes never leave the kernel. Short request/response exchanges thus
+//! cost no pipe, and bulk bodies cost no copies.
 //! Where the kernel refuses to splice (`EINVAL`, `ENOSYS`, no pipe for lack of file
 //! descriptors) the direction goes back to copying for good, without losing bytes.
 //!
@@ -15,14 +17,17 @@
 //! all this needs (one reader and one writer per socket), without the waiter list
 //! that `readable()`/`writable()` lock on every wait. When the
 //! source reaches end of stream the destination's write side is shut down (the
-//! half-close is passed on) and the direction is done; the counter given to it grows
-//! by every chunk written, so byte counters are live while the connection is open.
+//! half-close is passed on; when the destination has ended its own stream already,
+//! the connection closes next and the close sends the FIN) and the direction is
+//! done; the counter given to it grows by every chunk written, so byte counters are
+//! live while the connection is open.
 
+use std::cell::RefCell;
 use std::future::poll_fn;
 use std::io;
 use std::net::Shutdown;
 use std::os::fd::OwnedFd;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use nix::errno::Errno;
 use nix::fcntl::{OFlag, SpliceFFlags, splice};
@@ -32,8 +37,14 @@ use tokio::io::Interest;
 use tokio::net::TcpStream;
 use tracing::debug;
 
-/// The copy buffer; a read that fills it marks a long transfer.
+/// The scratch buffer; a read that fills it marks a long transfer.
 const COPY_CHUNK: usize = 16 * 1024;
+
+thread_local! {
+    /// Each thread's copy buffer: used between a read and the writes that follow
+    /// it at once, never across an await.
+    static SCRATCH: RefCell<Box<[u8]>> = RefCell::new(vec![0; COPY_CHUNK].into_boxed_slice());
+}
 /// At most this much per splice call: the default pipe capacity (16 pages).
 const SPLICE_CHUNK: usize = 64 * 1024;
 
@@ -42,16 +53,20 @@ pub(crate) struct Direction<'a> {
     pub(crate) from: &'a TcpStream,
     pub(crate) to: &'a TcpStream,
     pub(crate) bytes: &'a AtomicU64,
+    /// Set when `from` has reached end of stream.
+    pub(crate) ended: &'a AtomicBool,
+    /// The other direction's `ended`: `to` has reached end of stream.
+    pub(crate) to_ended: &'a AtomicBool,
 }
 
 /// How a direction moves its bytes now.
 enum Mode {
-    /// Copying; the buffer exists once the source was first readable.
-    Copy(Option<Box<[u8]>>),
+    /// Copying, ready to splice after a full read.
+    Copy,
     /// Splicing through this pipe.
     Splice(Pipe),
     /// Copying for good: splicing failed once.
-    CopyOnly(Box<[u8]>),
+    CopyOnly,
 }
 
 /// Both ends of a non-blocking pipe.
@@ -80,38 +95,27 @@ impl Direction<'_> {
     /// of `to`. Returns the bytes moved.
     pub(crate) async fn run(self) -> io::Result<u64> {
         let mut total = 0u64;
-        let mut mode = Mode::Copy(None);
+        let mut mode = Mode::Copy;
         loop {
             let moved = match &mut mode {
-                Mode::Copy(slot) => {
-                    poll_fn(|cx| self.from.poll_read_ready(cx)).await?;
-                    let buf = slot.get_or_insert_with(|| vec![0; COPY_CHUNK].into_boxed_slice());
-                    let Some(n) = self.try_read_into(buf)? else {
-                        if total == 0 {
-                            // Readiness without data before the first byte (a
-                            // fresh socket can be reported readable once): an
-                            // idle connection keeps no buffer.
-                            *slot = None;
-                        }
-                        continue;
-                    };
-                    self.write_all(&buf[..n]).await?;
+                Mode::Copy => {
+                    let n = self.copy_once().await?;
                     if n == COPY_CHUNK {
                         match Pipe::new() {
                             Ok(pipe) => mode = Mode::Splice(pipe),
                             Err(e) => {
                                 debug!(error = %e, "no pipe for splicing: copying");
-                                mode = Mode::CopyOnly(std::mem::take(buf));
+                                mode = Mode::CopyOnly;
                             }
                         }
                     }
                     n
                 }
-                Mode::CopyOnly(buf) => self.copy_once(buf).await?,
+                Mode::CopyOnly => self.copy_once().await?,
                 Mode::Splice(pipe) => match self.splice_once(pipe).await? {
                     Spliced::Moved(n) => n,
                     Spliced::Unsupported => {
-                        mode = Mode::CopyOnly(vec![0; COPY_CHUNK].into_boxed_slice());
+                        mode = Mode::CopyOnly;
                         continue;
                     }
                 },
@@ -121,21 +125,50 @@ impl Direction<'_> {
             }
             total += moved as u64;
         }
-        // The peer may have closed already; a failed shutdown changes nothing.
-        let _ = SockRef::from(self.to).shutdown(Shutdown::Write);
+        self.ended.store(true, Ordering::Relaxed);
+        if !self.to_ended.load(Ordering::Relaxed) {
+            // The peer may have closed already; a failed shutdown changes nothing.
+            let _ = SockRef::from(self.to).shutdown(Shutdown::Write);
+        }
         Ok(total)
     }
 
-    /// One read into `buf` and writing all of it; 0 at end of stream.
-    async fn copy_once(&self, buf: &mut [u8]) -> io::Result<usize> {
-        let n = loop {
+    /// One read through the scratch buffer and writing all of it; 0 at end of
+    /// stream.
+    async fn copy_once(&self) -> io::Result<usize> {
+        loop {
             poll_fn(|cx| self.from.poll_read_ready(cx)).await?;
-            if let Some(n) = self.try_read_into(buf)? {
-                break n;
+            let step = SCRATCH.with_borrow_mut(|buf| self.read_and_write(buf))?;
+            match step {
+                None => continue,
+                Some((n, None)) => return Ok(n),
+                Some((n, Some(rest))) => {
+                    self.write_all(&rest).await?;
+                    return Ok(n);
+                }
             }
+        }
+    }
+
+    /// One read into `buf`, then writes while `to` takes them: `None` when `from`
+    /// had nothing, else the bytes read and those `to` did not take yet.
+    fn read_and_write(&self, buf: &mut [u8]) -> io::Result<Option<(usize, Option<Vec<u8>>)>> {
+        let Some(n) = self.try_read_into(buf)? else {
+            return Ok(None);
         };
-        self.write_all(&buf[..n]).await?;
-        Ok(n)
+        let mut written = 0;
+        while written < n {
+            match self.to.try_write(&buf[written..n]) {
+                Ok(m) => {
+                    written += m;
+                    self.bytes.fetch_add(m as u64, Ordering::Relaxed);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) => return Err(e),
+            }
+        }
+        let rest = (written < n).then(|| buf[written..n].to_vec());
+        Ok(Some((n, rest)))
     }
 
     /// One read attempt; `None` when the socket had nothing (readiness cleared).
@@ -249,4 +282,62 @@ enum Spliced {
     Moved(usize),
     /// The kernel does not splice these files; nothing was lost.
     Unsupported,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+
+    /// A connected pair of loopback sockets.
+    async fn pair() -> (TcpStream, TcpStream) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let a = TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (b, _) = listener.accept().await.unwrap();
+        (a, b)
+    }
+
+    #[tokio::test]
+    async fn bytes_the_destination_cannot_take_yet_wait_and_arrive_in_order() {
+        // `to` is full (its peer does not read yet): a read of 15,000 bytes (one
+        // copy, under the scratch size) cannot be written at once and waits in the
+        // connection's own buffer.
+        let (mut source, from) = pair().await;
+        let (to, mut sink) = pair().await;
+        let mut full = 0usize;
+        loop {
+            match to.try_write(&[0xee; 4096]) {
+                Ok(n) => full += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) => panic!("{e}"),
+            }
+        }
+        let msg: Vec<u8> = (0..15_000u32).map(|i| (i % 251) as u8).collect();
+        source.write_all(&msg).await.unwrap();
+        source.shutdown().await.unwrap();
+        let (bytes, ended, to_ended) = (
+            AtomicU64::new(0),
+            AtomicBool::new(false),
+            AtomicBool::new(false),
+        );
+        let dir = Direction {
+            from: &from,
+            to: &to,
+            bytes: &bytes,
+            ended: &ended,
+            to_ended: &to_ended,
+        };
+        let mut got = Vec::new();
+        let (moved, read) = tokio::join!(dir.run(), sink.read_to_end(&mut got));
+        assert_eq!(moved.unwrap(), 15_000);
+        read.unwrap();
+        assert_eq!(got.len(), full + msg.len());
+        assert!(got[..full].iter().all(|b| *b == 0xee));
+        assert!(got[full..] == msg, "bytes changed or lost");
+        assert_eq!(bytes.load(Ordering::Relaxed), 15_000);
+        assert!(ended.load(Ordering::Relaxed));
+    }
 }

@@ -142,6 +142,10 @@ struct Serve {
 
 impl Serve {
     fn spawn(config_yaml: &str) -> Self {
+        Self::spawn_with(config_yaml, &[])
+    }
+
+    fn spawn_with(config_yaml: &str, extra: &[&str]) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let config = dir.path().join("dwara.yaml");
         std::fs::write(&config, config_yaml).unwrap();
@@ -158,6 +162,7 @@ impl Serve {
                 "--drain-timeout",
                 "5",
             ])
+            .args(extra)
             .env("DWARA_LOG", "warn")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -414,6 +419,106 @@ async fn sighup_moves_traffic_to_a_new_name_and_a_broken_file_changes_nothing() 
         .wait_endpoints(&eps(backends.port, &["127.0.0.2"]))
         .await;
     assert_eq!(serve.status().await["generation"], 3);
+}
+
+fn worker_accepted(status: &serde_json::Value) -> Vec<u64> {
+    status["l4_workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w["accepted"].as_u64().unwrap())
+        .collect()
+}
+
+#[tokio::test]
+async fn l4_workers_share_every_listener_and_follow_a_reload() {
+    let backends = Backends::start(&["127.0.0.2", "127.0.0.3"]).await;
+    let dns = TestDnsServer::start().await.unwrap();
+    dns.set_a("old.test.", &["127.0.0.2".parse().unwrap()], 1);
+    dns.set_a("new.test.", &["127.0.0.3".parse().unwrap()], 1);
+    let proxy = test_support::free_addr();
+    // The file asks for 3 workers.
+    let file = |proxy, host| {
+        format!(
+            "l4_workers: 3\n{}",
+            config(proxy, host, backends.port, dns.addr(), true)
+        )
+    };
+    let serve = Serve::spawn(&file(proxy, "old.test"));
+    serve
+        .wait_endpoints(&eps(backends.port, &["127.0.0.2"]))
+        .await;
+    assert_eq!(backends_seen(proxy, 90).await, vec!["127.0.0.2"]);
+    let before = worker_accepted(&serve.status().await);
+    assert_eq!(before.len(), 3, "{before:?}");
+    assert_eq!(before.iter().sum::<u64>(), 90, "{before:?}");
+    assert!(
+        before.iter().all(|n| *n > 0),
+        "a worker accepted nothing: {before:?}"
+    );
+
+    serve.rewrite(&file(proxy, "new.test"));
+    serve.signal("HUP");
+    serve
+        .wait_endpoints(&eps(backends.port, &["127.0.0.3"]))
+        .await;
+    assert_eq!(backends_seen(proxy, 90).await, vec!["127.0.0.3"]);
+    let after = worker_accepted(&serve.status().await);
+    assert!(
+        after.iter().zip(&before).all(|(a, b)| a > b),
+        "a worker's socket stopped accepting across the reload: {before:?} -> {after:?}"
+    );
+    let (_, metrics) = http(serve.http, "GET", "/metrics").await;
+    assert!(
+        metrics.contains(&format!(
+            "dwara_l4_worker_connections_total{{worker=\"2\"}} {}",
+            after[2]
+        )),
+        "{metrics}"
+    );
+
+    // The flag wins over the file.
+    let other = test_support::free_addr();
+    let serve = Serve::spawn_with(&file(other, "old.test"), &["--l4-workers", "1"]);
+    serve
+        .wait_endpoints(&eps(backends.port, &["127.0.0.2"]))
+        .await;
+    assert_eq!(worker_accepted(&serve.status().await).len(), 1);
+}
+
+#[tokio::test]
+async fn zero_l4_workers_is_refused_with_the_key_named() {
+    let dns = TestDnsServer::start().await.unwrap();
+    let yaml = config(test_support::free_addr(), "a.test", 80, dns.addr(), true);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("dwara.yaml");
+    std::fs::write(&path, format!("l4_workers: 0\n{yaml}")).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_dwara"))
+        .args(["check", "--config", path.to_str().unwrap()])
+        .output()
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("l4_workers: must be at least 1"),
+        "{stderr}"
+    );
+    std::fs::write(&path, yaml).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_dwara"))
+        .args([
+            "serve",
+            "--config",
+            path.to_str().unwrap(),
+            "--l4-workers",
+            "0",
+        ])
+        .output()
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("--l4-workers"), "{stderr}");
 }
 
 #[tokio::test]

@@ -1,11 +1,12 @@
 //! Tests of the dataplane library against real sockets and the in-process test DNS
-//! server: forwarding, reload semantics and the metrics it exposes.
+//! server: forwarding, reload semantics, the L4 workers and the metrics it exposes.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 mod forward;
 mod metrics;
 mod reload;
+mod workers;
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Duration;

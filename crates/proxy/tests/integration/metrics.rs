@@ -51,6 +51,9 @@ async fn any_upstream_name_survives_the_text_format() {
             .families
             .contains_key("dwara_upstream_connections_total")
     );
+    // One series per L4 worker.
+    let workers = &parsed.families["dwara_l4_worker_connections_total"];
+    assert_eq!(workers.iter_samples().count(), dp.l4_workers(), "{text}");
     dp.shutdown(Duration::from_secs(1)).await;
     dns.shutdown().await;
 }
