@@ -504,8 +504,10 @@ const LIES: [&str; 6] = [
 
 /// A fallback server that lies on UDP and on TCP (same port), per [`lie`].
 fn lying_fallback(stop: Arc<AtomicBool>) -> SocketAddr {
-    let udp = UdpSocket::bind("127.0.0.1:0").unwrap();
-    let addr = udp.local_addr().unwrap();
+    // A port below the ephemeral range, free for both protocols: a UDP port 0 bind
+    // can land on a TCP port that a client socket (or TIME_WAIT) holds.
+    let addr = test_support::free_addr();
+    let udp = UdpSocket::bind(addr).unwrap();
     let tcp = TcpListener::bind(addr).unwrap();
     udp.set_read_timeout(Some(Duration::from_millis(100)))
         .unwrap();
