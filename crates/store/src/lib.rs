@@ -15,6 +15,11 @@
 //! checked and repaired as a copy that replaces it only once all is well. A row that does not
 //! decode is reported by [`Store::load`] in [`Loaded::undecodable`] and kept.
 //!
+//! A commit that fails (a full disk) fails every write of its batch. redb refuses
+//! all later transactions after that until the database is reopened, so the writer
+//! closes it and reopens it, copy and check as at opening, before the next batch:
+//! once there is room again, writes succeed again without a restart.
+//!
 //! # Example
 //!
 //! ```
@@ -152,9 +157,12 @@ impl Store {
                 source: Box::new(e),
             }
         };
-        let read = self
-            .shared
-            .db
+        let slot = self.shared.db();
+        let Some(db) = slot.as_ref() else {
+            // Closed by a failed commit; the next write reopens it.
+            return Err(StoreError::Closed { dir: dir.clone() });
+        };
+        let read = db
             .begin_read()
             .map_err(|e| db_err("begin a read")(e.into()))?;
         let table = match read.open_table(REGISTRATIONS) {

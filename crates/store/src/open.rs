@@ -86,15 +86,7 @@ pub(crate) fn open(dir: &Path) -> Result<Opened, StoreError> {
             return Err(e);
         }
     };
-    let installed = File::open(&tmp)
-        .and_then(|f| f.sync_all())
-        .and_then(|()| std::fs::rename(&tmp, &file))
-        .and_then(|()| File::open(dir)?.sync_all());
-    if let Err(e) = installed {
-        drop(db);
-        let _ = std::fs::remove_file(&tmp);
-        return Err(io_err(dir, "put the opened store in place")(e));
-    }
+    let db = install(dir, db, &tmp, &file)?;
     if !exists {
         tracing::info!(file = %file.display(), "created a new registration store");
     }
@@ -103,6 +95,41 @@ pub(crate) fn open(dir: &Path) -> Result<Opened, StoreError> {
         lock,
         incarnation,
     })
+}
+
+/// Puts the opened copy `tmp` in place of `file` (synced, renamed, the directory
+/// synced); on failure removes the copy and leaves `file` as it was.
+fn install(dir: &Path, db: Database, tmp: &Path, file: &Path) -> Result<Database, StoreError> {
+    let installed = File::open(tmp)
+        .and_then(|f| f.sync_all())
+        .and_then(|()| std::fs::rename(tmp, file))
+        .and_then(|()| File::open(dir)?.sync_all());
+    match installed {
+        Ok(()) => Ok(db),
+        Err(e) => {
+            drop(db);
+            let _ = std::fs::remove_file(tmp);
+            Err(io_err(dir, "put the opened store in place")(e))
+        }
+    }
+}
+
+/// Opens the store file of `dir` again, in this process, under the lock it already
+/// holds: after a failed commit redb refuses every later transaction until the
+/// database is reopened. The same copy, check and rename as [`open`] (so a file a
+/// failed write left damaged is repaired on the copy, or refused), without counting
+/// a start: it is the same incarnation. Needs room for the copy.
+pub(crate) fn reopen(dir: &Path) -> Result<Database, StoreError> {
+    let file = dir.join(FILE_NAME);
+    let tmp = dir.join(format!("{FILE_NAME}.opening"));
+    let _ = std::fs::remove_file(&tmp);
+    match open_copy(dir, &file, &tmp) {
+        Ok(db) => install(dir, db, &tmp, &file),
+        Err(e) => {
+            let _ = std::fs::remove_file(&tmp);
+            Err(e)
+        }
+    }
 }
 
 fn lock(dir: &Path) -> Result<File, StoreError> {

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use redb::{ReadableDatabase, ReadableTableMetadata};
 
@@ -443,4 +443,112 @@ fn a_crashed_and_damaged_store_is_refused_and_left_alone() {
         *b ^= 0x5a;
     }
     assert_refused_untouched(dir.path(), &flipped, "all pages after the header flipped");
+}
+
+/// A tmpfs of `bytes` mounted on a fresh directory, unmounted on drop. `None`
+/// when this process may not mount (not root).
+struct SmallDisk {
+    dir: tempfile::TempDir,
+}
+
+impl SmallDisk {
+    fn mount(bytes: u64) -> Option<Self> {
+        let dir = tempfile::tempdir().unwrap();
+        let status = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={bytes}"), "tmpfs"])
+            .arg(dir.path())
+            .status()
+            .unwrap();
+        if !status.success() {
+            let uid = std::process::Command::new("id").arg("-u").output().unwrap();
+            assert_ne!(
+                String::from_utf8_lossy(&uid.stdout).trim(),
+                "0",
+                "mounting a tmpfs failed as root"
+            );
+            return None;
+        }
+        Some(Self { dir })
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Writes a file until the disk is full; returns its path.
+    fn fill(&self) -> PathBuf {
+        use std::io::Write as _;
+        let path = self.path().join("filler");
+        let mut f = std::fs::File::create(&path).unwrap();
+        let chunk = vec![0u8; 4096];
+        while f.write_all(&chunk).is_ok() {}
+        let _ = f.sync_all();
+        path
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg(self.dir.path())
+            .status();
+    }
+}
+
+/// A disk that fills up fails the commits (and says so to every writer); once
+/// space is back, the store reopens itself and takes writes again, without a
+/// restart. Every write that was acknowledged is stored, and none that failed.
+#[test]
+fn a_full_disk_fails_writes_and_the_store_recovers_when_space_is_back() {
+    let Some(disk) = SmallDisk::mount(8 << 20) else {
+        eprintln!("skipped: mounting a tmpfs needs root");
+        return;
+    };
+    let data = disk.path().join("data");
+    let mut acked = BTreeSet::new();
+    let mut failed = 0;
+    {
+        let store = Store::open(&data).unwrap();
+        let mut n = 0u32;
+        let mut write = |store: &Store, acked: &mut BTreeSet<Registration>| {
+            n += 1;
+            let r = reg(
+                &format!("c{n}"),
+                &format!("10.{}.{}.{}", n >> 16, (n >> 8) & 255, n & 255),
+                &format!("n{n}.weave.local."),
+            );
+            let ok = store.submit(Write::Put(r.clone())).wait_blocking().is_ok();
+            if ok {
+                acked.insert(r);
+            }
+            ok
+        };
+        for _ in 0..20 {
+            assert!(write(&store, &mut acked), "a write before the disk is full");
+        }
+        let filler = disk.fill();
+        // Writes fail while the disk is full (redb may still fit a few in pages it
+        // has; bounded so the test cannot spin).
+        for _ in 0..2000 {
+            if !write(&store, &mut acked) {
+                failed += 1;
+                if failed == 3 {
+                    break;
+                }
+            }
+        }
+        assert_eq!(failed, 3, "writes kept succeeding on a full disk");
+        std::fs::remove_file(filler).unwrap();
+        for _ in 0..20 {
+            assert!(
+                write(&store, &mut acked),
+                "a write after space came back failed: the store did not recover"
+            );
+        }
+    }
+    assert_eq!(
+        stored(&data),
+        acked,
+        "acknowledged writes, and only those, are stored"
+    );
 }

@@ -54,7 +54,8 @@ struct Queue {
 #[derive(Debug)]
 pub(crate) struct Shared {
     pub(crate) dir: PathBuf,
-    pub(crate) db: Database,
+    /// The open database; `None` after a failed commit until the writer reopens it.
+    db: Mutex<Option<Database>>,
     pub(crate) incarnation: u64,
     queue: Mutex<Queue>,
     wake: Condvar,
@@ -66,12 +67,17 @@ impl Shared {
     pub(crate) fn new(dir: PathBuf, opened: crate::open::Opened) -> Self {
         Self {
             dir,
-            db: opened.db,
+            db: Mutex::new(Some(opened.db)),
             incarnation: opened.incarnation,
             queue: Mutex::new(Queue::default()),
             wake: Condvar::new(),
             _lock: opened.lock,
         }
+    }
+
+    /// The database slot (see [`Shared::db`]'s field).
+    pub(crate) fn db(&self) -> MutexGuard<'_, Option<Database>> {
+        self.db.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     fn queue(&self) -> MutexGuard<'_, Queue> {
@@ -174,7 +180,7 @@ fn run(shared: &Shared) {
         };
         let (writes, replies): (Vec<Encoded>, Vec<Reply>) = batch.into_iter().unzip();
         let started = std::time::Instant::now();
-        match commit(&shared.db, &writes) {
+        match commit_batch(shared, &writes) {
             Ok(()) => {
                 tracing::trace!(
                     writes = writes.len(),
@@ -186,12 +192,8 @@ fn run(shared: &Shared) {
                     let _ = reply.send(Ok(()));
                 }
             }
-            Err(source) => {
-                let error = Arc::new(StoreError::Database {
-                    dir: shared.dir.clone(),
-                    action: "commit registrations",
-                    source: Box::new(source),
-                });
+            Err(error) => {
+                let error = Arc::new(error);
                 let mut cause = error.to_string();
                 let mut next = std::error::Error::source(&*error);
                 while let Some(c) = next {
@@ -211,6 +213,40 @@ fn run(shared: &Shared) {
                     }));
                 }
             }
+        }
+    }
+}
+
+/// Commits one batch, reopening the database first if the last commit failed.
+///
+/// redb refuses every transaction after a failed commit (an I/O error: a full disk,
+/// say) until the database is closed and opened again, so a failure closes it here
+/// and the next batch reopens it ([`crate::open::reopen`]): once the disk has room
+/// again, writes succeed again without a restart. While the reopen fails, so does
+/// every batch, each with the reopen's error.
+fn commit_batch(shared: &Shared, writes: &[Encoded]) -> Result<(), StoreError> {
+    let mut slot = shared.db();
+    let db = match slot.take() {
+        Some(db) => db,
+        None => {
+            let db = crate::open::reopen(&shared.dir)?;
+            tracing::warn!(dir = %shared.dir.display(), "store reopened after a failed commit; writes are durable again");
+            db
+        }
+    };
+    match commit(&db, writes) {
+        Ok(()) => {
+            *slot = Some(db);
+            Ok(())
+        }
+        Err(source) => {
+            // Closed now (dropped), reopened by the next batch.
+            drop(db);
+            Err(StoreError::Database {
+                dir: shared.dir.clone(),
+                action: "commit registrations",
+                source: Box::new(source),
+            })
         }
     }
 }
