@@ -87,6 +87,11 @@ impl Durable {
     pub(crate) fn incarnation(&self) -> u64 {
         self.store.incarnation()
     }
+
+    /// The store writer's counters.
+    pub(crate) fn stats(&self) -> dwara_store::StoreStats {
+        self.store.stats()
+    }
 }
 
 /// `e` and its causes on one line, `: `-separated.

@@ -286,10 +286,10 @@ impl NameServer {
 
     /// Registers the name server's metrics (see [`NameServerCollector`]).
     pub fn register_metrics(&self, registry: &mut prometheus_client::registry::Registry) {
-        registry.register_collector(Box::new(NameServerCollector::new(
-            self.metrics.clone(),
-            self.db.clone(),
-        )));
+        registry.register_collector(Box::new(
+            NameServerCollector::new(self.metrics.clone(), self.db.clone())
+                .with_durable(self.durable.clone()),
+        ));
     }
 
     /// Stops the DNS listeners and the background tasks.

@@ -3,7 +3,8 @@
 //! Each UDP worker owns a [`Counters`] block (cache-line aligned, relaxed atomics) so
 //! the fast path never shares a written cache line with another thread; a scrape sums
 //! the blocks. TCP, forwarding and HTTP use shared blocks: they are not the hot path.
-//! [`NameServerCollector`] reads the blocks (and the database's size) at scrape time;
+//! [`NameServerCollector`] reads the blocks (the database's size, and with a data dir
+//! the registration store's counters) at scrape time;
 //! the text format is `prometheus-client`'s.
 
 use std::collections::BTreeMap;
@@ -18,6 +19,7 @@ use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 
 use crate::db::Db;
+use crate::durable::Durable;
 
 const QTYPES: [(&str, Option<u16>); 12] = [
     ("A", Some(1)),
@@ -150,13 +152,63 @@ impl Metrics {
 pub struct NameServerCollector {
     metrics: Arc<Metrics>,
     db: Arc<Db>,
+    durable: Option<Arc<Durable>>,
 }
 
 impl NameServerCollector {
     /// A collector over `metrics` and `db`.
     pub fn new(metrics: Arc<Metrics>, db: Arc<Db>) -> Self {
-        Self { metrics, db }
+        Self {
+            metrics,
+            db,
+            durable: None,
+        }
     }
+
+    /// Adds the registration store's metrics (`dwara_store_*`, with `--data-dir`).
+    pub(crate) fn with_durable(mut self, durable: Option<Arc<Durable>>) -> Self {
+        self.durable = durable;
+        self
+    }
+}
+
+/// `dwara_store_*`: the registration store's writer.
+fn encode_store(
+    encoder: &mut DescriptorEncoder<'_>,
+    stats: &dwara_store::StoreStats,
+) -> Result<(), std::fmt::Error> {
+    for (name, help, ok, failed) in [
+        (
+            "dwara_store_batches",
+            "Registration store commits (one per batch of writes), by result",
+            stats.batches,
+            stats.failed_batches,
+        ),
+        (
+            "dwara_store_writes",
+            "Writes (puts and deletes) to the registration store, by result",
+            stats.writes,
+            stats.failed_writes,
+        ),
+    ] {
+        let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+        for (result, v) in [("committed", ok), ("failed", failed)] {
+            ConstCounter::new(v).encode(family.encode_family(&[("result", result)])?)?;
+        }
+    }
+    counter(
+        encoder,
+        "dwara_store_reopens",
+        "Reopens of the registration store after a failed commit",
+        stats.reopens,
+    )?;
+    let seconds = ConstCounter::new(stats.commit_seconds);
+    seconds.encode(encoder.encode_descriptor(
+        "dwara_store_commit_seconds",
+        "Time spent committing to the registration store (fsync included)",
+        None,
+        seconds.metric_type(),
+    )?)
 }
 
 fn counter(
@@ -231,6 +283,9 @@ impl Collector for NameServerCollector {
         for (status, v) in http {
             let labels = [("status", status.to_string())];
             ConstCounter::new(v).encode(family.encode_family(&labels)?)?;
+        }
+        if let Some(durable) = &self.durable {
+            encode_store(&mut encoder, &durable.stats())?;
         }
         Ok(())
     }

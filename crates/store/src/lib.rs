@@ -103,6 +103,23 @@ pub struct Loaded {
     pub undecodable: Vec<Undecodable>,
 }
 
+/// The writer's counters since the store was opened ([`Store::stats`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct StoreStats {
+    /// Batches committed.
+    pub batches: u64,
+    /// Writes in the committed batches.
+    pub writes: u64,
+    /// Batches whose commit (or the reopen before it) failed.
+    pub failed_batches: u64,
+    /// Writes in the failed batches (each got the error).
+    pub failed_writes: u64,
+    /// Reopens after a failed commit that succeeded.
+    pub reopens: u64,
+    /// Time spent committing (and reopening), in seconds.
+    pub commit_seconds: f64,
+}
+
 /// An open store: one redb file in a data directory, locked for this process,
 /// and its group-commit writer thread. Dropping it finishes the queued writes.
 #[derive(Debug)]
@@ -145,6 +162,20 @@ impl Store {
     /// incarnation without consulting a clock.
     pub fn incarnation(&self) -> u64 {
         self.shared.incarnation
+    }
+
+    /// The writer's counters so far.
+    pub fn stats(&self) -> StoreStats {
+        use std::sync::atomic::Ordering::Relaxed;
+        let s = &self.shared.stats;
+        StoreStats {
+            batches: s.batches.load(Relaxed),
+            writes: s.writes.load(Relaxed),
+            failed_batches: s.failed_batches.load(Relaxed),
+            failed_writes: s.failed_writes.load(Relaxed),
+            reopens: s.reopens.load(Relaxed),
+            commit_seconds: s.commit_micros.load(Relaxed) as f64 / 1e6,
+        }
     }
 
     /// Every stored registration, and the rows that do not decode.

@@ -545,6 +545,11 @@ fn a_full_disk_fails_writes_and_the_store_recovers_when_space_is_back() {
                 "a write after space came back failed: the store did not recover"
             );
         }
+        let stats = store.stats();
+        assert_eq!(stats.failed_batches, 3, "{stats:?}");
+        assert_eq!(stats.failed_writes, 3, "{stats:?}");
+        assert_eq!(stats.reopens, 1, "{stats:?}");
+        assert_eq!(stats.writes, acked.len() as u64, "{stats:?}");
     }
     assert_eq!(
         stored(&data),

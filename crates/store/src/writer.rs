@@ -9,6 +9,7 @@
 use std::future::Future;
 use std::path::PathBuf;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll};
 
@@ -50,6 +51,17 @@ struct Queue {
     closing: bool,
 }
 
+/// The writer's counters ([`crate::StoreStats`] reads them).
+#[derive(Debug, Default)]
+pub(crate) struct Stats {
+    pub(crate) batches: AtomicU64,
+    pub(crate) writes: AtomicU64,
+    pub(crate) failed_batches: AtomicU64,
+    pub(crate) failed_writes: AtomicU64,
+    pub(crate) reopens: AtomicU64,
+    pub(crate) commit_micros: AtomicU64,
+}
+
 /// What the store handle and the writer thread share.
 #[derive(Debug)]
 pub(crate) struct Shared {
@@ -57,6 +69,7 @@ pub(crate) struct Shared {
     /// The open database; `None` after a failed commit until the writer reopens it.
     db: Mutex<Option<Database>>,
     pub(crate) incarnation: u64,
+    pub(crate) stats: Stats,
     queue: Mutex<Queue>,
     wake: Condvar,
     /// Held (and released when dropped, after `db` is closed) for the store's life.
@@ -69,6 +82,7 @@ impl Shared {
             dir,
             db: Mutex::new(Some(opened.db)),
             incarnation: opened.incarnation,
+            stats: Stats::default(),
             queue: Mutex::new(Queue::default()),
             wake: Condvar::new(),
             _lock: opened.lock,
@@ -180,7 +194,19 @@ fn run(shared: &Shared) {
         };
         let (writes, replies): (Vec<Encoded>, Vec<Reply>) = batch.into_iter().unzip();
         let started = std::time::Instant::now();
-        match commit_batch(shared, &writes) {
+        let outcome = commit_batch(shared, &writes);
+        let stats = &shared.stats;
+        let micros = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+        stats.commit_micros.fetch_add(micros, Relaxed);
+        let count = writes.len() as u64;
+        if outcome.is_ok() {
+            stats.batches.fetch_add(1, Relaxed);
+            stats.writes.fetch_add(count, Relaxed);
+        } else {
+            stats.failed_batches.fetch_add(1, Relaxed);
+            stats.failed_writes.fetch_add(count, Relaxed);
+        }
+        match outcome {
             Ok(()) => {
                 tracing::trace!(
                     writes = writes.len(),
@@ -230,6 +256,7 @@ fn commit_batch(shared: &Shared, writes: &[Encoded]) -> Result<(), StoreError> {
         Some(db) => db,
         None => {
             let db = crate::open::reopen(&shared.dir)?;
+            shared.stats.reopens.fetch_add(1, Relaxed);
             tracing::warn!(dir = %shared.dir.display(), "store reopened after a failed commit; writes are durable again");
             db
         }

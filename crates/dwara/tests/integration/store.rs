@@ -382,6 +382,24 @@ fn a_registration_the_disk_refuses_gets_500_and_acknowledged_ones_survive() {
         failure.1.contains("not stored") && failure.1.contains("File too large"),
         "{failure:?}"
     );
+    // The store's counters say the same: every acknowledged write committed, the
+    // refused one failed.
+    let (status, metrics) = request(s.http, "GET", "/metrics", None);
+    assert_eq!(status, 200);
+    let value = |series: &str| -> u64 {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(series)?.trim().parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("no {series} in /metrics"))
+            .round() as u64
+    };
+    assert_eq!(
+        value("dwara_store_writes_total{result=\"committed\"}"),
+        acked as u64
+    );
+    assert_eq!(value("dwara_store_writes_total{result=\"failed\"}"), 1);
+    assert_eq!(value("dwara_store_batches_total{result=\"failed\"}"), 1);
+    assert!(metrics.contains("dwara_store_commit_seconds_total"));
     kill(s);
     let s = serve(dir.path());
     let (status, body) = request(s.http, "GET", "/name", None);
