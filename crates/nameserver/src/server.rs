@@ -225,6 +225,14 @@ impl DnsServer {
     ) -> Result<Self> {
         let worker_count = config.udp_workers.max(1);
         let Bound { udp, tcp } = bind_all(config.listen, worker_count)?;
+        if config.listen.ip().is_unspecified() {
+            // Replies are sent without IP_PKTINFO, so their source is the address the
+            // route to the client picks, not the one the query was sent to.
+            tracing::warn!(
+                listen = %config.listen,
+                "DNS/UDP on a wildcard address: a reply leaves from the address the route to the client picks, so a client that queried another of this host's addresses drops it; bind a specific address"
+            );
+        }
         let io_err = |context: &str, source| Error::Io {
             context: context.to_owned(),
             source,

@@ -846,3 +846,29 @@ fn dns_and_http_listeners_have_deep_accept_queues() {
     assert_eq!(listen_backlog(s.dns), want, "DNS/TCP backlog");
     assert_eq!(listen_backlog(s.http), want, "HTTP backlog");
 }
+
+/// On a wildcard address a UDP reply leaves from the address the route to the
+/// client picks (no `IP_PKTINFO`): a query sent to 127.0.0.2 gets its reply from
+/// 127.0.0.1, which a client drops. The server says so when it starts, and a query
+/// to the primary address is answered. (When replies carry the asked address this
+/// test must change: it pins today's behaviour and its warning.)
+#[test]
+fn a_wildcard_listener_warns_that_replies_leave_from_the_routed_address() {
+    let s = Serve::start(&["--dns-listen", "0.0.0.0:0", "--http-listen", "127.0.0.1:0"]);
+    assert!(
+        s.logged("DNS/UDP on a wildcard address"),
+        "no warning about the wildcard listener"
+    );
+    let port = s.dns.port();
+    let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
+    sock.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    let q = query(7, "nothing.weave.local", A);
+    sock.send_to(&q, ("127.0.0.2", port)).unwrap();
+    let mut buf = [0u8; 512];
+    let (_, from) = sock.recv_from(&mut buf).expect("the reply arrives");
+    assert_eq!(
+        from.ip().to_string(),
+        "127.0.0.1",
+        "the reply to 127.0.0.2 came from {from}"
+    );
+}
