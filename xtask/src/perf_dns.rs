@@ -607,11 +607,7 @@ fn dnsperf(
 pub(crate) fn run(args: &[String]) -> anyhow::Result<()> {
     let opts = parse_args(args)?;
     crate::cargo(&["build", "--release", "-p", "dwara"])?;
-    let dir = std::env::temp_dir().join(format!("dwara-perf-dns-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)?;
-    let result = run_in(&dir, &opts);
-    let _ = std::fs::remove_dir_all(&dir);
-    result
+    crate::perf_util::in_scratch_dir("perf-dns", |dir| run_in(dir, &opts))
 }
 
 fn run_in(dir: &Path, opts: &Options) -> anyhow::Result<()> {

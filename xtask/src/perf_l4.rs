@@ -566,11 +566,7 @@ pub(crate) fn run(args: &[String]) -> anyhow::Result<()> {
     if opts.dwara.is_none() {
         crate::cargo(&["build", "--release", "-p", "dwara"])?;
     }
-    let dir = std::env::temp_dir().join(format!("dwara-perf-l4-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)?;
-    let result = run_in(&dir, &opts);
-    let _ = std::fs::remove_dir_all(&dir);
-    result
+    crate::perf_util::in_scratch_dir("perf-l4", |dir| run_in(dir, &opts))
 }
 
 fn run_in(dir: &Path, opts: &Options) -> anyhow::Result<()> {

@@ -6,6 +6,19 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// Where `cargo build --release` put `dwara` (`CARGO_TARGET_DIR` or the workspace's).
+/// Runs `f` in a fresh scratch directory `$TMPDIR/dwara-<name>-<pid>`, removed
+/// afterwards whatever `f` returned.
+pub(crate) fn in_scratch_dir(
+    name: &str,
+    f: impl FnOnce(&Path) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    let dir = std::env::temp_dir().join(format!("dwara-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let result = f(&dir);
+    let _ = std::fs::remove_dir_all(&dir);
+    result
+}
+
 pub(crate) fn release_dwara() -> PathBuf {
     std::env::var_os("CARGO_TARGET_DIR")
         .map_or_else(

@@ -57,7 +57,7 @@ pub(crate) fn open(dir: &Path) -> Result<Opened, StoreError> {
     std::fs::create_dir_all(dir).map_err(io_err(dir, "create it"))?;
     let lock = lock(dir)?;
     let file = dir.join(FILE_NAME);
-    let tmp = dir.join(format!("{FILE_NAME}.opening"));
+    let tmp = opening_path(dir);
     // A leftover of a process that died while opening; we hold the lock, so it is
     // nobody's.
     match std::fs::remove_file(&tmp) {
@@ -121,7 +121,7 @@ fn install(dir: &Path, db: Database, tmp: &Path, file: &Path) -> Result<Database
 /// a start: it is the same incarnation. Needs room for the copy.
 pub(crate) fn reopen(dir: &Path) -> Result<Database, StoreError> {
     let file = dir.join(FILE_NAME);
-    let tmp = dir.join(format!("{FILE_NAME}.opening"));
+    let tmp = opening_path(dir);
     let _ = std::fs::remove_file(&tmp);
     match open_copy(dir, &file, &tmp) {
         Ok(db) => install(dir, db, &tmp, &file),
@@ -130,6 +130,11 @@ pub(crate) fn reopen(dir: &Path) -> Result<Database, StoreError> {
             Err(e)
         }
     }
+}
+
+/// Where the store is copied and opened before it replaces the store file.
+fn opening_path(dir: &Path) -> PathBuf {
+    dir.join(format!("{FILE_NAME}.opening"))
 }
 
 fn lock(dir: &Path) -> Result<File, StoreError> {
