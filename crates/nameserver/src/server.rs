@@ -10,7 +10,9 @@
 //! this workload (see `docs/PERFORMANCE.md`), and a worker's packet path allocates
 //! nothing. Queries that must be forwarded are handed to a tokio task (bounded by a
 //! semaphore), which sends the reply on the worker's socket. TCP is a tokio task per
-//! connection; TCP answers are never truncated.
+//! connection; TCP answers are never truncated. On a wildcard address (`0.0.0.0`,
+//! `[::]`) every UDP reply, forwarded ones included, leaves from the address its
+//! query was sent to (see `pktinfo`).
 //!
 //! # DNS/TCP limits
 //!
@@ -29,6 +31,7 @@
 //!   message boundary). A connection therefore holds its slot at most
 //!   `tcp_max_lifetime` + 2 × `tcp_idle_timeout` + the forwarder's deadline.
 
+mod pktinfo;
 mod udp_batch;
 
 use std::net::{SocketAddr, TcpListener as StdTcpListener, UdpSocket};
@@ -51,6 +54,7 @@ use crate::forward::Forwarder;
 use crate::handler::{Handler, MAX_MESSAGE, Outcome, Transport, servfail};
 use crate::metrics::{Counters, Metrics};
 use crate::wire::FastRng;
+use pktinfo::{Family, Peer};
 use udp_batch::UdpBatch;
 
 /// How the DNS listeners are set up.
@@ -116,6 +120,25 @@ pub struct DnsServer {
     stop: Arc<AtomicBool>,
     workers: Vec<std::thread::JoinHandle<()>>,
     tcp: tokio::task::JoinHandle<()>,
+}
+
+/// Sets up replies from the asked address on the sockets of the wildcard `listen`.
+/// `None` where the kernel refuses: replies then leave from the routed address, and
+/// the log says what that breaks.
+fn wildcard_replies(udp: &[UdpSocket], listen: SocketAddr) -> Option<Family> {
+    let family = Family::of(listen);
+    for sock in udp {
+        if let Err(e) = pktinfo::enable(sock, family) {
+            tracing::warn!(
+                %listen,
+                error = %e,
+                "DNS/UDP on a wildcard address without IP_PKTINFO: a reply leaves from the address the route to the client picks, so a client that queried another of this host's addresses drops it; bind a specific address"
+            );
+            return None;
+        }
+    }
+    tracing::debug!(%listen, "DNS/UDP on a wildcard address: replies leave from the address each query was sent to");
+    Some(family)
 }
 
 /// How often idle UDP workers look at the stop flag.
@@ -225,14 +248,11 @@ impl DnsServer {
     ) -> Result<Self> {
         let worker_count = config.udp_workers.max(1);
         let Bound { udp, tcp } = bind_all(config.listen, worker_count)?;
-        if config.listen.ip().is_unspecified() {
-            // Replies are sent without IP_PKTINFO, so their source is the address the
-            // route to the client picks, not the one the query was sent to.
-            tracing::warn!(
-                listen = %config.listen,
-                "DNS/UDP on a wildcard address: a reply leaves from the address the route to the client picks, so a client that queried another of this host's addresses drops it; bind a specific address"
-            );
-        }
+        let pktinfo = if config.listen.ip().is_unspecified() {
+            wildcard_replies(&udp, config.listen)
+        } else {
+            None
+        };
         let io_err = |context: &str, source| Error::Io {
             context: context.to_owned(),
             source,
@@ -275,6 +295,7 @@ impl DnsServer {
             let ctx = UdpWorker {
                 sock,
                 batch,
+                pktinfo,
                 handler: handler.clone(),
                 counters: metrics.worker_block(),
                 shared: metrics.shared().clone(),
@@ -346,6 +367,9 @@ struct UdpWorker {
     sock: Arc<UdpSocket>,
     /// `Some(n)`: up to `n` datagrams per system call.
     batch: Option<usize>,
+    /// `Some`: the socket is bound to a wildcard address of this family and reports
+    /// each datagram's destination, which its reply is sent from.
+    pktinfo: Option<Family>,
     handler: Arc<Handler>,
     counters: Arc<Counters>,
     shared: Arc<Counters>,
@@ -372,7 +396,7 @@ impl UdpWorker {
     fn run(self) {
         let mut rng = FastRng::new();
         if let Some(max) = self.batch {
-            let mut batch = UdpBatch::new(max);
+            let mut batch = UdpBatch::new(max, self.pktinfo);
             if self.run_batched(&mut batch, &mut rng).is_break() {
                 return;
             }
@@ -397,7 +421,7 @@ impl UdpWorker {
                     continue;
                 }
             }
-            batch.answer(|packet, src, out| {
+            batch.answer(|packet, peer, out| {
                 match self
                     .handler
                     .handle(packet, out, Transport::Udp, rng, &self.counters)
@@ -405,8 +429,8 @@ impl UdpWorker {
                     Outcome::Reply(len) => Some(len),
                     Outcome::Drop => None,
                     Outcome::Forward { qtype } => {
-                        if let Some(src) = src {
-                            self.forward(packet, src, qtype, out);
+                        if let Some(peer) = peer {
+                            self.forward(packet, peer, qtype, out);
                         }
                         None
                     }
@@ -423,8 +447,16 @@ impl UdpWorker {
         // garbage and gets FORMERR, as it should.
         let mut buf = vec![0u8; MAX_MESSAGE];
         let mut out = vec![0u8; MAX_MESSAGE];
+        let mut cmsg_buf = self.pktinfo.map(Family::cmsg_space);
         while !self.stop.load(Ordering::Relaxed) {
-            let (n, src) = match self.sock.recv_from(&mut buf) {
+            let received = match cmsg_buf.as_deref_mut() {
+                Some(cmsg_buf) => pktinfo::recv_from(&self.sock, &mut buf, cmsg_buf),
+                None => self
+                    .sock
+                    .recv_from(&mut buf)
+                    .map(|(n, addr)| (n, Peer { addr, local: None })),
+            };
+            let (n, src) = match received {
                 Ok(x) => x,
                 Err(e) if is_transient(&e) => continue,
                 Err(e) => {
@@ -439,7 +471,7 @@ impl UdpWorker {
                 .handle(packet, &mut out, Transport::Udp, rng, &self.counters)
             {
                 Outcome::Reply(len) => {
-                    let _ = self.sock.send_to(&out[..len], src);
+                    let _ = pktinfo::send_to(&self.sock, &out[..len], src);
                 }
                 Outcome::Drop => {}
                 Outcome::Forward { qtype } => self.forward(packet, src, qtype, &mut out),
@@ -447,12 +479,12 @@ impl UdpWorker {
         }
     }
 
-    fn forward(&self, packet: &[u8], src: SocketAddr, qtype: u16, out: &mut [u8]) {
+    fn forward(&self, packet: &[u8], src: Peer, qtype: u16, out: &mut [u8]) {
         let Ok(permit) = self.forwards.clone().try_acquire_owned() else {
             // Too many in flight: answer at once rather than queue without bound.
             if let Some(len) = servfail(packet, out) {
                 self.counters.record(Some(qtype), 2);
-                let _ = self.sock.send_to(&out[..len], src);
+                let _ = pktinfo::send_to(&self.sock, &out[..len], src);
             }
             return;
         };
@@ -478,7 +510,7 @@ impl UdpWorker {
             counters.record(Some(qtype), u16::from(reply.get(3).map_or(2, |b| b & 0x0f)));
             // The socket is blocking, but a UDP send only waits when the socket
             // buffer is full, and then only briefly.
-            let _ = sock.send_to(&reply, src);
+            let _ = pktinfo::send_to(&sock, &reply, src);
         });
     }
 }

@@ -847,28 +847,69 @@ fn dns_and_http_listeners_have_deep_accept_queues() {
     assert_eq!(listen_backlog(s.http), want, "HTTP backlog");
 }
 
-/// On a wildcard address a UDP reply leaves from the address the route to the
-/// client picks (no `IP_PKTINFO`): a query sent to 127.0.0.2 gets its reply from
-/// 127.0.0.1, which a client drops. The server says so when it starts, and a query
-/// to the primary address is answered. (When replies carry the asked address this
-/// test must change: it pins today's behaviour and its warning.)
+/// On a wildcard address every UDP reply leaves from the address its query was
+/// sent to (`IP_PKTINFO` / `IPV6_PKTINFO`), whether answered locally or forwarded,
+/// on the batched path and the per-datagram one, over IPv4 and from a dual-stack
+/// `[::]`. Without it the reply to 127.0.0.2 came from 127.0.0.1 and a client
+/// dropped it.
 #[test]
-fn a_wildcard_listener_warns_that_replies_leave_from_the_routed_address() {
-    let s = Serve::start(&["--dns-listen", "0.0.0.0:0", "--http-listen", "127.0.0.1:0"]);
-    assert!(
-        s.logged("DNS/UDP on a wildcard address"),
-        "no warning about the wildcard listener"
-    );
-    let port = s.dns.port();
-    let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
-    sock.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
-    let q = query(7, "nothing.weave.local", A);
-    sock.send_to(&q, ("127.0.0.2", port)).unwrap();
-    let mut buf = [0u8; 512];
-    let (_, from) = sock.recv_from(&mut buf).expect("the reply arrives");
-    assert_eq!(
-        from.ip().to_string(),
-        "127.0.0.1",
-        "the reply to 127.0.0.2 came from {from}"
-    );
+fn on_a_wildcard_listener_replies_leave_from_the_asked_address() {
+    let upstream = super::nameserver::fallback();
+    let fallback = upstream.addr().to_string();
+    let cases: [(&str, &str, &[&str]); 3] = [
+        ("0.0.0.0:0", "32", &["127.0.0.2", "127.0.0.3"]),
+        ("0.0.0.0:0", "1", &["127.0.0.2", "127.0.0.3"]),
+        ("[::]:0", "32", &["127.0.0.2", "::1"]),
+    ];
+    for (listen, batch, asked) in cases {
+        let s = Serve::start(&[
+            "--dns-listen",
+            listen,
+            "--http-listen",
+            "127.0.0.1:0",
+            "--dns-udp-batch",
+            batch,
+            "--fallback",
+            &fallback,
+        ]);
+        assert!(
+            !s.logged("without IP_PKTINFO"),
+            "{listen}: the kernel refused IP_PKTINFO"
+        );
+        for (i, ip) in asked.iter().enumerate() {
+            let to = SocketAddr::new(ip.parse().unwrap(), s.dns.port());
+            let bind = if to.is_ipv4() {
+                "127.0.0.1:0"
+            } else {
+                "[::1]:0"
+            };
+            let sock = UdpSocket::bind(bind).unwrap();
+            sock.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            // A local name (NXDOMAIN from our database) and a forwarded one
+            // (dnsmasq's hosts file: 127.0.0.99).
+            for (n, (name, rcode)) in [("nothing.weave.local", 3), ("fallback-host.example", 0)]
+                .into_iter()
+                .enumerate()
+            {
+                let id = u16::try_from(i * 2 + n).unwrap();
+                sock.send_to(&query(id, name, A), to).unwrap();
+                let mut buf = [0u8; 512];
+                let (len, from) = sock.recv_from(&mut buf).unwrap_or_else(|e| {
+                    panic!("{listen} batch {batch}: {name} asked at {to}: {e}")
+                });
+                assert_eq!(
+                    from, to,
+                    "{listen} batch {batch}: the reply for {name} came from {from}"
+                );
+                assert_eq!(u16::from_be_bytes([buf[0], buf[1]]), id);
+                assert_eq!(buf[3] & 0x0f, rcode, "{name}: rcode");
+                if rcode == 0 {
+                    assert!(
+                        buf[..len].windows(4).any(|w| w == [127, 0, 0, 99]),
+                        "{name}: the forwarded answer holds 127.0.0.99"
+                    );
+                }
+            }
+        }
+    }
 }

@@ -145,7 +145,7 @@ fn ok(out: &Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-fn fallback() -> Dnsmasq {
+pub(crate) fn fallback() -> Dnsmasq {
     Dnsmasq::start(DnsmasqOptions {
         hosts: "127.0.0.99 fallback-host.example\n".to_owned(),
         local_ttl: Some(30),

@@ -12,6 +12,11 @@
 //! timeout: it waits (up to the timeout) for the first datagram, then takes whatever
 //! else is already queued, up to `max`, without waiting. A batch is therefore never
 //! held back to fill up; under light load it is one datagram.
+//!
+//! On a socket bound to a wildcard address the batch also takes each datagram's
+//! destination (see `pktinfo`) and sends each reply from it. `sendmmsg` puts the
+//! same control messages on every message of a call, so replies go out in runs
+//! that share a source address: one call per run, one run in the usual case.
 
 use std::io::{IoSlice, IoSliceMut};
 use std::net::{SocketAddr, SocketAddrV4, SocketAddrV6, UdpSocket};
@@ -22,6 +27,7 @@ use nix::sys::socket::{
     ControlMessage, MsgFlags, MultiHeaders, SockaddrStorage, recvmmsg, sendmmsg,
 };
 
+use super::pktinfo::{Family, Local, Peer};
 use crate::handler::MAX_MESSAGE;
 
 /// The most datagrams one batch takes (the configured size is clamped to this).
@@ -46,12 +52,18 @@ pub(crate) struct UdpBatch {
     max: usize,
     recv_headers: MultiHeaders<SockaddrStorage>,
     send_headers: MultiHeaders<SockaddrStorage>,
+    /// Headers with room for one source-address control message: on a wildcard
+    /// socket (`Some`), for replies whose destination was reported.
+    send_headers_local: Option<MultiHeaders<SockaddrStorage>>,
+    pktinfo: bool,
     rx: Vec<u8>,
     tx: Vec<u8>,
     rx_len: Vec<usize>,
     rx_addr: Vec<Option<SockaddrStorage>>,
+    rx_local: Vec<Option<Local>>,
     tx_len: Vec<usize>,
     tx_addr: Vec<Option<SockaddrStorage>>,
+    tx_local: Vec<Option<Local>>,
     received: usize,
     queued: usize,
 }
@@ -67,19 +79,26 @@ impl std::fmt::Debug for UdpBatch {
 }
 
 impl UdpBatch {
-    /// A batch of up to `max` datagrams (clamped to `2..=MAX_BATCH`).
-    pub(crate) fn new(max: usize) -> Self {
+    /// A batch of up to `max` datagrams (clamped to `2..=MAX_BATCH`). `pktinfo`:
+    /// the socket is bound to a wildcard address of that family and reports each
+    /// datagram's destination (`pktinfo::enable`), which replies are sent from.
+    pub(crate) fn new(max: usize, pktinfo: Option<Family>) -> Self {
         let max = max.clamp(2, MAX_BATCH);
         Self {
             max,
-            recv_headers: MultiHeaders::preallocate(max, None),
+            recv_headers: MultiHeaders::preallocate(max, pktinfo.map(Family::cmsg_space)),
             send_headers: MultiHeaders::preallocate(max, None),
+            send_headers_local: pktinfo
+                .map(|family| MultiHeaders::preallocate(max, Some(family.cmsg_space()))),
+            pktinfo: pktinfo.is_some(),
             rx: vec![0; max * STRIDE],
             tx: vec![0; max * STRIDE],
             rx_len: vec![0; max],
             rx_addr: vec![None; max],
+            rx_local: vec![None; max],
             tx_len: vec![0; max],
             tx_addr: vec![None; max],
+            tx_local: vec![None; max],
             received: 0,
             queued: 0,
         }
@@ -104,21 +123,34 @@ impl UdpBatch {
             None,
         )?;
         let mut n = 0;
-        for (msg, (len, addr)) in results.zip(self.rx_len.iter_mut().zip(&mut self.rx_addr)) {
+        let slots = self
+            .rx_len
+            .iter_mut()
+            .zip(&mut self.rx_addr)
+            .zip(&mut self.rx_local);
+        for (msg, ((len, addr), local)) in results.zip(slots) {
             *len = msg.bytes;
             *addr = msg.address;
+            // Without the destination (not reported, or cut short) the reply leaves
+            // from the routed address, as on a socket without the option.
+            *local = if self.pktinfo {
+                msg.cmsgs().ok().and_then(Local::from_cmsgs)
+            } else {
+                None
+            };
             n += 1;
         }
         self.received = n;
         Ok(n)
     }
 
-    /// Calls `answer(packet, source, out)` for every datagram received; when it
-    /// returns `Some(len)`, `out[..len]` is queued as the reply to `source`. `out`
-    /// holds [`MAX_MESSAGE`] bytes; when `answer` returns `None` the slot is reused.
+    /// Calls `answer(packet, peer, out)` for every datagram received; when it
+    /// returns `Some(len)`, `out[..len]` is queued as the reply to `peer` (from the
+    /// address the datagram was sent to, when known). `out` holds [`MAX_MESSAGE`]
+    /// bytes; when `answer` returns `None` the slot is reused.
     pub(crate) fn answer(
         &mut self,
-        mut answer: impl FnMut(&[u8], Option<SocketAddr>, &mut [u8]) -> Option<usize>,
+        mut answer: impl FnMut(&[u8], Option<Peer>, &mut [u8]) -> Option<usize>,
     ) {
         let mut queued = 0;
         let mut out_slots = self.tx.chunks_exact_mut(STRIDE);
@@ -127,14 +159,17 @@ impl UdpBatch {
             .rx
             .chunks_exact(STRIDE)
             .zip(&self.rx_len)
-            .zip(&self.rx_addr);
-        for ((slot, &len), addr) in received.take(self.received) {
+            .zip(self.rx_addr.iter().zip(&self.rx_local));
+        for ((slot, &len), (addr, &local)) in received.take(self.received) {
             let Some(buf) = out.as_deref_mut() else {
                 break;
             };
             let packet = &slot[..len.min(MAX_MESSAGE)];
-            let source = addr.as_ref().and_then(socket_addr);
-            let Some(reply) = answer(packet, source, &mut buf[..MAX_MESSAGE]) else {
+            let peer = addr
+                .as_ref()
+                .and_then(socket_addr)
+                .map(|addr| Peer { addr, local });
+            let Some(reply) = answer(packet, peer, &mut buf[..MAX_MESSAGE]) else {
                 continue;
             };
             // A reply without an address to send it to (never for UDP) is dropped.
@@ -143,42 +178,57 @@ impl UdpBatch {
             }
             self.tx_len[queued] = reply.min(MAX_MESSAGE);
             self.tx_addr[queued] = *addr;
+            self.tx_local[queued] = local;
             queued += 1;
             out = out_slots.next();
         }
         self.queued = queued;
     }
 
-    /// Sends the queued replies with as few `sendmmsg` calls as the kernel allows.
-    /// A destination the kernel refuses is skipped, so this always finishes. Where
-    /// `sendmmsg` itself is missing (`ENOSYS`), sends them one by one.
+    /// Sends the queued replies with as few `sendmmsg` calls as the kernel allows
+    /// (one per run of replies from the same source address). A destination the
+    /// kernel refuses is skipped, so this always finishes. Where `sendmmsg` itself
+    /// is missing (`ENOSYS`), sends them one by one.
     pub(crate) fn send(&mut self, sock: &UdpSocket) -> Sent {
         let mut done = Sent::default();
         let mut start = 0;
         while start < self.queued {
+            let local = self.tx_local[start];
+            let end = self.tx_local[start..self.queued]
+                .iter()
+                .position(|l| *l != local)
+                .map_or(self.queued, |n| start + n);
             let mut replies = self
                 .tx
                 .chunks_exact(STRIDE)
                 .zip(&self.tx_len)
                 .skip(start)
-                .take(self.queued - start);
+                .take(end - start);
             let iovs: [[IoSlice<'_>; 1]; MAX_BATCH] = std::array::from_fn(|_| {
                 [IoSlice::new(
                     replies.next().map_or(&[][..], |(slot, &len)| &slot[..len]),
                 )]
             });
-            let count = self.queued - start;
-            let no_cmsgs: [ControlMessage<'_>; 0] = [];
-            match sendmmsg(
-                sock.as_raw_fd(),
-                &mut self.send_headers,
-                &iovs[..count],
-                &self.tx_addr[start..self.queued],
-                no_cmsgs,
-                MsgFlags::empty(),
-            ) {
+            let count = end - start;
+            let headers = match (local, self.send_headers_local.as_mut()) {
+                (Some(_), Some(headers)) => headers,
+                _ => &mut self.send_headers,
+            };
+            let addrs = &self.tx_addr[start..end];
+            let result = Local::with_cmsgs(local, |cmsgs: &[ControlMessage<'_>]| {
+                sendmmsg(
+                    sock.as_raw_fd(),
+                    headers,
+                    &iovs[..count],
+                    addrs,
+                    cmsgs,
+                    MsgFlags::empty(),
+                )
+                .map(|results| results.count())
+            });
+            match result {
                 // Each item is one message the kernel took.
-                Ok(results) => match results.count() {
+                Ok(sent) => match sent {
                     // Not expected (the kernel reports an error instead); skip one so
                     // the loop always ends.
                     0 => {
@@ -217,9 +267,17 @@ impl UdpBatch {
             .chunks_exact(STRIDE)
             .zip(&self.tx_len)
             .zip(&self.tx_addr);
-        for ((slot, &len), addr) in replies.take(self.queued).skip(start) {
-            match addr.as_ref().and_then(socket_addr) {
-                Some(to) if sock.send_to(&slot[..len], to).is_ok() => done.sent += 1,
+        for (((slot, &len), addr), &local) in
+            replies.zip(&self.tx_local).take(self.queued).skip(start)
+        {
+            let peer = addr
+                .as_ref()
+                .and_then(socket_addr)
+                .map(|addr| Peer { addr, local });
+            match peer {
+                Some(to) if super::pktinfo::send_to(sock, &slot[..len], to).is_ok() => {
+                    done.sent += 1;
+                }
                 _ => done.failed += 1,
             }
         }
@@ -228,7 +286,7 @@ impl UdpBatch {
 }
 
 /// A received peer address as a std address (UDP gives IPv4 or IPv6 only).
-fn socket_addr(addr: &SockaddrStorage) -> Option<SocketAddr> {
+pub(super) fn socket_addr(addr: &SockaddrStorage) -> Option<SocketAddr> {
     if let Some(v4) = addr.as_sockaddr_in() {
         return Some(SocketAddr::V4(SocketAddrV4::from(*v4)));
     }
