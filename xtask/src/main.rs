@@ -11,6 +11,9 @@
 //! - `cargo xtask perf l4 [--rounds R] [--seconds S] [--proxies …]` compares dwara's
 //!   L4 upstreams with HAProxy and nginx `stream` under wrk.
 //! - `cargo xtask fuzz [TARGET...] [--seconds N] [--idle]` runs the cargo-fuzz targets (nightly).
+//!
+//! `perf` always runs an optimised xtask (a debug one hands over to `cargo run
+//! --release -p xtask`): the harness is the client of what it measures.
 
 #![forbid(unsafe_code)]
 #![allow(clippy::print_stdout)]
@@ -39,6 +42,24 @@ fn main() -> anyhow::Result<()> {
         "tools" => tools::ensure(),
         "bench" => cargo(&[&["bench", "-p", "dwara-benches"], &as_strs(rest)[..]].concat()),
         "fuzz" => fuzz::run(rest),
+        // The harnesses are clients too (registrations over HTTP, process control):
+        // built for debugging, the client measured itself (perf dns registered at a
+        // quarter of the server's rate). A debug xtask runs its release build instead.
+        "perf" if cfg!(debug_assertions) => cargo(
+            &[
+                &[
+                    "run",
+                    "--release",
+                    "--quiet",
+                    "--package",
+                    "xtask",
+                    "--",
+                    "perf",
+                ],
+                &as_strs(rest)[..],
+            ]
+            .concat(),
+        ),
         "perf" => match rest.split_first() {
             Some((what, rest)) if what == "dns" => {
                 tools::ensure()?;
