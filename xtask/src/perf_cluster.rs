@@ -5,6 +5,7 @@
 //! cargo xtask perf cluster [--sizes 3,5,10] [--records 20] [--rounds 3]
 //!                          [--sync 10000,50000] [--idle-seconds 10]
 //!                          [--baseline PATH] [--sync-rounds 1]
+//!                          [--trickle 0,2,20,200|off] [--trickle-seconds 10]
 //! ```
 //!
 //! 1. **Convergence.** For each cluster size N (every node on its own 127.0.2.x,
@@ -28,6 +29,11 @@
 //!    they held every record. With `--baseline PATH` (another build of `dwara`,
 //!    e.g. from an earlier commit) each sync runs `--sync-rounds` times with each
 //!    binary, interleaved, and the medians are printed side by side with ratios.
+//! 5. **Trickle.** Then, with the four nodes holding the K records, for each
+//!    `--trickle` rate R: `--trickle-seconds` of sequential `PUT`s of new names on
+//!    the first node at R per second (0: no writes, the nodes idle), and the CPU
+//!    time of all four nodes over that span, as a share of one core and per `PUT`.
+//!    This is what a steady stream of container starts costs a cluster of that size.
 
 use std::collections::BTreeSet;
 use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
@@ -46,6 +52,9 @@ struct Options {
     idle_seconds: u64,
     baseline: Option<PathBuf>,
     sync_rounds: usize,
+    /// Registration rates (per second) for the trickle phase; empty: skipped.
+    trickle: Vec<usize>,
+    trickle_seconds: u64,
 }
 
 fn list(v: &str, name: &str) -> anyhow::Result<Vec<usize>> {
@@ -63,6 +72,8 @@ fn parse_args(args: &[String]) -> anyhow::Result<Options> {
         idle_seconds: 10,
         baseline: None,
         sync_rounds: 1,
+        trickle: vec![0, 2, 20, 200],
+        trickle_seconds: 10,
     };
     let mut it = args.iter();
     while let Some(flag) = it.next() {
@@ -75,15 +86,22 @@ fn parse_args(args: &[String]) -> anyhow::Result<Options> {
             "--idle-seconds" => o.idle_seconds = v.parse().context("--idle-seconds")?,
             "--baseline" => o.baseline = Some(PathBuf::from(v)),
             "--sync-rounds" => o.sync_rounds = v.parse().context("--sync-rounds")?,
+            "--trickle" if v == "off" => o.trickle.clear(),
+            "--trickle" => o.trickle = list(v, "--trickle")?,
+            "--trickle-seconds" => o.trickle_seconds = v.parse().context("--trickle-seconds")?,
             other => bail!(
                 "unknown option {other}; usage: cargo xtask perf cluster [--sizes 3,5,10] \
                  [--records 20] [--rounds 3] [--sync 10000,50000] [--idle-seconds 10] \
-                 [--baseline PATH] [--sync-rounds 1]"
+                 [--baseline PATH] [--sync-rounds 1] [--trickle 0,2,20,200|off] \
+                 [--trickle-seconds 10]"
             ),
         }
     }
     if o.sizes.iter().any(|n| *n < 2) || o.records == 0 || o.rounds == 0 || o.sync_rounds == 0 {
         bail!("--sizes must be at least 2, --records, --rounds and --sync-rounds at least 1");
+    }
+    if o.trickle_seconds == 0 {
+        bail!("--trickle-seconds must be at least 1");
     }
     if let Some(b) = &o.baseline
         && !b.is_file()
@@ -536,9 +554,82 @@ struct SyncRow {
     rss: Vec<f64>,
     /// CPU seconds the three holders used from their start until they held every record.
     cpu: f64,
+    trickle: Vec<TrickleRow>,
 }
 
-fn sync_run(k: usize, subnet: u8, key: &Path, bin: &Path) -> anyhow::Result<SyncRow> {
+/// Registrations at a steady rate on one node of four that hold the sync's records.
+#[derive(Clone, Copy)]
+struct TrickleRow {
+    rate: usize,
+    registered: usize,
+    /// CPU seconds of all four nodes over the phase.
+    cpu: f64,
+    wall: Duration,
+}
+
+/// For each rate, `seconds` of `PUT`s to `nodes[0]` at that rate (sequential, paced
+/// from the phase's start); the CPU all of `nodes` used meanwhile. Rate 0 measures
+/// the nodes idle. Names `t{rate}-{i}` are new, so every `PUT` adds an entry.
+fn trickle(
+    client: &reqwest::blocking::Client,
+    nodes: &[Node],
+    rates: &[usize],
+    seconds: u64,
+) -> anyhow::Result<Vec<TrickleRow>> {
+    let ticks = clock_ticks();
+    let cpu_of_all = || -> anyhow::Result<f64> {
+        let mut sum = 0.0;
+        for n in nodes {
+            let (own, _) =
+                cpu_ticks(&n.child.id().to_string()).context("cannot read a node's /proc stat")?;
+            sum += own as f64 / ticks;
+        }
+        Ok(sum)
+    };
+    let span = Duration::from_secs(seconds);
+    let mut rows = Vec::new();
+    for (r, &rate) in rates.iter().enumerate() {
+        let before = cpu_of_all()?;
+        let started = Instant::now();
+        let mut registered = 0usize;
+        while started.elapsed() < span {
+            if rate == 0 {
+                std::thread::sleep(span);
+                break;
+            }
+            let j = u32::try_from(registered)?;
+            let ip = Ipv4Addr::from(0x0b00_0000 + (u32::try_from(r)? << 20) + j);
+            put(
+                client,
+                &nodes[0],
+                &format!("t{rate}-{j}"),
+                ip,
+                &format!("t{rate}-{j}.weave.local"),
+            )?;
+            registered += 1;
+            let due = started + Duration::from_secs_f64(registered as f64 / rate as f64);
+            if let Some(wait) = due.checked_duration_since(Instant::now()) {
+                std::thread::sleep(wait);
+            }
+        }
+        let wall = started.elapsed();
+        rows.push(TrickleRow {
+            rate,
+            registered,
+            cpu: cpu_of_all()? - before,
+            wall,
+        });
+    }
+    Ok(rows)
+}
+
+fn sync_run(
+    k: usize,
+    subnet: u8,
+    key: &Path,
+    bin: &Path,
+    opts: &Options,
+) -> anyhow::Result<SyncRow> {
     let mut all = specs(subnet, 4)?;
     // The newcomer knows only the first node; the others do not know it.
     let newcomer_addr = all[3].gossip;
@@ -623,12 +714,14 @@ fn sync_run(k: usize, subnet: u8, key: &Path, bin: &Path) -> anyhow::Result<Sync
         .iter()
         .map(|n| rss_kib(n.child.id()).map_or(f64::NAN, |kib| kib as f64 / 1024.0))
         .collect();
+    let trickle = trickle(&client, &nodes, &opts.trickle, opts.trickle_seconds)?;
     Ok(SyncRow {
         records: k,
         spread,
         sync,
         rss,
         cpu,
+        trickle,
     })
 }
 
@@ -669,6 +762,35 @@ fn print_syncs(label: &str, syncs: &[SyncRow]) {
             rss.join(" ")
         );
     }
+    if syncs.iter().all(|s| s.trickle.is_empty()) {
+        return;
+    }
+    println!(
+        "  registrations at a steady rate on one of the 4 nodes holding the records \
+         (CPU of all 4 nodes):"
+    );
+    println!(
+        "  {:>8} {:>10} {:>12} {:>16} {:>18}",
+        "records", "rate /s", "registered", "CPU % of a core", "CPU ms per PUT"
+    );
+    for s in syncs {
+        for t in &s.trickle {
+            let wall = t.wall.as_secs_f64();
+            let per_put = if t.registered == 0 {
+                "-".to_owned()
+            } else {
+                format!("{:.2}", t.cpu / t.registered as f64 * 1e3)
+            };
+            println!(
+                "  {:>8} {:>10} {:>12} {:>15.0}% {:>18}",
+                s.records,
+                t.rate,
+                t.registered,
+                t.cpu / wall * 100.0,
+                per_put
+            );
+        }
+    }
 }
 
 /// Runs the benchmark.
@@ -705,9 +827,9 @@ fn run_in(dir: &Path, opts: &Options) -> anyhow::Result<()> {
         let mut ours = Vec::new();
         let mut theirs = Vec::new();
         for _ in 0..opts.sync_rounds {
-            ours.push(sync_run(k, subnet, &key, &current)?);
+            ours.push(sync_run(k, subnet, &key, &current, opts)?);
             if let Some(b) = &opts.baseline {
-                theirs.push(sync_run(k, subnet, &key, b)?);
+                theirs.push(sync_run(k, subnet, &key, b, opts)?);
             }
         }
         syncs.push(median_row(ours));
