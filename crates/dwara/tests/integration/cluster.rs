@@ -520,12 +520,12 @@ fn a_node_with_its_wall_clock_hours_off_converges() {
 /// Network namespaces of one test: a hub holding a bridge and one namespace per
 /// node, each joined to the bridge by a veth pair. Deleted on drop (declare it
 /// before the nodes so they are killed first).
-struct Netns {
+pub(crate) struct Netns {
     hub: String,
-    nodes: Vec<String>,
+    pub(crate) nodes: Vec<String>,
 }
 
-fn ip(args: &[&str]) -> Result<(), String> {
+pub(crate) fn ip(args: &[&str]) -> Result<(), String> {
     let out = Command::new("ip")
         .args(args)
         .output()
@@ -543,9 +543,13 @@ fn ip(args: &[&str]) -> Result<(), String> {
 
 impl Netns {
     /// `Ok(None)` when this user may not create namespaces.
-    fn create(count: usize) -> Result<Option<Self>, String> {
+    pub(crate) fn create(count: usize) -> Result<Option<Self>, String> {
         Self::remove_stale();
-        let tag = format!("dwc{}", std::process::id());
+        // Tests of one binary run in parallel: each set gets its own sequence number
+        // after the pid (which `remove_stale` reads).
+        static SETS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let set = SETS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let tag = format!("dwc{}-{set}", std::process::id());
         let hub = format!("{tag}-hub");
         if let Err(e) = ip(&["netns", "add", &hub]) {
             if e.contains("Permission denied") || e.contains("not permitted") {
@@ -587,7 +591,7 @@ impl Netns {
     }
 
     /// Namespaces (and their processes) left by a test binary that was killed
-    /// before its guards ran: `dwc<pid>-…` whose pid is gone.
+    /// before its guards ran: `dwc<pid>-<set>-…` whose pid is gone.
     fn remove_stale() {
         let Ok(out) = Command::new("ip").args(["netns", "list"]).output() else {
             return;
@@ -615,7 +619,7 @@ impl Netns {
         }
     }
 
-    fn addr(i: usize) -> Ipv4Addr {
+    pub(crate) fn addr(i: usize) -> Ipv4Addr {
         Ipv4Addr::new(10, 99, 0, u8::try_from(i + 1).unwrap())
     }
 

@@ -847,6 +847,62 @@ fn dns_and_http_listeners_have_deep_accept_queues() {
     assert_eq!(listen_backlog(s.http), want, "HTTP backlog");
 }
 
+/// Two hosts on a bridge (network namespaces): `dwara serve` on `[::]:53` on one,
+/// dig on the other asking each of the server's addresses: its primary IPv4
+/// address, a secondary one on the same interface, a unique-local IPv6 address and
+/// an IPv6 link-local one (where the reply must also leave by the interface the
+/// query came in on). dig refuses a reply from any other address than the one it
+/// asked. Before replies carried their source, the secondary IPv4 address timed out.
+#[test]
+fn across_hosts_a_wildcard_listener_answers_from_every_asked_address() {
+    use super::cluster::{Netns, ip};
+    let Some(ns) = Netns::create(2).unwrap() else {
+        eprintln!(
+            "SKIPPED across_hosts_a_wildcard_listener_answers_from_every_asked_address: `ip netns add` is not permitted for this user"
+        );
+        return;
+    };
+    let (server_ns, client_ns) = (&ns.nodes[0], &ns.nodes[1]);
+    let add = |netns: &str, addr: &str| {
+        ip(&["-n", netns, "addr", "add", addr, "dev", "eth0", "nodad"]).unwrap();
+    };
+    add(server_ns, "10.99.0.11/24");
+    add(server_ns, "fd00:99::1/64");
+    add(server_ns, "fe80::99:1/64");
+    add(client_ns, "fd00:99::2/64");
+    add(client_ns, "fe80::99:2/64");
+    let mut cmd = std::process::Command::new("ip");
+    cmd.args(["netns", "exec", server_ns, super::nameserver::BIN])
+        .args(["serve", "--docker", "off", "--fallback", "127.0.0.1:9"])
+        .args(["--dns-listen", "[::]:53", "--http-listen", "127.0.0.1:0"]);
+    let _server = Serve::spawn(cmd);
+    let primary = Netns::addr(0).to_string();
+    for asked in [
+        primary.as_str(),
+        "10.99.0.11",
+        "fd00:99::1",
+        "fe80::99:1%eth0",
+    ] {
+        let out = std::process::Command::new("ip")
+            .args(["netns", "exec", client_ns, "dig", &format!("@{asked}")])
+            .args([
+                "-p",
+                "53",
+                "nothing.weave.local",
+                "A",
+                "+tries=1",
+                "+time=3",
+            ])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            text.contains("status: NXDOMAIN") && !text.contains("unexpected source"),
+            "dig @{asked}: {text}"
+        );
+    }
+}
+
 /// On a wildcard address every UDP reply leaves from the address its query was
 /// sent to (`IP_PKTINFO` / `IPV6_PKTINFO`), whether answered locally or forwarded,
 /// on the batched path and the per-datagram one, over IPv4 and from a dual-stack
