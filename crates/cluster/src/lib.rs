@@ -47,6 +47,7 @@
 pub mod codec;
 mod config;
 mod error;
+mod invalid;
 mod metrics;
 mod node;
 mod pace;
@@ -58,5 +59,8 @@ pub use config::{
     DEFAULT_TOMBSTONE_GRACE, FailureDetectorSettings, KEY_LEN, KeySource, generate_key,
 };
 pub use error::{ClusterError, Result};
+pub use invalid::{
+    SUMMARY_EVERY, count_invalid_datagram, invalid_datagrams, is_invalid_datagram_event,
+};
 pub use node::Cluster;
 pub use peers::{PeerInfo, PeerState};

@@ -63,6 +63,11 @@ impl Metrics {
             self.pulls.clone(),
         );
         registry.register(
+            "dwara_cluster_invalid_datagrams",
+            "Datagrams on the gossip port that were not chitchat messages, dropped (per process)",
+            crate::invalid::counter(),
+        );
+        registry.register(
             "dwara_cluster_resyncs",
             "Times the local change feed lagged and the published keys were rebuilt from the database",
             self.resyncs.clone(),

@@ -380,6 +380,9 @@ impl Engine {
         self.sync().await;
         let mut tick = tokio::time::interval(backstop);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut summary = tokio::time::interval(crate::invalid::SUMMARY_EVERY);
+        summary.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut invalid_seen = crate::invalid::invalid_datagrams();
         loop {
             let owed = self.pacer.next_due();
             tokio::select! {
@@ -401,6 +404,18 @@ impl Engine {
                     Err(_) => break,
                 },
                 _ = tick.tick() => self.sync().await,
+                _ = summary.tick() => {
+                    let total = crate::invalid::invalid_datagrams();
+                    if total > invalid_seen {
+                        tracing::warn!(
+                            dropped = total - invalid_seen,
+                            total,
+                            every_s = crate::invalid::SUMMARY_EVERY.as_secs(),
+                            "datagrams on the gossip port that are not chitchat messages dropped (garbage, or another protocol)"
+                        );
+                        invalid_seen = total;
+                    }
+                }
             }
         }
         drop(listener);

@@ -46,14 +46,36 @@ enum Command {
     Keygen,
 }
 
+/// Logs to stderr at `DWARA_LOG` (default `info`). chitchat's line per datagram it
+/// cannot decode is counted instead of logged (see `dwara_cluster::invalid`): a
+/// flood of garbage on the gossip port must not become a flood of log lines.
 fn init_tracing() {
+    use tracing_subscriber::Layer;
+    use tracing_subscriber::filter::{FilterExt, filter_fn};
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+
     let filter = tracing_subscriber::EnvFilter::try_from_env("DWARA_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    let log = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+        .with_filter(filter.and(filter_fn(|meta| {
+            !dwara_cluster::is_invalid_datagram_event(meta)
+        })));
+    // Its own filter, so no other event is enabled for it.
+    let count =
+        CountInvalidDatagrams.with_filter(filter_fn(dwara_cluster::is_invalid_datagram_event));
+    tracing_subscriber::registry().with(log).with(count).init();
+}
+
+/// Counts chitchat's undecodable-datagram events (the only ones its filter lets in).
+struct CountInvalidDatagrams;
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for CountInvalidDatagrams {
+    fn on_event(&self, _: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        dwara_cluster::count_invalid_datagram();
+    }
 }
 
 /// An error and its causes on one line, `a: b: c`, leaving out a cause whose text

@@ -969,3 +969,78 @@ fn on_a_wildcard_listener_replies_leave_from_the_asked_address() {
         }
     }
 }
+
+/// Garbage on the gossip port: chitchat drops each datagram with a WARN line of its
+/// own; the binary counts those instead (`dwara_cluster_invalid_datagrams_total`)
+/// and the engine logs one summary per 10 s, so a flood does not flood the log.
+/// Sent in batches, each awaited in the counter, so no datagram is lost to a full
+/// socket buffer and the count is exact.
+#[test]
+fn garbage_on_the_gossip_port_is_counted_not_logged_per_datagram() {
+    let gossip = test_support::free_addr();
+    let s = Serve::start(&[
+        "--dns-listen",
+        "127.0.0.1:0",
+        "--http-listen",
+        "127.0.0.1:0",
+        "--gossip-listen",
+        &gossip.to_string(),
+    ]);
+    let client = reqwest::blocking::Client::builder()
+        .no_proxy()
+        .build()
+        .unwrap();
+    let counted = || -> u64 {
+        let text = client
+            .get(format!("http://{}/metrics", s.http))
+            .send()
+            .unwrap()
+            .text()
+            .unwrap();
+        text.lines()
+            .find_map(|l| l.strip_prefix("dwara_cluster_invalid_datagrams_total "))
+            .and_then(|v| v.parse().ok())
+            .expect("the counter is exported")
+    };
+    assert_eq!(counted(), 0);
+    let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let mut rng = Rng(23);
+    let (batches, per_batch) = (10u64, 50u64);
+    for b in 1..=batches {
+        for i in 0..per_batch {
+            let len = 1 + usize::try_from(rng.next() % 300).unwrap() + usize::try_from(i).unwrap();
+            let junk: Vec<u8> = (0..len).map(|_| rng.next().to_le_bytes()[0]).collect();
+            sock.send_to(&junk, gossip).unwrap();
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while counted() < b * per_batch {
+            assert!(
+                Instant::now() < deadline,
+                "batch {b}: {} counted",
+                counted()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    assert_eq!(counted(), batches * per_batch);
+    let summary = format!("dropped={}", batches * per_batch);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !s.logged(&summary) {
+        assert!(Instant::now() < deadline, "no summary line with {summary}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        !s.logged("invalid-chitchat-payload"),
+        "chitchat's line per datagram reached the log"
+    );
+    // Still serving.
+    let q = query(9, "nothing.weave.local", A);
+    let dns = UdpSocket::bind("127.0.0.1:0").unwrap();
+    dns.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    dns.send_to(&q, s.dns).unwrap();
+    let mut buf = [0u8; 512];
+    let (n, _) = dns
+        .recv_from(&mut buf)
+        .expect("the name server still answers");
+    assert!(n >= 12 && buf[3] & 0x0f == 3, "NXDOMAIN");
+}
