@@ -1,7 +1,8 @@
 //! `cargo xtask`: the one entry point for CI, benchmarks, fuzzing and performance runs.
 //!
 //! - `cargo xtask ci` makes sure the system tools the tests use are installed, then runs
-//!   `cargo fmt --check`, `cargo clippy --all-targets -- -D warnings` and `cargo test`.
+//!   `cargo fmt --check`, `cargo clippy --all-targets -- -D warnings`, `cargo test`
+//!   and `cargo doc` with warnings as errors.
 //! - `cargo xtask bench [ARGS]` runs the criterion benchmarks.
 //! - `cargo xtask perf dns [--names N]` compares the name server with dnsmasq and unbound.
 //! - `cargo xtask perf store [--names N] [--connections C]` times HTTP registration in
@@ -81,7 +82,7 @@ fn as_strs(v: &[String]) -> Vec<&str> {
     v.iter().map(String::as_str).collect()
 }
 
-/// The README's test command: tools, format, lints, tests.
+/// The README's test command: tools, format, lints, tests, docs.
 fn ci() -> anyhow::Result<()> {
     tools::ensure()?;
     cargo(&["fmt", "--all", "--check"])?;
@@ -94,6 +95,21 @@ fn ci() -> anyhow::Result<()> {
         "warnings",
     ])?;
     cargo(&["test", "--workspace"])?;
+    // Crate docs are part of the change they describe: a broken link fails CI.
+    let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned()))
+        .args([
+            "doc",
+            "--workspace",
+            "--no-deps",
+            "--document-private-items",
+            "--quiet",
+        ])
+        .env("RUSTDOCFLAGS", "-D warnings")
+        .status()
+        .context("cannot run cargo doc")?;
+    if !status.success() {
+        bail!("`cargo doc` failed ({status}): a broken or ambiguous doc link");
+    }
     println!("xtask ci: all green");
     Ok(())
 }

@@ -1,7 +1,7 @@
 //! The running upstreams: configuration generations, reload, listeners and status.
 //!
 //! The running configuration is an immutable [`Generation`] behind an atomic pointer.
-//! [`Dataplane::apply`] carries out a reload in three steps: [`crate::plan`] (pure:
+//! [`Dataplane::apply`] carries out a reload in three steps: [`crate::plan()`] (pure:
 //! what to keep, build, bind, stop), *build* (discovery sources and load balancers,
 //! then bind every new listen address; any failure rejects the reload and changes
 //! nothing), *commit* (listeners whose address stays keep their socket and are
