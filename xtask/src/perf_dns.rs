@@ -4,6 +4,7 @@
 //! cargo xtask perf dns [--names N] [--rounds R] [--seconds S] [--workers W]
 //!                      [--clients C] [--outstanding Q] [--edns] [--rate QPS]
 //!                      [--batch N] [--before PATH] [--no-tcp] [--profile DIR]
+//!                      [--wildcard]
 //! ```
 //!
 //! 1. Generates one data set: `N` names `hostI.weave.local`, every fifth with three
@@ -36,7 +37,10 @@
 //! `--dns-udp-batch N` to both dwaras. `--no-tcp` skips the TCP rounds. `--profile
 //! DIR` adds, after the rounds, one UDP round per server under `perf record -g -e
 //! cpu-clock -p PID` (`perf` must be installed) and writes `DIR/NAME.perf.data`
-//! (read with `perf report -i`).
+//! (read with `perf report -i`). `--wildcard` adds `dwara-wildcard`: the same build
+//! bound to `0.0.0.0` (and queried on 127.0.0.1), which asks for every datagram's
+//! destination and sends each reply from it; the closing lines give
+//! dwara-wildcard ÷ dwara, the cost of that.
 //!
 //! Everything listens on 127.0.0.1 only.
 
@@ -64,11 +68,12 @@ struct Options {
     before: Option<PathBuf>,
     no_tcp: bool,
     profile: Option<PathBuf>,
+    wildcard: bool,
 }
 
 const USAGE: &str = "usage: cargo xtask perf dns [--names N] [--rounds R] [--seconds S] \
                      [--workers W] [--clients C] [--outstanding Q] [--edns] [--rate QPS] \
-                     [--batch N] [--before PATH] [--no-tcp] [--profile DIR]";
+                     [--batch N] [--before PATH] [--no-tcp] [--profile DIR] [--wildcard]";
 
 fn parse_args(args: &[String]) -> anyhow::Result<Options> {
     let mut o = Options {
@@ -84,6 +89,7 @@ fn parse_args(args: &[String]) -> anyhow::Result<Options> {
         before: None,
         no_tcp: false,
         profile: None,
+        wildcard: false,
     };
     let mut it = args.iter();
     while let Some(a) = it.next() {
@@ -116,6 +122,7 @@ fn parse_args(args: &[String]) -> anyhow::Result<Options> {
             "--rate" => o.rate = u32::try_from(value("--rate")?.max(1))?,
             "--batch" => o.batch = Some(value("--batch")?.clamp(1, 64)),
             "--no-tcp" => o.no_tcp = true,
+            "--wildcard" => o.wildcard = true,
             other => bail!("unknown argument {other:?}; {USAGE}"),
         }
     }
@@ -238,20 +245,23 @@ fn ask(addr: SocketAddr, name: &str, qtype: u16) -> anyhow::Result<(u8, u16)> {
     Ok((buf[3] & 0x0f, u16::from_be_bytes([buf[6], buf[7]])))
 }
 
+/// Starts `bin` as a name server listening on `listen` (127.0.0.1, or the wildcard
+/// 0.0.0.0); the returned server's address is the one clients query, on 127.0.0.1.
 fn start_dwara(
     dir: &Path,
     name: &str,
     bin: &Path,
     opts: &Options,
+    listen: Ipv4Addr,
 ) -> anyhow::Result<(Server, SocketAddr)> {
-    let port = free_port(Ipv4Addr::LOCALHOST)?;
+    let port = free_port(listen)?;
     let http = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port(Ipv4Addr::LOCALHOST)?));
     let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
     let mut cmd = Command::new(bin);
     cmd.args([
         "serve",
         "--dns-listen",
-        &addr.to_string(),
+        &SocketAddr::from((listen, port)).to_string(),
         "--http-listen",
         &http.to_string(),
     ])
@@ -634,7 +644,7 @@ fn run_in(dir: &Path, opts: &Options) -> anyhow::Result<()> {
             .unwrap_or_default()
     );
 
-    let (dwara, http) = start_dwara(dir, "dwara", &release_dwara(), opts)?;
+    let (dwara, http) = start_dwara(dir, "dwara", &release_dwara(), opts, Ipv4Addr::LOCALHOST)?;
     let rss_before = rss_kib(dwara.child.id());
     let took = register(http, &data)?;
     let rss_loaded = rss_kib(dwara.child.id());
@@ -648,7 +658,7 @@ fn run_in(dir: &Path, opts: &Options) -> anyhow::Result<()> {
     );
     let before = match &opts.before {
         Some(bin) => {
-            let (server, http) = start_dwara(dir, "dwara-before", bin, opts)?;
+            let (server, http) = start_dwara(dir, "dwara-before", bin, opts, Ipv4Addr::LOCALHOST)?;
             let took = register(http, &data)?;
             println!(
                 "dwara-before ({}): registered in {:.2} s",
@@ -659,12 +669,32 @@ fn run_in(dir: &Path, opts: &Options) -> anyhow::Result<()> {
         }
         None => None,
     };
+    let wildcard = if opts.wildcard {
+        let (server, http) = start_dwara(
+            dir,
+            "dwara-wildcard",
+            &release_dwara(),
+            opts,
+            Ipv4Addr::UNSPECIFIED,
+        )?;
+        let took = register(http, &data)?;
+        println!(
+            "dwara-wildcard (0.0.0.0): registered in {:.2} s",
+            took.as_secs_f64()
+        );
+        Some(server)
+    } else {
+        None
+    };
     let dnsmasq = start_dnsmasq(dir, &data)?;
     let unbound1 = start_unbound(dir, &data, 1)?;
     let unbound2 = start_unbound(dir, &data, 2)?;
-    // 0 dwara, 1 dnsmasq, 2 unbound 1 thread, 3 unbound 2 threads, 4 dwara-before.
+    // 0 dwara, 1 dnsmasq, 2 unbound 1 thread, 3 unbound 2 threads, then
+    // dwara-before and dwara-wildcard when asked for.
     let mut servers = vec![&dwara, &dnsmasq, &unbound1, &unbound2];
     servers.extend(before.as_ref());
+    servers.extend(wildcard.as_ref());
+    let wild = wildcard.as_ref().map(|_| servers.len() - 1);
     cross_check(&servers, &lines)?;
     println!(
         "answers cross-checked on {} queries: identical rcodes and counts",
@@ -689,7 +719,7 @@ fn run_in(dir: &Path, opts: &Options) -> anyhow::Result<()> {
             for (i, s) in servers.iter().enumerate() {
                 let r = dnsperf(s, &qfile, opts, mode, ticks, None)?;
                 println!(
-                    "  round {round} {:<4} {:<12} {:>9.0} qps  mean {:.3} ms  max {:.2} ms  lost {}  \
+                    "  round {round} {:<4} {:<14} {:>9.0} qps  mean {:.3} ms  max {:.2} ms  lost {}  \
                      server {:.2} us/query (user {:.2} sys {:.2}) {:.2} cs/query  client {:.0}% of a core",
                     if mode == Mode::Tcp { "tcp" } else { "udp" },
                     s.name,
@@ -720,7 +750,7 @@ fn run_in(dir: &Path, opts: &Options) -> anyhow::Result<()> {
             }
             let r = dnsperf(s, &qfile, opts, Mode::Rate(opts.rate), ticks, None)?;
             println!(
-                "  round {round} -Q {} {:<12} {:>9.0} qps  p50 {:.3} ms  p99 {:.3} ms  p99.9 {:.3} ms  \
+                "  round {round} -Q {} {:<14} {:>9.0} qps  p50 {:.3} ms  p99 {:.3} ms  p99.9 {:.3} ms  \
                  lost {}  server {:.2} us/query (user {:.2} sys {:.2}) {:.2} cs/query",
                 opts.rate,
                 s.name,
@@ -745,7 +775,7 @@ fn run_in(dir: &Path, opts: &Options) -> anyhow::Result<()> {
             let file = pdir.join(format!("{}.perf.data", s.name));
             let r = dnsperf(s, &qfile, opts, Mode::Udp, ticks, Some(&file))?;
             println!(
-                "  {:<12} {:>9.0} qps  server {:.2} us/query (user {:.2} sys {:.2})  {}",
+                "  {:<14} {:>9.0} qps  server {:.2} us/query (user {:.2} sys {:.2})  {}",
                 s.name,
                 r.qps,
                 r.cpu_us(),
@@ -760,7 +790,7 @@ fn run_in(dir: &Path, opts: &Options) -> anyhow::Result<()> {
     let table = |title: &str, runs: &[Vec<Run>]| -> Vec<(f64, f64)> {
         println!("\n{title}, median of {} rounds:", opts.rounds);
         println!(
-            "  {:<12} {:>9} {:>9} {:>12} {:>10} {:>6} {:>11} {:>8} {:>8} {:>7} {:>12} {:>11}",
+            "  {:<14} {:>9} {:>9} {:>12} {:>10} {:>6} {:>11} {:>8} {:>8} {:>7} {:>12} {:>11}",
             "server",
             "qps",
             "mean ms",
@@ -780,7 +810,7 @@ fn run_in(dir: &Path, opts: &Options) -> anyhow::Result<()> {
             let qps = med(rs, &|r| r.qps);
             let cpu = med(rs, &|r| r.cpu_us());
             println!(
-                "  {:<12} {:>9.0} {:>9.3} {:>12.2} {:>10.2} {:>6} {:>11.2} {:>8.2} {:>8.2} {:>7.2} {:>11.0}% {:>10.2}x",
+                "  {:<14} {:>9.0} {:>9.3} {:>12.2} {:>10.2} {:>6} {:>11.2} {:>8.2} {:>8.2} {:>7.2} {:>11.0}% {:>10.2}x",
                 s.name,
                 qps,
                 med(rs, &|r| r.mean_ms),
@@ -809,7 +839,7 @@ fn run_in(dir: &Path, opts: &Options) -> anyhow::Result<()> {
         opts.rate, opts.rounds
     );
     println!(
-        "  {:<12} {:>9} {:>9} {:>9} {:>9} {:>9} {:>6} {:>11} {:>8} {:>8} {:>7}",
+        "  {:<14} {:>9} {:>9} {:>9} {:>9} {:>9} {:>6} {:>11} {:>8} {:>8} {:>7}",
         "server",
         "qps",
         "p50 ms",
@@ -826,14 +856,14 @@ fn run_in(dir: &Path, opts: &Options) -> anyhow::Result<()> {
     for (i, (s, rs)) in servers.iter().zip(&rate).enumerate() {
         if rs.is_empty() {
             println!(
-                "  {:<12} left out: saturates at {:.0} qps (< 1.25 x {})",
+                "  {:<14} left out: saturates at {:.0} qps (< 1.25 x {})",
                 s.name, u[i].0, opts.rate
             );
             continue;
         }
         p99[i] = med(rs, &|r| r.quantile(0.99));
         println!(
-            "  {:<12} {:>9.0} {:>9.3} {:>9.3} {:>9.3} {:>9.2} {:>6} {:>11.2} {:>8.2} {:>8.2} {:>7.2}",
+            "  {:<14} {:>9.0} {:>9.3} {:>9.3} {:>9.3} {:>9.2} {:>6} {:>11.2} {:>8.2} {:>8.2} {:>7.2}",
             s.name,
             med(rs, &|r| r.qps),
             med(rs, &|r| r.quantile(0.5)),
@@ -875,6 +905,21 @@ fn run_in(dir: &Path, opts: &Options) -> anyhow::Result<()> {
             p99[4],
             t[0].0 / t[4].0,
             t[0].1 / t[4].1,
+        );
+    }
+    if let Some(w) = wild {
+        let tcp = if opts.no_tcp {
+            String::new()
+        } else {
+            format!(", TCP qps {:.2}x", t[w].0 / t[0].0)
+        };
+        println!(
+            "dwara-wildcard / dwara: UDP qps {:.2}x, UDP CPU per query {:.2}x, p99 at -Q {} {:.3} vs {:.3} ms{tcp}",
+            u[w].0 / u[0].0,
+            u[w].1 / u[0].1,
+            opts.rate,
+            p99[w],
+            p99[0],
         );
     }
     if opts.names >= 100_000 {
