@@ -60,12 +60,19 @@ fn init_tracing() {
     let log = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_filter(filter.and(filter_fn(|meta| {
-            !dwara_cluster::is_invalid_datagram_event(meta)
-        })));
-    // Its own filter, so no other event is enabled for it.
-    let count =
-        CountInvalidDatagrams.with_filter(filter_fn(dwara_cluster::is_invalid_datagram_event));
+        .with_filter(
+            filter.and(
+                filter_fn(|meta| !dwara_cluster::is_invalid_datagram_event(meta))
+                    // Lets every level through, so the env filter's hint stands.
+                    .with_max_level_hint(tracing::Level::TRACE),
+            ),
+        );
+    // Its own filter, so no other event is enabled for it, and a level hint so the
+    // global maximum stays the env filter's (disabled callsites stay free).
+    let count = CountInvalidDatagrams.with_filter(
+        filter_fn(dwara_cluster::is_invalid_datagram_event)
+            .with_max_level_hint(tracing::Level::WARN),
+    );
     tracing_subscriber::registry().with(log).with(count).init();
 }
 
