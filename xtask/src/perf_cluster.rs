@@ -6,7 +6,11 @@
 //!                          [--sync 10000,50000] [--idle-seconds 10]
 //!                          [--baseline PATH] [--sync-rounds 1]
 //!                          [--trickle 0,2,20,200|off] [--trickle-seconds 10]
+//!                          [--gossip-interval-ms MS]
 //! ```
+//!
+//! Every node runs with dwara's default gossip settings unless
+//! `--gossip-interval-ms` is given, which every node then gets.
 //!
 //! 1. **Convergence.** For each cluster size N (every node on its own 127.0.2.x,
 //!    seeded with every other), `--records` times: the clock starts, one node gets
@@ -55,6 +59,17 @@ struct Options {
     /// Registration rates (per second) for the trickle phase; empty: skipped.
     trickle: Vec<usize>,
     trickle_seconds: u64,
+    /// `--gossip-interval-ms` for every node (default: dwara's).
+    gossip_interval_ms: Option<u64>,
+}
+
+impl Options {
+    /// The flags every node gets beyond the harness's own.
+    fn node_args(&self) -> Vec<String> {
+        self.gossip_interval_ms
+            .map(|ms| vec!["--gossip-interval-ms".to_owned(), ms.to_string()])
+            .unwrap_or_default()
+    }
 }
 
 fn list(v: &str, name: &str) -> anyhow::Result<Vec<usize>> {
@@ -74,6 +89,7 @@ fn parse_args(args: &[String]) -> anyhow::Result<Options> {
         sync_rounds: 1,
         trickle: vec![0, 2, 20, 200],
         trickle_seconds: 10,
+        gossip_interval_ms: None,
     };
     let mut it = args.iter();
     while let Some(flag) = it.next() {
@@ -89,11 +105,14 @@ fn parse_args(args: &[String]) -> anyhow::Result<Options> {
             "--trickle" if v == "off" => o.trickle.clear(),
             "--trickle" => o.trickle = list(v, "--trickle")?,
             "--trickle-seconds" => o.trickle_seconds = v.parse().context("--trickle-seconds")?,
+            "--gossip-interval-ms" => {
+                o.gossip_interval_ms = Some(v.parse().context("--gossip-interval-ms")?);
+            }
             other => bail!(
                 "unknown option {other}; usage: cargo xtask perf cluster [--sizes 3,5,10] \
                  [--records 20] [--rounds 3] [--sync 10000,50000] [--idle-seconds 10] \
                  [--baseline PATH] [--sync-rounds 1] [--trickle 0,2,20,200|off] \
-                 [--trickle-seconds 10]"
+                 [--trickle-seconds 10] [--gossip-interval-ms MS]"
             ),
         }
     }
@@ -120,6 +139,8 @@ struct Spec {
     gossip: SocketAddr,
     peers: Vec<SocketAddr>,
     netns: Option<String>,
+    /// Further `dwara serve` flags (`--gossip-interval-ms`).
+    args: Vec<String>,
 }
 
 /// A `dwara serve`; killed on drop.
@@ -135,7 +156,7 @@ impl Drop for Node {
     }
 }
 
-fn specs(subnet: u8, n: usize) -> anyhow::Result<Vec<Spec>> {
+fn specs(subnet: u8, n: usize, args: &[String]) -> anyhow::Result<Vec<Spec>> {
     let mut out = Vec::new();
     for i in 0..n {
         let ip = Ipv4Addr::new(127, 0, subnet, u8::try_from(i + 1)?);
@@ -146,6 +167,7 @@ fn specs(subnet: u8, n: usize) -> anyhow::Result<Vec<Spec>> {
             gossip: SocketAddr::from((ip, free_port(ip)?)),
             peers: Vec::new(),
             netns: None,
+            args: args.to_vec(),
         });
     }
     seed_all(&mut out);
@@ -182,6 +204,7 @@ fn start_bin(spec: &Spec, key: &Path, bin: &Path) -> anyhow::Result<Node> {
     for p in &spec.peers {
         cmd.args(["--peer", &p.to_string()]);
     }
+    cmd.args(&spec.args);
     let child = cmd
         .env("DWARA_LOG", "warn")
         .stdin(Stdio::null())
@@ -418,7 +441,7 @@ fn convergence_and_failure(
     opts: &Options,
 ) -> anyhow::Result<SizeRow> {
     let client = client()?;
-    let nodes = specs(subnet, n)?
+    let nodes = specs(subnet, n, &opts.node_args())?
         .iter()
         .map(|s| start(s, key))
         .collect::<anyhow::Result<Vec<Node>>>()?;
@@ -508,7 +531,12 @@ fn lo_tx(ns: &str) -> anyhow::Result<(u64, u64)> {
 }
 
 /// Idle gossip per node: (bytes/s, packets/s), or `None` without netns rights.
-fn idle_traffic(n: usize, key: &Path, seconds: u64) -> anyhow::Result<Option<(f64, f64)>> {
+fn idle_traffic(
+    n: usize,
+    key: &Path,
+    seconds: u64,
+    args: &[String],
+) -> anyhow::Result<Option<(f64, f64)>> {
     let name = format!("dwperf{}-{n}", std::process::id());
     if let Err(e) = ip_cmd(&["netns", "add", &name]) {
         println!("  idle traffic not measured: {e:#}");
@@ -527,6 +555,7 @@ fn idle_traffic(n: usize, key: &Path, seconds: u64) -> anyhow::Result<Option<(f6
                 gossip: port(22_000),
                 peers: Vec::new(),
                 netns: Some(ns.0.clone()),
+                args: args.to_vec(),
             }
         })
         .collect();
@@ -630,7 +659,7 @@ fn sync_run(
     bin: &Path,
     opts: &Options,
 ) -> anyhow::Result<SyncRow> {
-    let mut all = specs(subnet, 4)?;
+    let mut all = specs(subnet, 4, &opts.node_args())?;
     // The newcomer knows only the first node; the others do not know it.
     let newcomer_addr = all[3].gossip;
     for s in &mut all[..3] {
@@ -808,15 +837,18 @@ fn run_in(dir: &Path, opts: &Options) -> anyhow::Result<()> {
     let key = dir.join("cluster.key");
     std::fs::write(&key, &out.stdout)?;
     std::fs::set_permissions(&key, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
+    let gossip = match opts.gossip_interval_ms {
+        Some(ms) => format!("gossip every {ms} ms, phi 8"),
+        None => "default gossip settings (100 ms interval, phi 8)".to_owned(),
+    };
     println!(
-        "perf cluster: sizes {:?}, {} records each, {} SIGSTOP rounds, sync of {:?}, default gossip settings \
-         (100 ms interval, phi 8), sealed values",
+        "perf cluster: sizes {:?}, {} records each, {} SIGSTOP rounds, sync of {:?}, {gossip}, sealed values",
         opts.sizes, opts.records, opts.rounds, opts.sync
     );
     let mut rows = Vec::new();
     for (i, &n) in opts.sizes.iter().enumerate() {
         let mut row = convergence_and_failure(n, 2 + u8::try_from(i)?, &key, opts)?;
-        row.idle = idle_traffic(n, &key, opts.idle_seconds)?;
+        row.idle = idle_traffic(n, &key, opts.idle_seconds, &opts.node_args())?;
         rows.push(row);
     }
     let current = release_dwara();
