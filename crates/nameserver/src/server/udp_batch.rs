@@ -210,9 +210,11 @@ impl UdpBatch {
                 )]
             });
             let count = end - start;
-            let headers = match (local, self.send_headers_local.as_mut()) {
-                (Some(_), Some(headers)) => headers,
-                _ => &mut self.send_headers,
+            // A control message only goes with the headers that have room for it
+            // (nix asserts that room): without them, the routed source.
+            let (headers, local) = match (local, self.send_headers_local.as_mut()) {
+                (Some(local), Some(headers)) => (headers, Some(local)),
+                _ => (&mut self.send_headers, None),
             };
             let addrs = &self.tx_addr[start..end];
             let result = Local::with_cmsgs(local, |cmsgs: &[ControlMessage<'_>]| {
