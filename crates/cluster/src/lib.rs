@@ -60,7 +60,8 @@ pub use config::{
 };
 pub use error::{ClusterError, Result};
 pub use invalid::{
-    SUMMARY_EVERY, count_invalid_datagram, invalid_datagrams, is_invalid_datagram_event,
+    SUMMARY_EVERY, WARNINGS_PER_WINDOW, count_invalid_datagram, count_suppressed_warning,
+    invalid_datagrams, is_chitchat_warning, is_invalid_datagram_event, suppressed_warnings,
 };
 pub use node::Cluster;
 pub use peers::{PeerInfo, PeerState};

@@ -68,6 +68,11 @@ impl Metrics {
             crate::invalid::counter(),
         );
         registry.register(
+            "dwara_cluster_suppressed_warnings",
+            "chitchat warnings left out of the log beyond its limit per 10 s (per process)",
+            crate::invalid::suppressed_counter(),
+        );
+        registry.register(
             "dwara_cluster_resyncs",
             "Times the local change feed lagged and the published keys were rebuilt from the database",
             self.resyncs.clone(),

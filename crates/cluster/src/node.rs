@@ -383,6 +383,7 @@ impl Engine {
         let mut summary = tokio::time::interval(crate::invalid::SUMMARY_EVERY);
         summary.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut invalid_seen = crate::invalid::invalid_datagrams();
+        let mut suppressed_seen = crate::invalid::suppressed_warnings();
         loop {
             let owed = self.pacer.next_due();
             tokio::select! {
@@ -414,6 +415,17 @@ impl Engine {
                             "datagrams on the gossip port that are not chitchat messages dropped (garbage, or another protocol)"
                         );
                         invalid_seen = total;
+                    }
+                    let suppressed = crate::invalid::suppressed_warnings();
+                    if suppressed > suppressed_seen {
+                        tracing::warn!(
+                            suppressed = suppressed - suppressed_seen,
+                            total = suppressed,
+                            limit = crate::invalid::WARNINGS_PER_WINDOW,
+                            every_s = crate::invalid::SUMMARY_EVERY.as_secs(),
+                            "chitchat warnings beyond the limit left out of the log (a misconfigured or hostile peer: see the ones logged)"
+                        );
+                        suppressed_seen = suppressed;
                     }
                 }
             }

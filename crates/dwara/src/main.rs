@@ -47,8 +47,9 @@ enum Command {
 }
 
 /// Logs to stderr at `DWARA_LOG` (default `info`). chitchat's line per datagram it
-/// cannot decode is counted instead of logged (see `dwara_cluster::invalid`): a
-/// flood of garbage on the gossip port must not become a flood of log lines.
+/// cannot decode is counted instead of logged, and its other warnings are limited to
+/// `dwara_cluster::WARNINGS_PER_WINDOW` per 10 s (see `dwara_cluster::invalid`): a
+/// flood on the gossip port must not become a flood of log lines.
 fn init_tracing() {
     use tracing_subscriber::Layer;
     use tracing_subscriber::filter::{FilterExt, filter_fn};
@@ -61,11 +62,13 @@ fn init_tracing() {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_filter(
-            filter.and(
-                filter_fn(|meta| !dwara_cluster::is_invalid_datagram_event(meta))
-                    // Lets every level through, so the env filter's hint stands.
-                    .with_max_level_hint(tracing::Level::TRACE),
-            ),
+            filter
+                .and(
+                    filter_fn(|meta| !dwara_cluster::is_invalid_datagram_event(meta))
+                        // Lets every level through, so the env filter's hint stands.
+                        .with_max_level_hint(tracing::Level::TRACE),
+                )
+                .and(ChitchatWarnings::default()),
         );
     // Its own filter, so no other event is enabled for it, and a level hint so the
     // global maximum stays the env filter's (disabled callsites stay free).
@@ -82,6 +85,67 @@ struct CountInvalidDatagrams;
 impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for CountInvalidDatagrams {
     fn on_event(&self, _: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
         dwara_cluster::count_invalid_datagram();
+    }
+}
+
+/// Lets at most `dwara_cluster::WARNINGS_PER_WINDOW` chitchat warnings into the log
+/// per `dwara_cluster::SUMMARY_EVERY` and counts the rest; every other event passes.
+#[derive(Default)]
+struct ChitchatWarnings {
+    /// The current window's start and how many warnings it let through.
+    window: std::sync::Mutex<Option<(std::time::Instant, u32)>>,
+}
+
+impl<S> tracing_subscriber::layer::Filter<S> for ChitchatWarnings {
+    fn enabled(
+        &self,
+        _: &tracing::Metadata<'_>,
+        _: &tracing_subscriber::layer::Context<'_, S>,
+    ) -> bool {
+        true
+    }
+
+    fn callsite_enabled(
+        &self,
+        meta: &'static tracing::Metadata<'static>,
+    ) -> tracing::subscriber::Interest {
+        if dwara_cluster::is_chitchat_warning(meta) {
+            // Decided per event (the window), so never cached.
+            tracing::subscriber::Interest::sometimes()
+        } else {
+            tracing::subscriber::Interest::always()
+        }
+    }
+
+    fn event_enabled(
+        &self,
+        event: &tracing::Event<'_>,
+        _: &tracing_subscriber::layer::Context<'_, S>,
+    ) -> bool {
+        if !dwara_cluster::is_chitchat_warning(event.metadata()) {
+            return true;
+        }
+        let now = std::time::Instant::now();
+        let mut window = self
+            .window
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let (start, let_in) = window.get_or_insert((now, 0));
+        if now.duration_since(*start) >= dwara_cluster::SUMMARY_EVERY {
+            *start = now;
+            *let_in = 0;
+        }
+        if *let_in < dwara_cluster::WARNINGS_PER_WINDOW {
+            *let_in += 1;
+            true
+        } else {
+            dwara_cluster::count_suppressed_warning();
+            false
+        }
+    }
+
+    fn max_level_hint(&self) -> Option<tracing::level_filters::LevelFilter> {
+        Some(tracing::level_filters::LevelFilter::TRACE)
     }
 }
 

@@ -1044,3 +1044,66 @@ fn garbage_on_the_gossip_port_is_counted_not_logged_per_datagram() {
         .expect("the name server still answers");
     assert!(n >= 12 && buf[3] & 0x0f == 3, "NXDOMAIN");
 }
+
+/// A neighbour with another cluster id gossiping at us: chitchat warns on every
+/// datagram (a SYN for another cluster, a "wrong cluster" answer: about 20 lines a
+/// second here). At most 20 of its warnings a 10 s window reach the log; the rest
+/// are counted (`dwara_cluster_suppressed_warnings_total`) and reported in one line.
+#[test]
+fn chitchat_warnings_from_a_foreign_cluster_are_limited() {
+    let (a, b) = (test_support::free_addr(), test_support::free_addr());
+    let node = |me: SocketAddr, peer: SocketAddr, id: &str| {
+        Serve::start(&[
+            "--dns-listen",
+            "127.0.0.1:0",
+            "--http-listen",
+            "127.0.0.1:0",
+            "--gossip-listen",
+            &me.to_string(),
+            "--peer",
+            &peer.to_string(),
+            "--cluster-id",
+            id,
+        ])
+    };
+    let started = Instant::now();
+    let alpha = node(a, b, "alpha");
+    let _beta = node(b, a, "beta");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !alpha.logged("chitchat warnings beyond the limit") {
+        assert!(
+            Instant::now() < deadline,
+            "no summary of suppressed warnings"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let elapsed = started.elapsed().as_secs();
+    let chitchat_lines = alpha
+        .log
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|l| l.contains(" WARN chitchat"))
+        .count();
+    let windows = usize::try_from(elapsed / 10 + 2).unwrap();
+    assert!(chitchat_lines > 0, "the first warnings are logged");
+    assert!(
+        chitchat_lines <= 20 * windows,
+        "{chitchat_lines} chitchat lines in {elapsed} s"
+    );
+    let text = reqwest::blocking::Client::builder()
+        .no_proxy()
+        .build()
+        .unwrap()
+        .get(format!("http://{}/metrics", alpha.http))
+        .send()
+        .unwrap()
+        .text()
+        .unwrap();
+    let suppressed: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("dwara_cluster_suppressed_warnings_total "))
+        .and_then(|v| v.parse().ok())
+        .expect("the counter is exported");
+    assert!(suppressed > 0, "suppressed warnings are counted");
+}
