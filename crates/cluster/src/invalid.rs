@@ -30,13 +30,12 @@ pub const WARNINGS_PER_WINDOW: u32 = 20;
 static INVALID: LazyLock<Counter> = LazyLock::new(Counter::default);
 static SUPPRESSED: LazyLock<Counter> = LazyLock::new(Counter::default);
 
-/// Whether `meta` is a warning of chitchat's (its undecodable-datagram event aside,
-/// which [`is_invalid_datagram_event`] matches).
+/// Whether `meta` is a warning of chitchat's (its undecodable-datagram event, which
+/// [`is_invalid_datagram_event`] singles out, included).
 pub fn is_chitchat_warning(meta: &tracing::Metadata<'_>) -> bool {
     meta.is_event()
         && *meta.level() == tracing::Level::WARN
         && (meta.target() == "chitchat" || meta.target().starts_with("chitchat::"))
-        && !is_invalid_datagram_event(meta)
 }
 
 /// Counts one chitchat warning left out of the log.

@@ -61,15 +61,7 @@ fn init_tracing() {
     let log = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_filter(
-            filter
-                .and(
-                    filter_fn(|meta| !dwara_cluster::is_invalid_datagram_event(meta))
-                        // Lets every level through, so the env filter's hint stands.
-                        .with_max_level_hint(tracing::Level::TRACE),
-                )
-                .and(ChitchatWarnings::default()),
-        );
+        .with_filter(filter.and(ChitchatWarnings::default()));
     // Its own filter, so no other event is enabled for it, and a level hint so the
     // global maximum stays the env filter's (disabled callsites stay free).
     let count = CountInvalidDatagrams.with_filter(
@@ -88,8 +80,10 @@ impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for CountInvalidDatagr
     }
 }
 
-/// Lets at most `dwara_cluster::WARNINGS_PER_WINDOW` chitchat warnings into the log
-/// per `dwara_cluster::SUMMARY_EVERY` and counts the rest; every other event passes.
+/// Keeps chitchat's undecodable-datagram warnings out of the log (they are counted by
+/// [`CountInvalidDatagrams`]), lets at most `dwara_cluster::WARNINGS_PER_WINDOW` of
+/// its other warnings in per `dwara_cluster::SUMMARY_EVERY` and counts the rest;
+/// every other event passes.
 #[derive(Default)]
 struct ChitchatWarnings {
     /// The current window's start and how many warnings it let through.
@@ -99,17 +93,19 @@ struct ChitchatWarnings {
 impl<S> tracing_subscriber::layer::Filter<S> for ChitchatWarnings {
     fn enabled(
         &self,
-        _: &tracing::Metadata<'_>,
+        meta: &tracing::Metadata<'_>,
         _: &tracing_subscriber::layer::Context<'_, S>,
     ) -> bool {
-        true
+        !dwara_cluster::is_invalid_datagram_event(meta)
     }
 
     fn callsite_enabled(
         &self,
         meta: &'static tracing::Metadata<'static>,
     ) -> tracing::subscriber::Interest {
-        if dwara_cluster::is_chitchat_warning(meta) {
+        if dwara_cluster::is_invalid_datagram_event(meta) {
+            tracing::subscriber::Interest::never()
+        } else if dwara_cluster::is_chitchat_warning(meta) {
             // Decided per event (the window), so never cached.
             tracing::subscriber::Interest::sometimes()
         } else {

@@ -274,7 +274,11 @@ impl Drop for Node {
 
 /// Polls `check` until it holds; fails the test naming `what` after `timeout`.
 /// Returns how long it took.
-fn await_that(what: &str, timeout: Duration, mut check: impl FnMut() -> bool) -> Duration {
+pub(crate) fn await_that(
+    what: &str,
+    timeout: Duration,
+    mut check: impl FnMut() -> bool,
+) -> Duration {
     let started = Instant::now();
     loop {
         if check() {

@@ -186,11 +186,7 @@ impl DockerServe {
 
     /// The value of the `/metrics` series `series` (0 when absent).
     fn metric(&self, series: &str) -> f64 {
-        let (status, body) = test_support::http::request(self.http, "GET", "/metrics", None);
-        assert_eq!(status, 200, "{body}");
-        body.lines()
-            .find_map(|l| l.strip_prefix(series).and_then(|v| v.trim().parse().ok()))
-            .unwrap_or(0.0)
+        self.0.metric(series).unwrap_or(0.0)
     }
 
     /// SIGTERM, and the exit status (within 10 s).

@@ -16,6 +16,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use super::cluster::await_that;
 use super::nameserver::Serve;
 
 /// The local name every test registers, and its address.
@@ -986,49 +987,33 @@ fn garbage_on_the_gossip_port_is_counted_not_logged_per_datagram() {
         "--gossip-listen",
         &gossip.to_string(),
     ]);
-    let client = reqwest::blocking::Client::builder()
-        .no_proxy()
-        .build()
-        .unwrap();
-    let counted = || -> u64 {
-        let text = client
-            .get(format!("http://{}/metrics", s.http))
-            .send()
-            .unwrap()
-            .text()
-            .unwrap();
-        text.lines()
-            .find_map(|l| l.strip_prefix("dwara_cluster_invalid_datagrams_total "))
-            .and_then(|v| v.parse().ok())
+    let counted = || -> f64 {
+        s.metric("dwara_cluster_invalid_datagrams_total")
             .expect("the counter is exported")
     };
-    assert_eq!(counted(), 0);
+    assert_eq!(counted(), 0.0);
     let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
     let mut rng = Rng(23);
-    let (batches, per_batch) = (10u64, 50u64);
+    let (batches, per_batch) = (10u32, 50u32);
     for b in 1..=batches {
         for i in 0..per_batch {
             let len = 1 + usize::try_from(rng.next() % 300).unwrap() + usize::try_from(i).unwrap();
             let junk: Vec<u8> = (0..len).map(|_| rng.next().to_le_bytes()[0]).collect();
             sock.send_to(&junk, gossip).unwrap();
         }
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while counted() < b * per_batch {
-            assert!(
-                Instant::now() < deadline,
-                "batch {b}: {} counted",
-                counted()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        await_that(
+            &format!("batch {b} counted"),
+            Duration::from_secs(10),
+            || counted() >= f64::from(b * per_batch),
+        );
     }
-    assert_eq!(counted(), batches * per_batch);
+    assert_eq!(counted(), f64::from(batches * per_batch));
     let summary = format!("dropped={}", batches * per_batch);
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while !s.logged(&summary) {
-        assert!(Instant::now() < deadline, "no summary line with {summary}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    await_that(
+        &format!("a summary line with {summary}"),
+        Duration::from_secs(15),
+        || s.logged(&summary),
+    );
     assert!(
         !s.logged("invalid-chitchat-payload"),
         "chitchat's line per datagram reached the log"
@@ -1069,14 +1054,11 @@ fn chitchat_warnings_from_a_foreign_cluster_are_limited() {
     let started = Instant::now();
     let alpha = node(a, b, "alpha");
     let _beta = node(b, a, "beta");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !alpha.logged("chitchat warnings beyond the limit") {
-        assert!(
-            Instant::now() < deadline,
-            "no summary of suppressed warnings"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    await_that(
+        "a summary of suppressed warnings",
+        Duration::from_secs(30),
+        || alpha.logged("chitchat warnings beyond the limit"),
+    );
     let elapsed = started.elapsed().as_secs();
     let chitchat_lines = alpha
         .log
@@ -1091,19 +1073,8 @@ fn chitchat_warnings_from_a_foreign_cluster_are_limited() {
         chitchat_lines <= 20 * windows,
         "{chitchat_lines} chitchat lines in {elapsed} s"
     );
-    let text = reqwest::blocking::Client::builder()
-        .no_proxy()
-        .build()
-        .unwrap()
-        .get(format!("http://{}/metrics", alpha.http))
-        .send()
-        .unwrap()
-        .text()
-        .unwrap();
-    let suppressed: u64 = text
-        .lines()
-        .find_map(|l| l.strip_prefix("dwara_cluster_suppressed_warnings_total "))
-        .and_then(|v| v.parse().ok())
+    let suppressed = alpha
+        .metric("dwara_cluster_suppressed_warnings_total")
         .expect("the counter is exported");
-    assert!(suppressed > 0, "suppressed warnings are counted");
+    assert!(suppressed > 0.0, "suppressed warnings are counted");
 }

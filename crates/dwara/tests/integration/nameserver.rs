@@ -87,6 +87,14 @@ impl Serve {
         }
     }
 
+    /// The value of the `/metrics` series `series`, `None` when it is absent.
+    pub(crate) fn metric(&self, series: &str) -> Option<f64> {
+        let (status, body) = test_support::http::request(self.http, "GET", "/metrics", None);
+        assert_eq!(status, 200, "{body}");
+        body.lines()
+            .find_map(|l| l.strip_prefix(series).and_then(|v| v.trim().parse().ok()))
+    }
+
     /// Whether a stderr line so far contains `needle`.
     pub(crate) fn logged(&self, needle: &str) -> bool {
         self.log.lock().unwrap().iter().any(|l| l.contains(needle))
