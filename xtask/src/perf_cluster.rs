@@ -596,6 +596,18 @@ struct TrickleRow {
     wall: Duration,
 }
 
+/// User + system seconds `nodes` have used since they started (`/proc/PID/stat`).
+fn cpu_seconds(nodes: &[Node]) -> anyhow::Result<f64> {
+    let ticks = clock_ticks();
+    let mut sum = 0.0;
+    for n in nodes {
+        let (own, _) =
+            cpu_ticks(&n.child.id().to_string()).context("cannot read a node's /proc stat")?;
+        sum += own as f64 / ticks;
+    }
+    Ok(sum)
+}
+
 /// For each rate, `seconds` of `PUT`s to `nodes[0]` at that rate (sequential, paced
 /// from the phase's start); the CPU all of `nodes` used meanwhile. Rate 0 measures
 /// the nodes idle. Names `t{rate}-{i}` are new, so every `PUT` adds an entry.
@@ -605,20 +617,10 @@ fn trickle(
     rates: &[usize],
     seconds: u64,
 ) -> anyhow::Result<Vec<TrickleRow>> {
-    let ticks = clock_ticks();
-    let cpu_of_all = || -> anyhow::Result<f64> {
-        let mut sum = 0.0;
-        for n in nodes {
-            let (own, _) =
-                cpu_ticks(&n.child.id().to_string()).context("cannot read a node's /proc stat")?;
-            sum += own as f64 / ticks;
-        }
-        Ok(sum)
-    };
     let span = Duration::from_secs(seconds);
     let mut rows = Vec::new();
     for (r, &rate) in rates.iter().enumerate() {
-        let before = cpu_of_all()?;
+        let before = cpu_seconds(nodes)?;
         let started = Instant::now();
         let mut registered = 0usize;
         while started.elapsed() < span {
@@ -645,7 +647,7 @@ fn trickle(
         rows.push(TrickleRow {
             rate,
             registered,
-            cpu: cpu_of_all()? - before,
+            cpu: cpu_seconds(nodes)? - before,
             wall,
         });
     }
@@ -711,13 +713,7 @@ fn sync_run(
         },
     )?;
     let spread = started.elapsed();
-    let ticks = clock_ticks();
-    let mut cpu = 0.0;
-    for n in &nodes {
-        let (own, _) =
-            cpu_ticks(&n.child.id().to_string()).context("cannot read a node's /proc stat")?;
-        cpu += own as f64 / ticks;
-    }
+    let cpu = cpu_seconds(&nodes)?;
     println!(
         "  {k} records registered on 3 nodes (K/3 each, sequential per node) and held by all 3 after {:.2} s",
         spread.as_secs_f64()

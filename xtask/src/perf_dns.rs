@@ -291,6 +291,25 @@ fn start_dwara(
     ))
 }
 
+/// [`start_dwara`], then [`register`] the data set and say how long it took.
+fn start_loaded(
+    dir: &Path,
+    name: &str,
+    bin: &Path,
+    opts: &Options,
+    listen: Ipv4Addr,
+    data: &[(String, Vec<Ipv4Addr>)],
+) -> anyhow::Result<Server> {
+    let (server, http) = start_dwara(dir, name, bin, opts, listen)?;
+    let took = register(http, data)?;
+    println!(
+        "{name} ({} on {listen}): registered in {:.2} s",
+        bin.display(),
+        took.as_secs_f64()
+    );
+    Ok(server)
+}
+
 /// Registers every record over one keep-alive HTTP connection (reqwest's pool);
 /// returns the time taken.
 fn register(http: SocketAddr, data: &[(String, Vec<Ipv4Addr>)]) -> anyhow::Result<Duration> {
@@ -657,32 +676,25 @@ fn run_in(dir: &Path, opts: &Options) -> anyhow::Result<()> {
         rss_loaded.unwrap_or(0)
     );
     let before = match &opts.before {
-        Some(bin) => {
-            let (server, http) = start_dwara(dir, "dwara-before", bin, opts, Ipv4Addr::LOCALHOST)?;
-            let took = register(http, &data)?;
-            println!(
-                "dwara-before ({}): registered in {:.2} s",
-                bin.display(),
-                took.as_secs_f64()
-            );
-            Some(server)
-        }
+        Some(bin) => Some(start_loaded(
+            dir,
+            "dwara-before",
+            bin,
+            opts,
+            Ipv4Addr::LOCALHOST,
+            &data,
+        )?),
         None => None,
     };
     let wildcard = if opts.wildcard {
-        let (server, http) = start_dwara(
+        Some(start_loaded(
             dir,
             "dwara-wildcard",
             &release_dwara(),
             opts,
             Ipv4Addr::UNSPECIFIED,
-        )?;
-        let took = register(http, &data)?;
-        println!(
-            "dwara-wildcard (0.0.0.0): registered in {:.2} s",
-            took.as_secs_f64()
-        );
-        Some(server)
+            &data,
+        )?)
     } else {
         None
     };

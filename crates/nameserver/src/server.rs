@@ -9,8 +9,9 @@
 //! there is no `SO_REUSEPORT`). Plain threads measured faster than a tokio loop for
 //! this workload (see `docs/PERFORMANCE.md`), and a worker's packet path allocates
 //! nothing (except the per-datagram path on a wildcard address, where nix's
-//! `sendmsg` builds each reply's control message in a buffer of its own). Queries that must be forwarded are handed to a tokio task (bounded by a
-//! semaphore), which sends the reply on the worker's socket. TCP is a tokio task per
+//! `sendmsg` builds each reply's control message in a buffer of its own). Queries
+//! that must be forwarded are handed to a tokio task (bounded by a semaphore), which
+//! sends the reply on the worker's socket. TCP is a tokio task per
 //! connection; TCP answers are never truncated. On a wildcard address (`0.0.0.0`,
 //! `[::]`) every UDP reply, forwarded ones included, leaves from the address its
 //! query was sent to (see `pktinfo`).
