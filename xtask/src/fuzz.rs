@@ -32,6 +32,7 @@ const TARGETS: &[&str] = &[
     "config_yaml",
     "resolv_conf",
     "cluster_value",
+    "cluster_bucket",
     "store_record",
     "docker_event",
 ];

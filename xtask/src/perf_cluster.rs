@@ -32,7 +32,8 @@
 //!    time (user + system, `/proc/PID/stat`) the three used from their start until
 //!    they held every record. With `--baseline PATH` (another build of `dwara`,
 //!    e.g. from an earlier commit) each sync runs `--sync-rounds` times with each
-//!    binary, interleaved, and the medians are printed side by side with ratios.
+//!    binary, interleaved, and the medians are printed side by side with ratios
+//!    (the trickle phase's too).
 //! 5. **Trickle.** Then, with the four nodes holding the K records, for each
 //!    `--trickle` rate R: `--trickle-seconds` of sequential `PUT`s of new names on
 //!    the first node at R per second (0: no writes, the nodes idle), and the CPU
@@ -905,6 +906,15 @@ fn run_in(dir: &Path, opts: &Options) -> anyhow::Result<()> {
                 s.sync.as_secs_f64() / b.sync.as_secs_f64(),
                 s.cpu / b.cpu
             );
+            for (t, bt) in s.trickle.iter().zip(&b.trickle) {
+                let share = |t: &TrickleRow| t.cpu / t.wall.as_secs_f64();
+                println!(
+                    "  {:>8} records, {:>4} PUT/s: CPU of the 4 nodes {:.2}x",
+                    s.records,
+                    t.rate,
+                    share(t) / share(bt)
+                );
+            }
         }
     }
     if let Some(r) = rows.iter().find(|r| r.nodes == 10) {

@@ -63,5 +63,5 @@ pub use invalid::{
     SUMMARY_EVERY, WARNINGS_PER_WINDOW, count_invalid_datagram, count_suppressed_warning,
     invalid_datagrams, is_chitchat_warning, is_invalid_datagram_event, suppressed_warnings,
 };
-pub use node::Cluster;
+pub use node::{BUCKET_BYTES, Cluster};
 pub use peers::{PeerInfo, PeerState};

@@ -23,6 +23,7 @@ pub(crate) struct ReasonLabel {
 pub(crate) struct Metrics {
     pub(crate) peers: Family<StateLabel, Gauge>,
     pub(crate) keys_published: Gauge,
+    pub(crate) buckets_published: Gauge,
     pub(crate) entries_applied: Counter,
     pub(crate) rejected_values: Family<ReasonLabel, Counter>,
     pub(crate) pushes: Counter,
@@ -41,6 +42,11 @@ impl Metrics {
             "dwara_cluster_keys_published",
             "This node's live entries published in gossip",
             self.keys_published.clone(),
+        );
+        registry.register(
+            "dwara_cluster_buckets_published",
+            "chitchat keys (buckets of entries) this node publishes",
+            self.buckets_published.clone(),
         );
         registry.register(
             "dwara_cluster_entries_applied",

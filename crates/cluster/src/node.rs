@@ -1,27 +1,37 @@
 //! The replication engine: one task per node between the records database and chitchat.
 //!
 //! **Publishing.** Changes of this node's own entries (`origin == db.origin()`) come
-//! from [`Db::subscribe`]. Each live entry is one chitchat key (`n<hex>`) whose value
-//! is a [`crate::codec`] record carrying the chitchat version the key is set at; a
-//! removal is a chitchat delete (kept `tombstone_grace`). A receiver that lags
-//! drains its channel and resynchronises from [`Db::entries`]. After a batch of
-//! changes the node starts a gossip round with every live peer at once, paced per
-//! peer by [`crate::pace`] so a burst of changes is carried by a few rounds.
+//! from [`Db::subscribe`]. Each live entry sits in one of `2^bits` buckets by a hash
+//! of its identity; each non-empty bucket is one chitchat key (`b<bits>.<index>`)
+//! whose value is a [`crate::codec`] bucket carrying the chitchat version the key is
+//! set at. A batch of changes sets each bucket it touched once; a bucket that empties
+//! is a chitchat delete (kept `tombstone_grace`). When a bucket would outgrow
+//! [`BUCKET_BYTES`] the count doubles: every entry is set in its new bucket first,
+//! then the old keys are deleted, so a receiver never misses an entry in between. A
+//! receiver that lags drains its channel and resynchronises from [`Db::entries`].
+//! After a batch of changes the node starts a gossip round with every live peer at
+//! once, paced per peer by [`crate::pace`] so a burst of changes is carried by a few
+//! rounds.
 //!
 //! **Applying.** On every key-change notification, live-set change and backstop tick
 //! the engine walks chitchat's node states: per node id it adopts one incarnation
-//! (the live one with the highest generation, else the highest generation), applies
-//! the keys whose chitchat version is above what it has seen into the database
-//! under `origin = node id` at that chitchat version (so a delete always outranks the
-//! set before it, and a restarted node's entries are never shadowed by its old
-//! ones), and hides the origin while the incarnation is dead. Adopting a new
-//! incarnation first purges the origin; a node chitchat forgets is purged too.
+//! (the live one with the highest generation, else the highest generation), and for
+//! each key whose chitchat version is above what it has seen compares the key's
+//! entries with the ones it applied from that key before: entries that arrived are
+//! applied into the database under `origin = node id` at the key's chitchat version,
+//! entries that left (or a deleted key's) become tombstones at that version (so a
+//! delete always outranks the set before it, and a restarted node's entries are never
+//! shadowed by its old ones). An entry two keys hold (the moment a bucket count
+//! doubles) stays until neither does. The origin is hidden while the incarnation is
+//! dead. Adopting a new incarnation first purges the origin; a node chitchat forgets
+//! is purged too. Keys of builds before buckets (`n<hex>`, one entry each) are read
+//! the same way.
 //!
 //! No decision reads a clock: versions are chitchat's per-incarnation counters, and
 //! liveness is chitchat's failure detector (monotonic time, local to each node).
 
 use std::collections::{HashMap, HashSet};
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -35,19 +45,40 @@ use tokio::sync::{Notify, broadcast};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::codec::{Binding, Record, open_value, seal_value};
+use crate::codec::{BUCKET_OVERHEAD, Binding, Bucket, Item, open_bucket, seal_bucket};
 use crate::config::{ClusterConfig, ClusterKey};
 use crate::error::{ClusterError, Result};
 use crate::metrics::{Metrics, StateLabel};
 use crate::pace::Pacer;
 use crate::peers::{PeerInfo, PeerState};
 
-/// Prefix of the keys that carry entries.
-const ENTRY_PREFIX: &str = "n";
-/// A pass that learns at least this many keys of a peer asks that peer for more at
-/// once instead of waiting for the next round (chitchat sends one datagram of delta
-/// per exchange, so a newcomer catches up at network speed, not one datagram a round).
+/// Prefix of the keys that carry buckets of entries.
+const BUCKET_PREFIX: &str = "b";
+/// Prefix of the single-entry keys of builds before buckets (read, never written).
+const LEGACY_PREFIX: &str = "n";
+/// The most plain bytes one bucket holds before the bucket count doubles: about 60
+/// typical entries; sealed and in base64 about 11 kB, so several fit in one gossip
+/// datagram (65,507 bytes) beside the digest.
+pub const BUCKET_BYTES: usize = 8 * 1024;
+/// The bucket count stops doubling at `2^MAX_BUCKET_BITS` (16 million buckets: never
+/// reached with a fair hash before memory runs out).
+const MAX_BUCKET_BITS: u32 = 24;
+/// A pass that learns at least this many keys, or this many bytes of values, of a
+/// peer asks that peer for more at once instead of waiting for the next round
+/// (chitchat sends one datagram of delta per exchange, so a newcomer catches up at
+/// network speed, not one datagram a round).
 const CATCH_UP_KEYS: usize = 64;
+const CATCH_UP_BYTES: usize = 32 * 1024;
+
+/// The key a node sets last in every change of its entries. Its value is only there to
+/// change (the version it is set at); what counts is that it is the newest key: a
+/// receiver whose copy of the node's state ends with it has every key as of that
+/// change, so an entry no key holds any more is really gone (see [`Holdings`]).
+const META_KEY: &str = "m";
+
+fn is_entry_key(key: &str) -> bool {
+    key.starts_with(BUCKET_PREFIX) || key.starts_with(LEGACY_PREFIX)
+}
 
 /// A running cluster node. Dropping it stops replication (as [`Cluster::shutdown`]
 /// does, without waiting).
@@ -167,16 +198,22 @@ impl Cluster {
             })?;
         let chitchat = handle.chitchat();
         let notify = Arc::new(Notify::new());
-        let (listener, live_rx) = {
+        let (listeners, live_rx) = {
             let cc = chitchat.lock().await;
             let own: Arc<str> = Arc::from(config.node_id.as_str());
-            let n = notify.clone();
-            let listener = cc.subscribe_event(ENTRY_PREFIX, move |ev| {
-                if ev.node.node_id != own {
-                    n.notify_one();
-                }
-            });
-            (listener, cc.live_nodes_watcher())
+            let listeners: Vec<ListenerHandle> = [BUCKET_PREFIX, LEGACY_PREFIX]
+                .into_iter()
+                .map(|prefix| {
+                    let own = own.clone();
+                    let n = notify.clone();
+                    cc.subscribe_event(prefix, move |ev| {
+                        if ev.node.node_id != own {
+                            n.notify_one();
+                        }
+                    })
+                })
+                .collect();
+            (listeners, cc.live_nodes_watcher())
         };
         let shared = Arc::new(Shared {
             node_id: config.node_id.clone(),
@@ -203,12 +240,12 @@ impl Cluster {
             key,
             cluster_id: config.cluster_id,
             changes,
-            own: Own::default(),
+            own: Own::new(),
             remotes: HashMap::new(),
             pacer: Pacer::default(),
         };
         let backstop = (config.gossip_interval * 10).max(Duration::from_millis(100));
-        let task = tokio::spawn(engine.run(notify, live_rx, listener, cancel.clone(), backstop));
+        let task = tokio::spawn(engine.run(notify, live_rx, listeners, cancel.clone(), backstop));
         Ok(Cluster {
             shared,
             cancel,
@@ -271,54 +308,152 @@ impl Drop for Cluster {
     }
 }
 
-/// An entry's identity within one origin.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-struct Ident {
-    id: String,
-    ip: IpAddr,
-    fqdn: String,
-}
-
-impl Ident {
-    fn of(e: &Entry) -> Self {
-        Self {
-            id: e.id.clone(),
-            ip: e.ip,
-            fqdn: e.fqdn.clone(),
-        }
-    }
-
-    fn live(&self, origin: &str, version: u64) -> Entry {
-        Entry {
-            id: self.id.clone(),
-            ip: self.ip,
-            fqdn: self.fqdn.clone(),
-            origin: origin.to_owned(),
-            version,
-            tombstone: false,
-        }
-    }
-
-    fn tombstone(&self, origin: &str, version: u64) -> Entry {
-        Entry {
-            tombstone: true,
-            ..self.live(origin, version)
-        }
+/// The identity of a database entry.
+fn item_of(e: &Entry) -> Item {
+    Item {
+        id: e.id.clone(),
+        ip: e.ip,
+        fqdn: e.fqdn.clone(),
     }
 }
 
-/// This node's published keys.
-#[derive(Debug, Default)]
+/// `item` as a database entry of `origin` at `version`.
+fn entry_of(item: &Item, origin: &str, version: u64, tombstone: bool) -> Entry {
+    Entry {
+        id: item.id.clone(),
+        ip: item.ip,
+        fqdn: item.fqdn.clone(),
+        origin: origin.to_owned(),
+        version,
+        tombstone,
+    }
+}
+
+fn bucket_key(bits: u32, index: u64) -> String {
+    format!("{BUCKET_PREFIX}{bits:x}.{index:x}")
+}
+
+/// This node's published entries, in buckets.
+#[derive(Debug)]
 struct Own {
-    slots: HashMap<Ident, Slot>,
-    next_key: u64,
+    /// The bucket count is `2^bits`; it only grows within an incarnation, so a key
+    /// name is never reused for another bucket.
+    bits: u32,
+    hasher: std::hash::RandomState,
+    buckets: HashMap<u64, OwnBucket>,
+    /// Buckets changed since they were last set.
+    dirty: std::collections::BTreeSet<u64>,
+    /// Published keys of a smaller bucket count, deleted once the new ones are set.
+    retired: Vec<String>,
     live: i64,
 }
 
-#[derive(Debug)]
-struct Slot {
-    key: String,
-    live: bool,
+#[derive(Debug, Default)]
+struct OwnBucket {
+    items: std::collections::BTreeSet<Item>,
+    /// Plain bytes of the bucket when encoded.
+    bytes: usize,
+    published: bool,
+}
+
+impl Own {
+    fn new() -> Self {
+        Self {
+            bits: 0,
+            hasher: std::hash::RandomState::new(),
+            buckets: HashMap::new(),
+            dirty: std::collections::BTreeSet::new(),
+            retired: Vec::new(),
+            live: 0,
+        }
+    }
+
+    fn index(&self, item: &Item) -> u64 {
+        use std::hash::BuildHasher;
+        let mask = (1u64 << self.bits) - 1;
+        self.hasher.hash_one(item) & mask
+    }
+
+    fn contains(&self, item: &Item) -> bool {
+        self.buckets
+            .get(&self.index(item))
+            .is_some_and(|b| b.items.contains(item))
+    }
+
+    /// Adds a live entry. Returns whether it was new.
+    fn insert(&mut self, item: Item) -> bool {
+        let index = self.index(&item);
+        let bucket = self.buckets.entry(index).or_insert_with(|| OwnBucket {
+            bytes: BUCKET_OVERHEAD,
+            ..OwnBucket::default()
+        });
+        let len = item.encoded_len();
+        if !bucket.items.insert(item) {
+            return false;
+        }
+        bucket.bytes += len;
+        self.dirty.insert(index);
+        self.live += 1;
+        true
+    }
+
+    /// Removes an entry. Returns whether it was there.
+    fn remove(&mut self, item: &Item) -> bool {
+        let index = self.index(item);
+        let Some(bucket) = self.buckets.get_mut(&index) else {
+            return false;
+        };
+        if !bucket.items.remove(item) {
+            return false;
+        }
+        bucket.bytes -= item.encoded_len();
+        self.dirty.insert(index);
+        self.live -= 1;
+        true
+    }
+
+    /// Doubles the bucket count until every bucket fits [`BUCKET_BYTES`], when a
+    /// changed one does not. Every bucket is then dirty and the old keys retired.
+    fn grow_if_needed(&mut self) {
+        let over = |own: &Self| {
+            own.buckets.values().any(|b| b.bytes > BUCKET_BYTES) && own.bits < MAX_BUCKET_BITS
+        };
+        if !self
+            .dirty
+            .iter()
+            .any(|i| self.buckets.get(i).is_some_and(|b| b.bytes > BUCKET_BYTES))
+            || self.bits >= MAX_BUCKET_BITS
+        {
+            return;
+        }
+        let old_bits = self.bits;
+        let old = std::mem::take(&mut self.buckets);
+        let mut items = Vec::with_capacity(usize::try_from(self.live).unwrap_or(0));
+        for (index, bucket) in old {
+            if bucket.published {
+                self.retired.push(bucket_key(old_bits, index));
+            }
+            items.extend(bucket.items);
+        }
+        loop {
+            self.bits += 1;
+            self.buckets.clear();
+            self.live = 0;
+            for item in &items {
+                self.insert(item.clone());
+            }
+            if !over(self) {
+                break;
+            }
+        }
+        self.dirty = self.buckets.keys().copied().collect();
+        tracing::debug!(
+            bits = self.bits,
+            buckets = self.buckets.len(),
+            entries = self.live,
+            "own entries spread over twice as many buckets"
+        );
+    }
 }
 
 /// What has been applied of one peer (one node id, one adopted incarnation).
@@ -329,13 +464,74 @@ struct Remote {
     last_gc_seen: u64,
     live: bool,
     keys: HashMap<String, KeyState>,
+    holdings: Holdings,
+}
+
+/// A peer's entries applied to the database: how many of its keys hold each, and
+/// those no key holds any more but that are not yet tombstones.
+///
+/// chitchat keeps only a key's newest version, and sends a node's keys in version
+/// order, so when an entry moves to another key (the bucket count doubled), and that
+/// key is set again afterwards, a receiver learns of the old key's delete before it
+/// learns of the new key at all. An entry that loses its last key is therefore only
+/// *pending*; it becomes a tombstone once the receiver's copy of the node is complete
+/// (it ends with [`META_KEY`]), and stays live, untouched, if a key takes it up again
+/// before then.
+#[derive(Debug, Default)]
+struct Holdings {
+    held: HashMap<Item, u32>,
+    /// Released entries and the version they were last released at.
+    pending: HashMap<Item, u64>,
+}
+
+impl Holdings {
+    /// One more key holds `item`; when none did, it is applied live at `version`.
+    /// False when it could not be applied.
+    fn acquire(&mut self, to: &Target<'_>, item: &Item, version: u64) -> bool {
+        if let Some(n) = self.held.get_mut(item) {
+            *n += 1;
+            return true;
+        }
+        if self.pending.remove(item).is_none()
+            && !to.apply(entry_of(item, to.node_id, version, false))
+        {
+            return false;
+        }
+        self.held.insert(item.clone(), 1);
+        true
+    }
+
+    /// One key less holds `item`; after the last it is pending, released at `version`.
+    fn release(&mut self, item: &Item, version: u64) {
+        let Some(n) = self.held.get_mut(item) else {
+            return;
+        };
+        *n -= 1;
+        if *n == 0 {
+            self.held.remove(item);
+            let at = self.pending.entry(item.clone()).or_insert(version);
+            *at = (*at).max(version);
+        }
+    }
+
+    /// The receiver's copy of the node is complete: every pending entry is gone.
+    fn settle(&mut self, to: &Target<'_>) {
+        for (item, version) in self.pending.drain() {
+            to.apply(entry_of(&item, to.node_id, version, true));
+        }
+    }
+
+    /// Entries live in the database from this peer.
+    fn len(&self) -> usize {
+        self.held.len() + self.pending.len()
+    }
 }
 
 #[derive(Debug)]
 struct KeyState {
     version: u64,
-    /// The entry the key holds, when it holds an applied one.
-    ident: Option<Ident>,
+    /// The entries of the key's value that were applied.
+    items: Vec<Item>,
 }
 
 /// What one sync pass read from chitchat about one peer.
@@ -346,10 +542,12 @@ struct NodeWork {
     full: bool,
     max_version: u64,
     last_gc_version: u64,
-    /// (key, chitchat version, value; `None` for a delete).
+    /// (key, chitchat version, value; `None` for a delete), by version.
     kvs: Vec<(String, u64, Option<String>)>,
     /// Every key present (full passes only).
     present: HashSet<String>,
+    /// The copy ends with the node's [`META_KEY`] (or the node sets none).
+    complete: bool,
 }
 
 struct Engine {
@@ -372,7 +570,7 @@ impl Engine {
         mut live_rx: tokio::sync::watch::Receiver<
             std::collections::BTreeMap<ChitchatId, chitchat::NodeState>,
         >,
-        listener: ListenerHandle,
+        listeners: Vec<ListenerHandle>,
         cancel: CancellationToken,
         backstop: Duration,
     ) {
@@ -430,7 +628,7 @@ impl Engine {
                 }
             }
         }
-        drop(listener);
+        drop(listeners);
         if let Err(err) = self.handle.shutdown().await {
             tracing::warn!(error = %err, "chitchat shutdown failed");
         }
@@ -466,124 +664,107 @@ impl Engine {
             self.resync_own().await;
             return;
         }
-        let chitchat = self.chitchat.clone();
-        let mut cc = chitchat.lock().await;
-        let mut changed = false;
         for change in batch {
             if change.entry.origin != self.shared.node_id {
                 continue;
             }
-            let ident = Ident::of(&change.entry);
-            changed |= match change.kind {
-                ChangeKind::Added => self.own_set(&mut cc, ident),
-                ChangeKind::Purged => self.own_unset(&mut cc, &ident, Forget::Yes),
-                _ => self.own_unset(&mut cc, &ident, Forget::No),
+            let item = item_of(&change.entry);
+            match change.kind {
+                ChangeKind::Added => self.own.insert(item),
+                _ => self.own.remove(&item),
             };
         }
-        self.push(&cc, changed);
+        self.flush_own().await;
     }
 
-    /// Drains the change channel and makes the published keys match the database.
+    /// Drains the change channel and makes the published entries match the database.
     async fn resync_own(&mut self) {
         // Queued changes are older than the snapshot read next.
         while let Ok(_) | Err(broadcast::error::TryRecvError::Lagged(_)) = self.changes.try_recv() {
         }
-        let mut live = HashSet::new();
-        let mut known = HashSet::new();
-        for e in self.db.entries() {
-            if e.origin != self.shared.node_id {
-                continue;
-            }
-            let ident = Ident::of(&e);
-            if !e.tombstone {
-                live.insert(ident.clone());
-            }
-            known.insert(ident);
+        let live: HashSet<Item> = self
+            .db
+            .entries()
+            .iter()
+            .filter(|e| e.origin == self.shared.node_id && !e.tombstone)
+            .map(item_of)
+            .collect();
+        let stale: Vec<Item> = self
+            .own
+            .buckets
+            .values()
+            .flat_map(|b| b.items.iter())
+            .filter(|item| !live.contains(*item))
+            .cloned()
+            .collect();
+        for item in &stale {
+            self.own.remove(item);
         }
+        for item in live {
+            if !self.own.contains(&item) {
+                self.own.insert(item);
+            }
+        }
+        self.flush_own().await;
+        tracing::debug!(published = self.own.live, "own entries resynchronised");
+    }
+
+    /// Sets every changed bucket's key (deletes it when empty), deletes retired keys,
+    /// and pushes when chitchat changed.
+    async fn flush_own(&mut self) {
+        if self.own.dirty.is_empty() && self.own.retired.is_empty() {
+            return;
+        }
+        self.own.grow_if_needed();
         let chitchat = self.chitchat.clone();
         let mut cc = chitchat.lock().await;
-        let mut changed = false;
-        let stale: Vec<(Ident, Forget)> = self
-            .own
-            .slots
-            .iter()
-            .filter(|(ident, slot)| {
-                !known.contains(*ident) || (slot.live && !live.contains(*ident))
-            })
-            .map(|(ident, _)| {
-                let forget = if known.contains(ident) {
-                    Forget::No
-                } else {
-                    Forget::Yes
-                };
-                (ident.clone(), forget)
-            })
-            .collect();
-        for (ident, forget) in stale {
-            changed |= self.own_unset(&mut cc, &ident, forget);
-        }
-        for ident in live {
-            changed |= self.own_set(&mut cc, ident);
-        }
-        tracing::debug!(published = self.own.live, "own entries resynchronised");
-        self.push(&cc, changed);
-    }
-
-    /// Sets the key of a live own entry. Returns whether chitchat changed.
-    fn own_set(&mut self, cc: &mut Chitchat, ident: Ident) -> bool {
-        let next_key = &mut self.own.next_key;
-        let slot = self.own.slots.entry(ident.clone()).or_insert_with(|| {
-            let key = format!("{ENTRY_PREFIX}{:x}", *next_key);
-            *next_key += 1;
-            Slot { key, live: false }
-        });
-        if slot.live {
-            return false;
-        }
-        let key = slot.key.clone();
-        slot.live = true;
         let node = cc.self_node_state();
-        // `set` gives the key the next version of this incarnation; the record carries
-        // it so a receiver can tell the value was published for that version.
-        let version = node.max_version() + 1;
-        let record = Record {
-            id: ident.id,
-            ip: ident.ip,
-            fqdn: ident.fqdn,
-            version,
-        };
-        let binding = Binding {
-            cluster_id: &self.cluster_id,
-            node_id: &self.shared.node_id,
-            generation: self.shared.generation,
-            key: &key,
-        };
-        let value = seal_value(&record, self.key.as_ref(), &binding);
-        node.set(&key, value);
-        if node.get_versioned(&key).map(|v| v.version) != Some(version) {
-            tracing::error!(key = %key, version, "published key did not get the expected version");
+        let bits = self.own.bits;
+        for index in std::mem::take(&mut self.own.dirty) {
+            let key = bucket_key(bits, index);
+            let Some(bucket) = self.own.buckets.get_mut(&index) else {
+                continue;
+            };
+            if bucket.items.is_empty() {
+                if bucket.published {
+                    node.delete(&key);
+                }
+                self.own.buckets.remove(&index);
+                continue;
+            }
+            // `set` gives the key the next version of this incarnation; the bucket
+            // carries it so a receiver can tell the value was published for it.
+            let version = node.max_version() + 1;
+            let value = seal_bucket(
+                &Bucket {
+                    version,
+                    items: bucket.items.iter().cloned().collect(),
+                },
+                self.key.as_ref(),
+                &Binding {
+                    cluster_id: &self.cluster_id,
+                    node_id: &self.shared.node_id,
+                    generation: self.shared.generation,
+                    key: &key,
+                },
+            );
+            node.set(&key, value);
+            if node.get_versioned(&key).map(|v| v.version) != Some(version) {
+                tracing::error!(key = %key, version, "published key did not get the expected version");
+            }
+            bucket.published = true;
         }
-        self.own.live += 1;
-        self.shared.metrics.keys_published.set(self.own.live);
-        true
-    }
-
-    /// Deletes the key of an own entry if it is live; forgets the slot when asked.
-    fn own_unset(&mut self, cc: &mut Chitchat, ident: &Ident, forget: Forget) -> bool {
-        let mut changed = false;
-        if let Some(slot) = self.own.slots.get_mut(ident)
-            && slot.live
-        {
-            cc.self_node_state().delete(&slot.key);
-            slot.live = false;
-            self.own.live -= 1;
-            self.shared.metrics.keys_published.set(self.own.live);
-            changed = true;
+        for key in std::mem::take(&mut self.own.retired) {
+            node.delete(&key);
         }
-        if forget == Forget::Yes {
-            self.own.slots.remove(ident);
-        }
-        changed
+        let last = node.max_version() + 1;
+        node.set(META_KEY, last.to_string());
+        let metrics = &self.shared.metrics;
+        metrics.keys_published.set(self.own.live);
+        metrics
+            .buckets_published
+            .set(i64::try_from(self.own.buckets.len()).unwrap_or(i64::MAX));
+        self.push(&cc, true);
     }
 
     /// Starts a gossip round with every live peer so a change spreads at once (or at
@@ -652,14 +833,18 @@ impl Engine {
                 if !full && state.max_version() == max_seen && was_live == is_live {
                     continue;
                 }
-                let kvs = state
+                let mut kvs: Vec<(String, u64, Option<String>)> = state
                     .key_values_including_deleted()
-                    .filter(|(k, v)| k.starts_with(ENTRY_PREFIX) && (full || v.version > max_seen))
+                    .filter(|(k, v)| is_entry_key(k) && (full || v.version > max_seen))
                     .map(|(k, v)| {
                         let value = (!v.is_deleted()).then(|| v.value.clone());
                         (k.to_owned(), v.version, value)
                     })
                     .collect();
+                // In the order they were written, not by key: when the bucket count
+                // doubles, the new buckets are set before the old ones are deleted, and
+                // an entry in both must be taken up before it is let go.
+                kvs.sort_unstable_by_key(|(_, version, _)| *version);
                 let present = if full {
                     state
                         .key_values_including_deleted()
@@ -675,6 +860,9 @@ impl Engine {
                     full,
                     max_version: state.max_version(),
                     last_gc_version: state.last_gc_version(),
+                    complete: state
+                        .get_versioned(META_KEY)
+                        .is_none_or(|m| m.version == state.max_version()),
                     kvs,
                     present,
                 });
@@ -694,7 +882,13 @@ impl Engine {
         }
         let mut pull = Vec::new();
         for w in work {
-            if w.live && w.kvs.len() >= CATCH_UP_KEYS {
+            let bytes: usize = w
+                .kvs
+                .iter()
+                .filter_map(|(_, _, v)| v.as_ref())
+                .map(String::len)
+                .sum();
+            if w.live && (w.kvs.len() >= CATCH_UP_KEYS || bytes >= CATCH_UP_BYTES) {
                 pull.push(w.id.gossip_advertise_addr);
             }
             self.apply_node(w);
@@ -739,6 +933,7 @@ impl Engine {
                     last_gc_seen: 0,
                     live: w.live,
                     keys: HashMap::new(),
+                    holdings: Holdings::default(),
                 },
             );
         }
@@ -746,7 +941,7 @@ impl Engine {
         let mut outcomes = Vec::with_capacity(w.kvs.len());
         for (key, _, value) in &w.kvs {
             let opened = value.as_deref().map(|v| {
-                open_value(
+                open_bucket(
                     v,
                     self.key.as_ref(),
                     &self.binding(&node_id, generation, key),
@@ -757,24 +952,15 @@ impl Engine {
         let Some(remote) = self.remotes.get_mut(&node_id) else {
             return;
         };
-        let db = &self.db;
-        let metrics = &self.shared.metrics;
-        let apply = |entry: Entry| match db.apply(entry) {
-            Ok(true) => {
-                metrics.entries_applied.inc();
-                true
-            }
-            Ok(false) => true,
-            Err(err) => {
-                tracing::debug!(node_id = %node_id, error = %err, "peer entry not applied");
-                metrics.reject("outside_domain");
-                false
-            }
+        let to = Target {
+            db: &self.db,
+            metrics: &self.shared.metrics,
+            node_id: &node_id,
         };
         for ((key, version, _), opened) in w.kvs.into_iter().zip(outcomes) {
             let ks = remote.keys.entry(key).or_insert(KeyState {
                 version: 0,
-                ident: None,
+                items: Vec::new(),
             });
             if ks.version >= version {
                 continue;
@@ -782,32 +968,31 @@ impl Engine {
             ks.version = version;
             match opened {
                 None => {
-                    if let Some(old) = ks.ident.take() {
-                        apply(old.tombstone(&node_id, version));
+                    for item in std::mem::take(&mut ks.items) {
+                        remote.holdings.release(&item, version);
                     }
                 }
-                Some(Ok(record)) if record.version == version => {
-                    let ident = Ident {
-                        id: record.id,
-                        ip: record.ip,
-                        fqdn: record.fqdn,
-                    };
-                    if let Some(old) = ks.ident.take()
-                        && old != ident
-                    {
-                        apply(old.tombstone(&node_id, version));
+                Some(Ok(bucket)) if bucket.version == version => {
+                    let before: HashSet<Item> = std::mem::take(&mut ks.items).into_iter().collect();
+                    let now: HashSet<&Item> = bucket.items.iter().collect();
+                    for item in &before {
+                        if !now.contains(item) {
+                            remote.holdings.release(item, version);
+                        }
                     }
-                    if apply(ident.live(&node_id, version)) {
-                        ks.ident = Some(ident);
+                    for item in bucket.items {
+                        if before.contains(&item) || remote.holdings.acquire(&to, &item, version) {
+                            ks.items.push(item);
+                        }
                     }
                 }
-                Some(Ok(record)) => {
-                    tracing::warn!(node_id = %node_id, record_version = record.version, version, "gossiped value replayed under another version; rejected");
-                    metrics.reject("version");
+                Some(Ok(bucket)) => {
+                    tracing::warn!(node_id = %node_id, record_version = bucket.version, version, "gossiped value replayed under another version; rejected");
+                    to.metrics.reject("version");
                 }
                 Some(Err(err)) => {
                     tracing::warn!(node_id = %node_id, error = %err, "gossiped value rejected");
-                    metrics.reject(err.reason());
+                    to.metrics.reject(err.reason());
                 }
             }
         }
@@ -820,14 +1005,17 @@ impl Engine {
                 .cloned()
                 .collect();
             for key in absent {
-                if let Some(KeyState {
-                    ident: Some(old), ..
-                }) = remote.keys.remove(&key)
-                {
-                    apply(old.tombstone(&node_id, floor));
+                if let Some(ks) = remote.keys.remove(&key) {
+                    for item in ks.items {
+                        remote.holdings.release(&item, floor);
+                    }
                 }
             }
         }
+        if w.complete {
+            remote.holdings.settle(&to);
+        }
+        let db = to.db;
         remote.max_seen = w.max_version;
         remote.last_gc_seen = w.last_gc_version;
         if remote.live != w.live {
@@ -859,7 +1047,7 @@ impl Engine {
                     PeerState::Dead
                 },
                 local: false,
-                entries: r.keys.values().filter(|k| k.ident.is_some()).count(),
+                entries: r.holdings.len(),
             })
             .collect();
         rows.sort_by(|a, b| a.node_id.cmp(&b.node_id));
@@ -879,9 +1067,27 @@ async fn sleep_until_owed(at: Option<tokio::time::Instant>) {
     }
 }
 
-/// Whether an own slot is dropped after its key is deleted.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Forget {
-    Yes,
-    No,
+/// Where a peer's entries are applied.
+struct Target<'a> {
+    db: &'a Db,
+    metrics: &'a Metrics,
+    node_id: &'a str,
+}
+
+impl Target<'_> {
+    /// Applies `entry`. False when the database refuses it (outside the domain).
+    fn apply(&self, entry: Entry) -> bool {
+        match self.db.apply(entry) {
+            Ok(true) => {
+                self.metrics.entries_applied.inc();
+                true
+            }
+            Ok(false) => true,
+            Err(err) => {
+                tracing::debug!(node_id = %self.node_id, error = %err, "peer entry not applied");
+                self.metrics.reject("outside_domain");
+                false
+            }
+        }
+    }
 }

@@ -15,6 +15,7 @@
 //! | `dns_answers` | upstream answers to the DNS discovery source | no endpoint the answers do not justify |
 //! | `http_path` | method, path and body to the HTTP API | 2xx/4xx only, the db agrees with the answers |
 //! | `cluster_value` | a cluster value and record | decode never panics, encode → decode round-trips |
+//! | `cluster_bucket` | a cluster bucket, plain and as a value | decode never panics, items ordered and bounded, encode → decode round-trips at the planned size |
 //! | `store_record` | a store key | decode never panics, encode → decode round-trips |
 //! | `docker_event` | JSON as a container inspect answer | only names under the domain, only its addresses |
 //! | `config_yaml`, `resolv_conf`, `http_form` | text | no panic, bounded results |
@@ -39,7 +40,7 @@ mod tcp;
 pub use answers::dns_answers;
 pub use dns::{dns_differential, dns_udp};
 pub use http::http_path;
-pub use records::{cluster_value, docker_event, store_record};
+pub use records::{cluster_bucket, cluster_value, docker_event, store_record};
 pub use tcp::dns_tcp;
 
 use std::sync::{Mutex, OnceLock};

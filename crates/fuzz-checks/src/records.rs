@@ -8,8 +8,9 @@ use std::sync::OnceLock;
 use bollard::models::ContainerInspectResponse;
 use dwara_cluster::ClusterKey;
 use dwara_cluster::codec::{
-    Binding, DecodeError, MAX_FQDN_LEN, MAX_ID_LEN, Record, decode_record, encode_record,
-    open_value, seal_value,
+    BUCKET_FORMAT, BUCKET_OVERHEAD, Binding, Bucket, DecodeError, Item, MAX_FQDN_LEN, MAX_ID_LEN,
+    RECORD_FORMAT, Record, decode_bucket, decode_plain, decode_record, encode_bucket,
+    encode_record, open_bucket, open_value, seal_bucket, seal_value, value_len,
 };
 use dwara_docker::{NameSource, NameSources, desired_records};
 use dwara_nameserver::Domain;
@@ -116,6 +117,109 @@ fn round_trip_record(r: &Record) {
         open_value(&sealed, Some(&other), &binding("n0")),
         Err(DecodeError::BadSeal)
     );
+}
+
+/// Any bytes as a bucket, as either plain form and as a chitchat value, sealed or
+/// not: decoding never panics; a bucket that decodes holds at least one item, in
+/// strictly ascending order, each within the field limits, and survives encode →
+/// decode, open and sealed, under its own binding only. A bucket built from the bytes
+/// (items between `0xff` bytes) round-trips, and the sizes the publisher plans with
+/// are the sizes it gets.
+pub fn cluster_bucket(data: &[u8]) {
+    let key = cluster_key();
+    let text = String::from_utf8_lossy(data);
+    for k in [None, Some(key)] {
+        if let Ok(b) = open_bucket(&text, k, &binding("b3.7")) {
+            check_bucket(&b);
+        }
+    }
+    if let Ok(b) = decode_bucket(data) {
+        check_bucket(&b);
+    }
+    match (data.first(), decode_plain(data)) {
+        (Some(&RECORD_FORMAT), plain) => {
+            assert_eq!(plain, decode_record(data).map(Bucket::from));
+        }
+        (Some(&BUCKET_FORMAT), plain) => assert_eq!(plain, decode_bucket(data)),
+        (_, plain) => assert!(plain.is_err(), "{plain:?}"),
+    }
+    // Items from the bytes: id, name, id, name, … between 0xff bytes.
+    let mut parts = data.split(|&b| b == 0xff);
+    let mut items = BTreeSet::new();
+    let mut valid = true;
+    while let (Some(id), Some(fqdn)) = (parts.next(), parts.next()) {
+        let (Ok(id), Ok(fqdn)) = (std::str::from_utf8(id), std::str::from_utf8(fqdn)) else {
+            return;
+        };
+        valid &= (1..=MAX_ID_LEN).contains(&id.len()) && (1..=MAX_FQDN_LEN).contains(&fqdn.len());
+        let n = items.len() as u8;
+        let ip = if n.is_multiple_of(2) {
+            IpAddr::from([10, 0, 0, n])
+        } else {
+            IpAddr::from([0xfd00, 0, 0, 0, 0, 0, 0, u16::from(n)])
+        };
+        items.insert(Item {
+            id: id.to_owned(),
+            ip,
+            fqdn: fqdn.to_owned(),
+        });
+    }
+    if items.is_empty() {
+        return;
+    }
+    let b = Bucket {
+        version: data.len() as u64 * 0x0123_4567_89ab,
+        items: items.into_iter().collect(),
+    };
+    let bytes = encode_bucket(&b);
+    let planned: usize = BUCKET_OVERHEAD + b.items.iter().map(Item::encoded_len).sum::<usize>();
+    assert!(bytes.len() <= planned, "{} > {planned}", bytes.len());
+    match decode_bucket(&bytes) {
+        Ok(back) => {
+            assert!(
+                valid,
+                "a bucket with fields outside the limits decodes: {b:?}"
+            );
+            assert_eq!(back, b);
+            check_bucket(&b);
+        }
+        Err(e) => assert!(!valid, "valid bucket {b:?} does not decode: {e}"),
+    }
+}
+
+/// `b` is well-formed and round-trips through both envelopes, each opening only as
+/// it should, at the length the publisher plans for.
+fn check_bucket(b: &Bucket) {
+    assert!(!b.items.is_empty());
+    assert!(b.items.windows(2).all(|w| w[0] < w[1]), "{b:?}");
+    for item in &b.items {
+        assert!((1..=MAX_ID_LEN).contains(&item.id.len()));
+        assert!((1..=MAX_FQDN_LEN).contains(&item.fqdn.len()));
+    }
+    let key = cluster_key();
+    let plain = encode_bucket(b);
+    assert_eq!(decode_bucket(&plain).as_ref(), Ok(b));
+    for k in [None, Some(key)] {
+        let v = seal_bucket(b, k, &binding("b3.7"));
+        assert_eq!(v.len(), value_len(plain.len(), k.is_some()));
+        assert_eq!(open_bucket(&v, k, &binding("b3.7")).as_ref(), Ok(b));
+        if k.is_some() {
+            assert_eq!(
+                open_bucket(&v, k, &binding("b3.8")),
+                Err(DecodeError::BadSeal),
+                "a sealed bucket opens under another key name"
+            );
+            assert_eq!(
+                open_bucket(&v, None, &binding("b3.7")),
+                Err(DecodeError::SealedWithoutKey)
+            );
+        } else {
+            assert_eq!(
+                open_bucket(&v, Some(key), &binding("b3.7")),
+                Err(DecodeError::Unsealed)
+            );
+        }
+    }
 }
 
 /// Any bytes as a store key: decoding never panics, and a key that decodes is

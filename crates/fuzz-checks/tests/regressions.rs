@@ -71,6 +71,11 @@ fn cluster_value_regressions() {
 }
 
 #[test]
+fn cluster_bucket_regressions() {
+    replay("cluster_bucket", dwara_fuzz_checks::cluster_bucket);
+}
+
+#[test]
 fn store_record_regressions() {
     replay("store_record", dwara_fuzz_checks::store_record);
 }

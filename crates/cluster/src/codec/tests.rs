@@ -164,3 +164,142 @@ proptest! {
         let _ = decode_record(&bytes);
     }
 }
+
+fn item(id: &str, ip: &str, fqdn: &str) -> Item {
+    Item {
+        id: id.into(),
+        ip: ip.parse().unwrap(),
+        fqdn: fqdn.into(),
+    }
+}
+
+fn sample_bucket() -> Bucket {
+    Bucket {
+        version: 300,
+        items: vec![
+            item("a", "10.0.0.1", "web.weave.local."),
+            item("a", "fd00::1", "web.weave.local."),
+            item("b", "10.0.0.2", "db.weave.local."),
+        ],
+    }
+}
+
+#[test]
+fn known_bucket_encoding() {
+    let b = Bucket {
+        version: 300,
+        items: vec![item("c0ffee", "10.1.2.3", "web.weave.local.")],
+    };
+    let bytes = encode_bucket(&b);
+    let mut want = vec![2, 0xac, 0x02, 1, 0, 10, 1, 2, 3, 6];
+    want.extend_from_slice(b"c0ffee");
+    want.push(16);
+    want.extend_from_slice(b"web.weave.local.");
+    assert_eq!(bytes, want);
+    assert_eq!(decode_bucket(&bytes), Ok(b.clone()));
+    assert_eq!(
+        b.items[0].encoded_len() + 4,
+        bytes.len(),
+        "format, two one-byte varints and the item"
+    );
+}
+
+#[test]
+fn rejects_bad_buckets() {
+    let good = encode_bucket(&sample_bucket());
+    assert_eq!(decode_bucket(&good), Ok(sample_bucket()));
+    assert_eq!(decode_bucket(&[]), Err(DecodeError::Truncated));
+    assert_eq!(decode_bucket(&[1]), Err(DecodeError::UnknownFormat(1)));
+    assert_eq!(decode_bucket(&[2, 0, 0]), Err(DecodeError::BadOrder));
+    // A count the bytes cannot hold is refused before any allocation.
+    let mut huge = vec![2, 0];
+    huge.extend_from_slice(&[0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f]);
+    assert_eq!(decode_bucket(&huge), Err(DecodeError::Truncated));
+    let mut trailing = good.clone();
+    trailing.push(0);
+    assert_eq!(decode_bucket(&trailing), Err(DecodeError::Trailing));
+    for cut in 0..good.len() {
+        assert!(decode_bucket(&good[..cut]).is_err(), "cut at {cut}");
+    }
+    for items in [
+        // repeated
+        vec![
+            item("a", "10.0.0.1", "web.weave.local."),
+            item("a", "10.0.0.1", "web.weave.local."),
+        ],
+        // descending
+        vec![
+            item("b", "10.0.0.1", "web.weave.local."),
+            item("a", "10.0.0.1", "web.weave.local."),
+        ],
+    ] {
+        let bytes = encode_bucket(&Bucket { version: 1, items });
+        assert_eq!(decode_bucket(&bytes), Err(DecodeError::BadOrder));
+    }
+}
+
+#[test]
+fn open_bucket_reads_buckets_and_single_records() {
+    let key = ClusterKey::generate();
+    for k in [None, Some(&key)] {
+        let v = seal_bucket(&sample_bucket(), k, &binding("b0.0"));
+        assert_eq!(open_bucket(&v, k, &binding("b0.0")), Ok(sample_bucket()));
+        assert_eq!(
+            v.len(),
+            value_len(encode_bucket(&sample_bucket()).len(), k.is_some())
+        );
+        // What builds before buckets publish: one entry under an `n` key.
+        let old = seal_value(&sample(), k, &binding("n3"));
+        assert_eq!(
+            open_bucket(&old, k, &binding("n3")),
+            Ok(Bucket::from(sample()))
+        );
+        // A bucket is not a record.
+        assert_eq!(
+            open_value(&v, k, &binding("b0.0")),
+            Err(DecodeError::UnknownFormat(BUCKET_FORMAT))
+        );
+    }
+    let sealed = seal_bucket(&sample_bucket(), Some(&key), &binding("b0.0"));
+    assert_eq!(
+        open_bucket(&sealed, Some(&key), &binding("b0.1")),
+        Err(DecodeError::BadSeal)
+    );
+    assert_eq!(
+        open_bucket(&sealed, None, &binding("b0.0")),
+        Err(DecodeError::SealedWithoutKey)
+    );
+}
+
+fn bucket() -> impl Strategy<Value = Bucket> {
+    let item = record().prop_map(|r| Bucket::from(r).items.remove(0));
+    (proptest::collection::btree_set(item, 1..40), any::<u64>()).prop_map(|(items, version)| {
+        Bucket {
+            version,
+            items: items.into_iter().collect(),
+        }
+    })
+}
+
+proptest! {
+    #[test]
+    fn buckets_round_trip(b in bucket(), key in any::<[u8; 32]>()) {
+        let bytes = encode_bucket(&b);
+        let items: usize = b.items.iter().map(Item::encoded_len).sum();
+        prop_assert!(bytes.len() <= BUCKET_OVERHEAD + items);
+        prop_assert_eq!(decode_bucket(&bytes), Ok(b.clone()));
+        let key = ClusterKey::from_bytes(key);
+        let v = seal_bucket(&b, Some(&key), &binding("b4.a"));
+        prop_assert_eq!(v.len(), value_len(bytes.len(), true));
+        prop_assert_eq!(open_bucket(&v, Some(&key), &binding("b4.a")), Ok(b));
+    }
+
+    #[test]
+    fn mutated_buckets_never_panic(b in bucket(), pos in any::<usize>(), byte in any::<u8>()) {
+        let mut bytes = encode_bucket(&b);
+        let i = pos % bytes.len();
+        bytes[i] = byte;
+        let _ = decode_bucket(&bytes);
+        let _ = decode_plain(&bytes);
+    }
+}

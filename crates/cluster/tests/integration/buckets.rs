@@ -1,0 +1,281 @@
+//! Entries travel in buckets: a few chitchat keys per node, growth that never drops an
+//! entry on a receiver, entries held by two keys, and the single-entry keys of builds
+//! before buckets.
+
+use std::collections::{HashMap, HashSet};
+use std::net::IpAddr;
+use std::time::Duration;
+
+use chitchat::transport::ChannelTransport;
+use chitchat::{
+    ChitchatConfig, ChitchatHandle, ChitchatId, FailureDetectorConfig, ProtocolVersion,
+    spawn_chitchat,
+};
+use dwara_cluster::codec::{Binding, Bucket, Item, Record, seal_bucket, seal_value};
+use dwara_cluster::{DEFAULT_CLUSTER_ID, DEFAULT_GOSSIP_INTERVAL};
+use test_support::wait_until;
+
+use crate::support::*;
+
+fn ip(i: u32) -> IpAddr {
+    IpAddr::from([10, 20, (i >> 8) as u8, i as u8])
+}
+
+fn id(i: u32) -> String {
+    // Container-id sized, so a few thousand entries need many buckets.
+    format!("{i:08}{}", "c".repeat(56))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn entries_share_few_keys_and_no_entry_flickers_while_buckets_split() {
+    let (_t, nodes) = channel_cluster(2, None).await;
+    assert!(all_live(&nodes).await);
+    // 3,000 entries in ten bursts, each burst replicated before the next: the bucket
+    // count doubles several times with the peer already holding the older buckets.
+    // An entry that left the peer and came back, or was applied again, would carry
+    // another version there than when it first arrived.
+    const TOTAL: u32 = 3000;
+    let mut first_seen: HashMap<String, u64> = HashMap::new();
+    for burst in 0..10 {
+        for i in burst * 300..(burst + 1) * 300 {
+            nodes[0]
+                .db
+                .add(&id(i), ip(i), &format!("h{i}.weave.local"))
+                .unwrap();
+        }
+        let want = ((burst + 1) * 300) as usize;
+        assert!(
+            wait_until(WAIT, || async { nodes[1].db.len() == want }).await,
+            "burst {burst}: peer holds {} of {want}",
+            nodes[1].db.len()
+        );
+        for e in nodes[1].db.entries() {
+            let first = *first_seen.entry(e.id.clone()).or_insert(e.version);
+            assert!(!e.tombstone, "{e:?} left the peer");
+            assert_eq!(e.version, first, "{e:?} was applied again");
+        }
+    }
+    let buckets = metric(nodes[0].cluster(), "dwara_cluster_buckets_published").unwrap();
+    assert!(
+        (16.0..=f64::from(TOTAL) / 20.0).contains(&buckets),
+        "{buckets} keys for {TOTAL} entries"
+    );
+    assert_eq!(
+        metric(nodes[0].cluster(), "dwara_cluster_keys_published"),
+        Some(f64::from(TOTAL))
+    );
+    for i in [0, 1, 1499, TOTAL - 1] {
+        assert_eq!(
+            nodes[1].db.lookup(&format!("h{i}.weave.local")),
+            vec![ip(i)]
+        );
+    }
+
+    // Two thirds removed: exactly those leave the peer, as tombstones.
+    for i in (0..TOTAL).filter(|i| i % 3 != 0) {
+        assert_eq!(nodes[0].db.remove_all(&id(i)), 1);
+    }
+    let left = (TOTAL / 3) as usize;
+    assert!(
+        wait_until(WAIT, || async { nodes[1].db.len() == left }).await,
+        "peer holds {}",
+        nodes[1].db.len()
+    );
+    let tombstones = nodes[1].db.entries().iter().filter(|e| e.tombstone).count();
+    assert_eq!(tombstones, TOTAL as usize - left);
+    assert!(nodes[1].db.lookup("h3.weave.local") == vec![ip(3)]);
+    assert!(nodes[1].db.lookup("h4.weave.local").is_empty());
+
+    // All removed: the peer holds none and the node publishes no key.
+    for i in (0..TOTAL).step_by(3) {
+        nodes[0].db.remove_all(&id(i));
+    }
+    assert!(wait_until(WAIT, || async { nodes[1].db.is_empty() }).await);
+    assert_eq!(
+        metric(nodes[0].cluster(), "dwara_cluster_buckets_published"),
+        Some(0.0)
+    );
+}
+
+/// A chitchat node that is not a dwara engine: the test writes its keys by hand.
+struct Raw {
+    handle: ChitchatHandle,
+    id: ChitchatId,
+}
+
+impl Raw {
+    async fn start(transport: &ChannelTransport, addr: std::net::SocketAddr, seed: String) -> Raw {
+        let id = ChitchatId::new("raw", 9, addr);
+        let config = ChitchatConfig {
+            chitchat_id: id.clone(),
+            cluster_id: DEFAULT_CLUSTER_ID.to_owned(),
+            gossip_interval: DEFAULT_GOSSIP_INTERVAL,
+            listen_addr: addr,
+            seed_nodes: vec![seed],
+            failure_detector_config: FailureDetectorConfig {
+                initial_interval: DEFAULT_GOSSIP_INTERVAL,
+                ..FailureDetectorConfig::default()
+            },
+            marked_for_deletion_grace_period: Duration::from_secs(600),
+            catchup_callback: None,
+            extra_liveness_predicate: None,
+            protocol_version: ProtocolVersion::V0,
+        };
+        let handle = spawn_chitchat(config, Vec::new(), transport).await.unwrap();
+        Raw { handle, id }
+    }
+
+    /// One mutation of the raw node's keys, then a marker entry in its own key set
+    /// last, so a peer that shows the marker has applied everything before it.
+    async fn write(&self, marker: u32, ops: Vec<Op>) {
+        let id = self.id.clone();
+        self.handle
+            .with_chitchat(move |cc| {
+                let node = cc.self_node_state();
+                let mut ops = ops.clone();
+                ops.push(Op::Bucket(
+                    format!("bm.{marker}"),
+                    vec![item(&format!("marker{marker}"), 200 + marker)],
+                ));
+                for op in ops {
+                    match op {
+                        Op::Delete(key) => node.delete(&key),
+                        Op::Raw(key, value) => node.set(&key, value),
+                        Op::Bucket(key, items) => {
+                            let bucket = Bucket {
+                                version: node.max_version() + 1,
+                                items,
+                            };
+                            node.set(&key, seal_bucket(&bucket, None, &binding(&id, &key)));
+                        }
+                        Op::Record(key, item) => {
+                            let record = Record {
+                                id: item.id,
+                                ip: item.ip,
+                                fqdn: item.fqdn,
+                                version: node.max_version() + 1,
+                            };
+                            node.set(&key, seal_value(&record, None, &binding(&id, &key)));
+                        }
+                    }
+                }
+            })
+            .await;
+    }
+}
+
+#[derive(Clone)]
+enum Op {
+    Bucket(String, Vec<Item>),
+    Record(String, Item),
+    Raw(String, String),
+    Delete(String),
+}
+
+fn binding<'a>(id: &'a ChitchatId, key: &'a str) -> Binding<'a> {
+    Binding {
+        cluster_id: DEFAULT_CLUSTER_ID,
+        node_id: &id.node_id,
+        generation: id.generation_id,
+        key,
+    }
+}
+
+fn item(name: &str, i: u32) -> Item {
+    Item {
+        id: name.to_owned(),
+        ip: ip(i),
+        fqdn: format!("{name}.weave.local."),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_entry_stays_while_any_key_holds_it_and_old_single_entry_keys_are_read() {
+    test_support::init_tracing();
+    let t = ChannelTransport::default();
+    let node = start(&t, "a", chan_addr(0), &[], None).await;
+    let raw = Raw::start(&t, chan_addr(1), chan_addr(0).to_string()).await;
+    let sees = |name: &str, i: u32| node.db.lookup(&format!("{name}.weave.local")) == vec![ip(i)];
+    let shown = |marker: u32| sees(&format!("marker{marker}"), 200 + marker);
+    let wait_shown =
+        |marker: u32| async move { wait_until(WAIT, || async { shown(marker) }).await };
+
+    // A key of a build before buckets: one record under `n0`.
+    raw.write(0, vec![Op::Record("n0".into(), item("alpha", 1))])
+        .await;
+    assert!(wait_shown(0).await, "{:?}", node.db.entries());
+    assert!(sees("alpha", 1));
+
+    // alpha in two buckets as well, beta in one.
+    raw.write(
+        1,
+        vec![
+            Op::Bucket("b0.0".into(), vec![item("alpha", 1), item("beta", 2)]),
+            Op::Bucket("b1.1".into(), vec![item("alpha", 1)]),
+        ],
+    )
+    .await;
+    assert!(wait_shown(1).await);
+    assert!(sees("alpha", 1) && sees("beta", 2));
+
+    // Two of its three keys let go of alpha: it stays.
+    raw.write(
+        2,
+        vec![
+            Op::Delete("n0".into()),
+            Op::Bucket("b0.0".into(), vec![item("beta", 2)]),
+        ],
+    )
+    .await;
+    assert!(wait_shown(2).await);
+    assert!(sees("alpha", 1), "{:?}", node.db.entries());
+    assert!(sees("beta", 2));
+
+    // The last one does: alpha is a tombstone at the delete's version.
+    raw.write(3, vec![Op::Delete("b1.1".into())]).await;
+    assert!(wait_shown(3).await);
+    assert!(node.db.lookup("alpha.weave.local").is_empty());
+    let alpha = node
+        .db
+        .entries()
+        .into_iter()
+        .find(|e| e.id == "alpha")
+        .unwrap();
+    assert!(alpha.tombstone && alpha.origin == "raw", "{alpha:?}");
+
+    // Values that do not decode, or carry another version, change nothing and are
+    // counted; the bucket they would replace keeps what it held.
+    let before = node.cluster().rejected_values("malformed");
+    let forged = {
+        let b = Bucket {
+            version: 1,
+            items: vec![item("forged", 9)],
+        };
+        seal_bucket(&b, None, &binding(&raw.id, "b0.0"))
+    };
+    raw.write(
+        4,
+        vec![
+            Op::Raw("b0.0".into(), forged),
+            Op::Raw("b5.5".into(), "AQI".into()),
+        ],
+    )
+    .await;
+    assert!(wait_shown(4).await);
+    assert!(node.db.lookup("forged.weave.local").is_empty());
+    assert!(sees("beta", 2));
+    assert_eq!(node.cluster().rejected_values("version"), 1);
+    assert_eq!(node.cluster().rejected_values("malformed"), before + 1);
+    let peers = node.cluster().peers();
+    let raw_row = peers.iter().find(|p| p.node_id == "raw").unwrap();
+    // beta and the five markers.
+    assert_eq!(raw_row.entries, 6, "{peers:?}");
+    let live: HashSet<String> = node
+        .db
+        .entries()
+        .into_iter()
+        .filter(|e| !e.tombstone)
+        .map(|e| e.id)
+        .collect();
+    assert_eq!(live.len(), 6, "{live:?}");
+}
