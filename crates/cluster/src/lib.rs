@@ -1,7 +1,8 @@
 //! Replication of the name server's records database over chitchat gossip.
 //!
 //! Every node runs a [`Cluster`] beside its [`dwara_nameserver::Db`]. The node
-//! publishes its own entries (origin = its node id) as chitchat key-values, merges
+//! publishes its own entries (origin = its node id) as chitchat key-values, a bucket
+//! of up to [`BUCKET_BYTES`] of entries per key, merges
 //! every peer's entries into its database under the peer's node id, hides the entries
 //! of a peer chitchat's failure detector declares dead and shows them again when it
 //! is back, replaces a restarted peer's old entries with its new ones, and forgets a
@@ -21,7 +22,8 @@
 //!   serialisation is crate-private, so datagrams cannot be sealed without forking
 //!   it). A node without the key can still join the gossip, appear in `/peers`, fake
 //!   heartbeats, and forge deletes or a higher-version state for another node's keys,
-//!   which removes or hides names (denial of service) but never adds one. The number
+//!   which removes or hides names, or keeps names that node removed from being
+//!   removed (denial of service), but never adds one. The number
 //!   of entries per node and their churn are visible to anyone on the network.
 //!
 //! The wire encoding is described in [`codec`].

@@ -4,8 +4,10 @@
 //! from [`Db::subscribe`]. Each live entry sits in one of `2^bits` buckets by a hash
 //! of its identity; each non-empty bucket is one chitchat key (`b<bits>.<index>`)
 //! whose value is a [`crate::codec`] bucket carrying the chitchat version the key is
-//! set at. A batch of changes sets each bucket it touched once; a bucket that empties
-//! is a chitchat delete (kept `tombstone_grace`). When a bucket would outgrow
+//! set at. Changes are written to chitchat at once, or, within 10 ms of the last
+//! write, at the end of those 10 ms together with what came meanwhile; a write sets
+//! each bucket it touched once and then [`META_KEY`]. A bucket that empties is a
+//! chitchat delete (kept `tombstone_grace`). When a bucket would outgrow
 //! [`BUCKET_BYTES`] the count doubles: every entry is set in its new bucket first,
 //! then the old keys are deleted, so a receiver never misses an entry in between. A
 //! receiver that lags drains its channel and resynchronises from [`Db::entries`].
@@ -243,6 +245,8 @@ impl Cluster {
             own: Own::new(),
             remotes: HashMap::new(),
             pacer: Pacer::default(),
+            last_flush: None,
+            flush_due: None,
         };
         let backstop = (config.gossip_interval * 10).max(Duration::from_millis(100));
         let task = tokio::spawn(engine.run(notify, live_rx, listeners, cancel.clone(), backstop));
@@ -561,6 +565,10 @@ struct Engine {
     own: Own,
     remotes: HashMap<Arc<str>, Remote>,
     pacer: Pacer,
+    /// When own entries were last written to chitchat.
+    last_flush: Option<tokio::time::Instant>,
+    /// When the changes held back since are written (see [`Engine::publish`]).
+    flush_due: Option<tokio::time::Instant>,
 }
 
 impl Engine {
@@ -584,9 +592,11 @@ impl Engine {
         let mut suppressed_seen = crate::invalid::suppressed_warnings();
         loop {
             let owed = self.pacer.next_due();
+            let flush = self.flush_due;
             tokio::select! {
                 biased;
                 () = cancel.cancelled() => break,
+                () = sleep_until_owed(flush), if flush.is_some() => self.flush_own().await,
                 () = sleep_until_owed(owed), if owed.is_some() => self.send_owed(),
                 r = self.changes.recv() => match r {
                     Ok(change) => self.publish(change).await,
@@ -644,7 +654,11 @@ impl Engine {
         }
     }
 
-    /// Publishes `first` and every change already queued behind it, then pushes.
+    /// Takes `first` and every change already queued behind it into the own buckets,
+    /// and writes them to chitchat and pushes: at once when the last write is at least
+    /// [`crate::pace::GAP`] old, else at the end of that gap, together with what comes
+    /// in meanwhile. A burst of registrations then seals each bucket it touches once
+    /// per gap instead of once per registration; the pushes are paced the same anyway.
     async fn publish(&mut self, first: Change) {
         let mut batch = vec![first];
         let mut lagged = false;
@@ -674,7 +688,13 @@ impl Engine {
                 _ => self.own.remove(&item),
             };
         }
-        self.flush_own().await;
+        let now = tokio::time::Instant::now();
+        match self.last_flush {
+            Some(last) if now.saturating_duration_since(last) < crate::pace::GAP => {
+                self.flush_due.get_or_insert(last + crate::pace::GAP);
+            }
+            _ => self.flush_own().await,
+        }
     }
 
     /// Drains the change channel and makes the published entries match the database.
@@ -712,9 +732,11 @@ impl Engine {
     /// Sets every changed bucket's key (deletes it when empty), deletes retired keys,
     /// and pushes when chitchat changed.
     async fn flush_own(&mut self) {
+        self.flush_due = None;
         if self.own.dirty.is_empty() && self.own.retired.is_empty() {
             return;
         }
+        self.last_flush = Some(tokio::time::Instant::now());
         self.own.grow_if_needed();
         let chitchat = self.chitchat.clone();
         let mut cc = chitchat.lock().await;
