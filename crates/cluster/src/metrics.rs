@@ -29,6 +29,7 @@ pub(crate) struct Metrics {
     pub(crate) pushes: Counter,
     pub(crate) resyncs: Counter,
     pub(crate) pulls: Counter,
+    pub(crate) peer_resets: Counter,
 }
 
 impl Metrics {
@@ -77,6 +78,11 @@ impl Metrics {
             "dwara_cluster_suppressed_warnings",
             "chitchat warnings left out of the log beyond its limit per 10 s (per process)",
             crate::invalid::suppressed_counter(),
+        );
+        registry.register(
+            "dwara_cluster_peer_resets",
+            "Times a peer's entries were compared whole because gossip reset its state (its tombstones were collected before this node saw them)",
+            self.peer_resets.clone(),
         );
         registry.register(
             "dwara_cluster_resyncs",

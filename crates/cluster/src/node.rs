@@ -1018,6 +1018,14 @@ impl Engine {
                 }
             }
         }
+        if w.full && !w.switch {
+            to.metrics.peer_resets.inc();
+            tracing::info!(
+                node_id = %node_id,
+                last_gc_version = w.last_gc_version,
+                "peer's state reset by gossip (tombstones collected before they reached this node); its entries compared whole"
+            );
+        }
         if w.full {
             let floor = w.max_version.max(w.last_gc_version);
             let absent: Vec<String> = remote

@@ -279,3 +279,99 @@ async fn an_entry_stays_while_any_key_holds_it_and_old_single_entry_keys_are_rea
         .collect();
     assert_eq!(live.len(), 6, "{live:?}");
 }
+
+// The peer is cut off longer than the tombstone grace, so the owner has forgotten the
+// deletes of its emptied buckets by the heal: the peer's copy is reset, and every
+// entry removed meanwhile must still go, and only those.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn removals_during_a_partition_longer_than_the_tombstone_grace_are_not_lost() {
+    test_support::init_tracing();
+    let t = ChannelTransport::default();
+    let mut nodes = Vec::new();
+    for (i, name) in ["a", "b"].into_iter().enumerate() {
+        let seeds: Vec<String> = if i == 0 {
+            vec![]
+        } else {
+            vec![chan_addr(0).to_string()]
+        };
+        let mut c = dwara_cluster::ClusterConfig::new(name, chan_addr(i));
+        c.peers = seeds;
+        c.tombstone_grace = Duration::from_millis(200);
+        let db = db(name);
+        let cluster = dwara_cluster::Cluster::start_with_transport(c, db.clone(), &t)
+            .await
+            .unwrap();
+        nodes.push(Node {
+            name: name.to_owned(),
+            addr: chan_addr(i),
+            db,
+            cluster: Some(cluster),
+        });
+    }
+    assert!(all_live(&nodes).await);
+    const N: u32 = 600;
+    for i in 0..N {
+        nodes[0]
+            .db
+            .add(&id(i), ip(i), &format!("h{i}.weave.local"))
+            .unwrap();
+    }
+    assert!(wait_until(WAIT, || async { nodes[1].db.len() == N as usize }).await);
+    let buckets = metric(nodes[0].cluster(), "dwara_cluster_buckets_published").unwrap();
+    assert!(buckets >= 4.0, "{buckets}");
+
+    transport_cut(&t, &nodes, false).await;
+    assert!(
+        wait_until(WAIT, || async {
+            nodes[1]
+                .cluster()
+                .peers()
+                .iter()
+                .any(|p| p.node_id == "a" && p.state == dwara_cluster::PeerState::Dead)
+        })
+        .await
+    );
+    // Every bucket emptied (deleted, and forgotten after 200 ms), one new entry.
+    for i in 0..N {
+        nodes[0].db.remove_all(&id(i));
+    }
+    nodes[0]
+        .db
+        .add("fresh", ip(N), "fresh.weave.local")
+        .unwrap();
+    // The grace is a duration, so this waits one: three graces (chitchat collects
+    // tombstones in its gossip rounds once they are older than the grace). The reset
+    // count below shows the collection did happen before the heal.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let resets = || metric(nodes[1].cluster(), "dwara_cluster_peer_resets_total");
+    assert_eq!(resets(), Some(0.0));
+    transport_cut(&t, &nodes, true).await;
+    assert!(
+        wait_until(WAIT, || async {
+            nodes[1].db.len() == 1 && nodes[1].db.lookup("fresh.weave.local") == vec![ip(N)]
+        })
+        .await,
+        "peer holds {} live entries: {:?}",
+        nodes[1].db.len(),
+        nodes[1]
+            .db
+            .entries()
+            .iter()
+            .filter(|e| !e.tombstone)
+            .take(5)
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(
+        metric(nodes[0].cluster(), "dwara_cluster_buckets_published"),
+        Some(1.0)
+    );
+    assert!(resets().unwrap() >= 1.0, "the peer's copy was never reset");
+}
+
+async fn transport_cut(t: &ChannelTransport, nodes: &[Node], heal: bool) {
+    if heal {
+        t.add_link(nodes[0].addr, nodes[1].addr).await;
+    } else {
+        t.remove_link(nodes[0].addr, nodes[1].addr).await;
+    }
+}
