@@ -386,9 +386,10 @@ fn open_plain(
 }
 
 /// The length of a value (envelope, base64) holding `plain_len` plain bytes, sealed
-/// or not.
-pub fn value_len(plain_len: usize, sealed: bool) -> usize {
-    let envelope = 1 + plain_len + if sealed { NONCE_LEN + TAG_LEN } else { 0 };
+/// with `key` or open without one.
+pub fn value_len(plain_len: usize, key: Option<&ClusterKey>) -> usize {
+    let seal = key.map_or(0, |_| NONCE_LEN + TAG_LEN);
+    let envelope = 1 + plain_len + seal;
     (envelope * 4).div_ceil(3)
 }
 

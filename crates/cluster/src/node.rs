@@ -321,15 +321,23 @@ fn item_of(e: &Entry) -> Item {
     }
 }
 
-/// `item` as a database entry of `origin` at `version`.
-fn entry_of(item: &Item, origin: &str, version: u64, tombstone: bool) -> Entry {
+/// `item` as a live database entry of `origin` at `version`.
+fn live_entry(item: &Item, origin: &str, version: u64) -> Entry {
     Entry {
         id: item.id.clone(),
         ip: item.ip,
         fqdn: item.fqdn.clone(),
         origin: origin.to_owned(),
         version,
-        tombstone,
+        tombstone: false,
+    }
+}
+
+/// `item` as a tombstone of `origin` at `version`.
+fn tombstone_entry(item: &Item, origin: &str, version: u64) -> Entry {
+    Entry {
+        tombstone: true,
+        ..live_entry(item, origin, version)
     }
 }
 
@@ -496,9 +504,7 @@ impl Holdings {
             *n += 1;
             return true;
         }
-        if self.pending.remove(item).is_none()
-            && !to.apply(entry_of(item, to.node_id, version, false))
-        {
+        if self.pending.remove(item).is_none() && !to.apply(live_entry(item, to.node_id, version)) {
             return false;
         }
         self.held.insert(item.clone(), 1);
@@ -521,7 +527,7 @@ impl Holdings {
     /// The receiver's copy of the node is complete: every pending entry is gone.
     fn settle(&mut self, to: &Target<'_>) {
         for (item, version) in self.pending.drain() {
-            to.apply(entry_of(&item, to.node_id, version, true));
+            to.apply(tombstone_entry(&item, to.node_id, version));
         }
     }
 
@@ -786,15 +792,12 @@ impl Engine {
         metrics
             .buckets_published
             .set(i64::try_from(self.own.buckets.len()).unwrap_or(i64::MAX));
-        self.push(&cc, true);
+        self.push(&cc);
     }
 
     /// Starts a gossip round with every live peer so a change spreads at once (or at
     /// the end of the peer's pacing gap, in the round that carries the whole burst).
-    fn push(&mut self, cc: &Chitchat, changed: bool) {
-        if !changed {
-            return;
-        }
+    fn push(&mut self, cc: &Chitchat) {
         let me = cc.self_chitchat_id().clone();
         let peers: HashSet<SocketAddr> = cc
             .live_nodes()

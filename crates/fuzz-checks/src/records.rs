@@ -201,7 +201,7 @@ fn check_bucket(b: &Bucket) {
     assert_eq!(decode_bucket(&plain).as_ref(), Ok(b));
     for k in [None, Some(key)] {
         let v = seal_bucket(b, k, &binding("b3.7"));
-        assert_eq!(v.len(), value_len(plain.len(), k.is_some()));
+        assert_eq!(v.len(), value_len(plain.len(), k));
         assert_eq!(open_bucket(&v, k, &binding("b3.7")).as_ref(), Ok(b));
         if k.is_some() {
             assert_eq!(

@@ -244,10 +244,7 @@ fn open_bucket_reads_buckets_and_single_records() {
     for k in [None, Some(&key)] {
         let v = seal_bucket(&sample_bucket(), k, &binding("b0.0"));
         assert_eq!(open_bucket(&v, k, &binding("b0.0")), Ok(sample_bucket()));
-        assert_eq!(
-            v.len(),
-            value_len(encode_bucket(&sample_bucket()).len(), k.is_some())
-        );
+        assert_eq!(v.len(), value_len(encode_bucket(&sample_bucket()).len(), k));
         // What builds before buckets publish: one entry under an `n` key.
         let old = seal_value(&sample(), k, &binding("n3"));
         assert_eq!(
@@ -290,7 +287,7 @@ proptest! {
         prop_assert_eq!(decode_bucket(&bytes), Ok(b.clone()));
         let key = ClusterKey::from_bytes(key);
         let v = seal_bucket(&b, Some(&key), &binding("b4.a"));
-        prop_assert_eq!(v.len(), value_len(bytes.len(), true));
+        prop_assert_eq!(v.len(), value_len(bytes.len(), Some(&key)));
         prop_assert_eq!(open_bucket(&v, Some(&key), &binding("b4.a")), Ok(b));
     }
 
