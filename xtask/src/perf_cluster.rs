@@ -597,6 +597,13 @@ struct TrickleRow {
     wall: Duration,
 }
 
+impl TrickleRow {
+    /// The nodes' CPU over the phase, as a share of one core.
+    fn core_share(&self) -> f64 {
+        self.cpu / self.wall.as_secs_f64()
+    }
+}
+
 /// User + system seconds `nodes` have used since they started (`/proc/PID/stat`).
 fn cpu_seconds(nodes: &[Node]) -> anyhow::Result<f64> {
     let ticks = clock_ticks();
@@ -801,7 +808,6 @@ fn print_syncs(label: &str, syncs: &[SyncRow]) {
     );
     for s in syncs {
         for t in &s.trickle {
-            let wall = t.wall.as_secs_f64();
             let per_put = if t.registered == 0 {
                 "-".to_owned()
             } else {
@@ -812,7 +818,7 @@ fn print_syncs(label: &str, syncs: &[SyncRow]) {
                 s.records,
                 t.rate,
                 t.registered,
-                t.cpu / wall * 100.0,
+                t.core_share() * 100.0,
                 per_put
             );
         }
@@ -907,12 +913,11 @@ fn run_in(dir: &Path, opts: &Options) -> anyhow::Result<()> {
                 s.cpu / b.cpu
             );
             for (t, bt) in s.trickle.iter().zip(&b.trickle) {
-                let share = |t: &TrickleRow| t.cpu / t.wall.as_secs_f64();
                 println!(
                     "  {:>8} records, {:>4} PUT/s: CPU of the 4 nodes {:.2}x",
                     s.records,
                     t.rate,
-                    share(t) / share(bt)
+                    t.core_share() / bt.core_share()
                 );
             }
         }

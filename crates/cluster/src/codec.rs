@@ -193,11 +193,7 @@ pub fn encode_record(record: &Record) -> Vec<u8> {
 /// Decodes a record produced by [`encode_record`]. Never panics on any input.
 pub fn decode_record(bytes: &[u8]) -> Result<Record, DecodeError> {
     let mut r = Reader { bytes, pos: 0 };
-    let format = r.u8()?;
-    if format != RECORD_FORMAT {
-        return Err(DecodeError::UnknownFormat(format));
-    }
-    let version = r.varint()?;
+    let version = r.header(RECORD_FORMAT)?;
     let Item { id, ip, fqdn } = r.item()?;
     r.end()?;
     Ok(Record {
@@ -225,11 +221,7 @@ pub fn encode_bucket(bucket: &Bucket) -> Vec<u8> {
 /// Decodes a bucket produced by [`encode_bucket`]. Never panics on any input.
 pub fn decode_bucket(bytes: &[u8]) -> Result<Bucket, DecodeError> {
     let mut r = Reader { bytes, pos: 0 };
-    let format = r.u8()?;
-    if format != BUCKET_FORMAT {
-        return Err(DecodeError::UnknownFormat(format));
-    }
-    let version = r.varint()?;
+    let version = r.header(BUCKET_FORMAT)?;
     let count = r.varint()?;
     if count == 0 {
         return Err(DecodeError::BadOrder);
@@ -470,6 +462,15 @@ impl Reader<'_> {
             }
         }
         Err(DecodeError::BadVarint)
+    }
+
+    /// The format byte, which must be `format`, and the version after it.
+    fn header(&mut self, format: u8) -> Result<u64, DecodeError> {
+        let found = self.u8()?;
+        if found != format {
+            return Err(DecodeError::UnknownFormat(found));
+        }
+        self.varint()
     }
 
     fn item(&mut self) -> Result<Item, DecodeError> {

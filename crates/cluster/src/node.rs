@@ -9,8 +9,8 @@
 //! each bucket it touched once and then [`META_KEY`]. A bucket that empties is a
 //! chitchat delete (kept `tombstone_grace`). When a bucket would outgrow
 //! [`BUCKET_BYTES`] the count doubles: every entry is set in its new bucket first,
-//! then the old keys are deleted, so a receiver never misses an entry in between. A
-//! receiver that lags drains its channel and resynchronises from [`Db::entries`].
+//! then the old keys are deleted (a receiver may still learn of the deletes first;
+//! see `Holdings` for why no entry blinks out). A receiver that lags drains its channel and resynchronises from [`Db::entries`].
 //! After a batch of changes the node starts a gossip round with every live peer at
 //! once, paced per peer by [`crate::pace`] so a burst of changes is carried by a few
 //! rounds.
@@ -368,6 +368,12 @@ struct OwnBucket {
     published: bool,
 }
 
+impl OwnBucket {
+    fn oversized(&self) -> bool {
+        self.bytes > BUCKET_BYTES
+    }
+}
+
 impl Own {
     fn new() -> Self {
         Self {
@@ -384,12 +390,6 @@ impl Own {
         use std::hash::BuildHasher;
         let mask = (1u64 << self.bits) - 1;
         self.hasher.hash_one(item) & mask
-    }
-
-    fn contains(&self, item: &Item) -> bool {
-        self.buckets
-            .get(&self.index(item))
-            .is_some_and(|b| b.items.contains(item))
     }
 
     /// Adds a live entry. Returns whether it was new.
@@ -427,15 +427,11 @@ impl Own {
     /// Doubles the bucket count until every bucket fits [`BUCKET_BYTES`], when a
     /// changed one does not. Every bucket is then dirty and the old keys retired.
     fn grow_if_needed(&mut self) {
-        let over = |own: &Self| {
-            own.buckets.values().any(|b| b.bytes > BUCKET_BYTES) && own.bits < MAX_BUCKET_BITS
-        };
-        if !self
+        let changed_oversized = self
             .dirty
             .iter()
-            .any(|i| self.buckets.get(i).is_some_and(|b| b.bytes > BUCKET_BYTES))
-            || self.bits >= MAX_BUCKET_BITS
-        {
+            .any(|i| self.buckets.get(i).is_some_and(OwnBucket::oversized));
+        if !changed_oversized || self.bits >= MAX_BUCKET_BITS {
             return;
         }
         let old_bits = self.bits;
@@ -454,7 +450,7 @@ impl Own {
             for item in &items {
                 self.insert(item.clone());
             }
-            if !over(self) {
+            if self.bits >= MAX_BUCKET_BITS || !self.buckets.values().any(OwnBucket::oversized) {
                 break;
             }
         }
@@ -727,9 +723,7 @@ impl Engine {
             self.own.remove(item);
         }
         for item in live {
-            if !self.own.contains(&item) {
-                self.own.insert(item);
-            }
+            self.own.insert(item);
         }
         self.flush_own().await;
         tracing::debug!(published = self.own.live, "own entries resynchronised");
