@@ -7,7 +7,9 @@
 //!   (checked over `cargo metadata`, transitively); `dwara-store` depends on no
 //!   workspace crate;
 //! - no library function with a `bool` parameter is called with a `true`/`false`
-//!   literal (split it or take an enum).
+//!   literal (split it or take an enum);
+//! - the reference docs (`README.md`, `ARCHITECTURE.md`, `docs/*.md`) name no issue
+//!   number, no work session and no scratch path outside the repository.
 
 #[cfg(test)]
 mod tests {
@@ -249,6 +251,78 @@ mod tests {
             }
         }
         assert!(offenders.is_empty(), "bool literals passed: {offenders:#?}");
+    }
+
+    /// What a reader of the docs cannot follow: an issue number (`issue #3`, `issue 14`),
+    /// a work session (`session 7`), a path on a developer's machine (`/work/`, `/tmp/`).
+    fn history_markers(text: &str) -> Vec<String> {
+        let lower = text.to_lowercase();
+        let mut found = Vec::new();
+        for word in ["issue", "session"] {
+            for (at, _) in lower.match_indices(word) {
+                let word_start = !lower[..at]
+                    .chars()
+                    .next_back()
+                    .is_some_and(char::is_alphanumeric);
+                let rest = lower[at + word.len()..].trim_start_matches([' ', '-']);
+                let rest = if word == "issue" {
+                    rest.trim_start_matches('#')
+                } else {
+                    rest
+                };
+                let number: String = rest.chars().take_while(char::is_ascii_digit).collect();
+                if word_start && !number.is_empty() {
+                    found.push(format!("{word} {number}"));
+                }
+            }
+        }
+        for path in ["/work/", "/tmp/"] {
+            if lower.contains(path) {
+                found.push(path.to_owned());
+            }
+        }
+        found
+    }
+
+    #[test]
+    fn history_markers_are_recognised() {
+        assert_eq!(history_markers("see issue #12"), ["issue 12"]);
+        assert_eq!(history_markers("Issue 14's goals"), ["issue 14"]);
+        assert_eq!(history_markers("(session 7, 21:05)"), ["session 7"]);
+        assert_eq!(history_markers("built in /work/target-base"), ["/work/"]);
+        let clean = "session encryption; a reissue; 3 sessions; tissue 4; /tmpfs";
+        assert!(history_markers(clean).is_empty());
+    }
+
+    /// The docs are references for a newcomer, not a lab notebook: history lives in git.
+    #[test]
+    fn docs_name_no_issue_session_or_scratch_path() {
+        let root = root();
+        let mut files = vec![root.join("README.md"), root.join("ARCHITECTURE.md")];
+        let mut in_docs: Vec<PathBuf> = std::fs::read_dir(root.join("docs"))
+            .expect("docs/")
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|e| e == "md"))
+            .collect();
+        in_docs.sort();
+        files.extend(in_docs);
+        assert!(files.len() >= 4, "found only {files:?}");
+        let offenders: Vec<String> = files
+            .iter()
+            .flat_map(|f| {
+                let text = std::fs::read_to_string(f).expect("readable doc");
+                history_markers(&text)
+                    .into_iter()
+                    .map(move |m| format!("{}: {m:?}", f.display()))
+            })
+            .collect();
+        assert!(
+            offenders.is_empty(),
+            "docs name issues, sessions or scratch paths (describe what exists, \
+             and how to reproduce it):\n{}",
+            offenders.join("\n")
+        );
     }
 
     /// The text inside the parentheses that open at `open`, split at top-level commas.

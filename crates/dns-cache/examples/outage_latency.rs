@@ -1,5 +1,5 @@
-//! What a caller of `DnsCache::resolve` waits during a DNS outage, before and after
-//! the client-response timer (issue 17). A timed harness, not a test: it prints the
+//! What a caller of `DnsCache::resolve` waits during a DNS outage, without and with
+//! the client-response timer. A timed harness, not a test: it prints the
 //! latency distribution of every configuration and the ratios between them.
 //!
 //! Per configuration: a fresh in-process test DNS server with 10 names (TTL 1 s), a
@@ -9,7 +9,7 @@
 //! lookups/s, the dial path of a busy proxy) and its `resolve` is timed. The resolver
 //! is `ResolverConfig::default()`: 2 s timeout, 2 attempts.
 //!
-//! - `timer off`: `client_response_timeout: None`, the behaviour before issue 17: a
+//! - `timer off`: `client_response_timeout: None`, no timer: a
 //!   caller whose answer expired waits for the resolver's verdict, then gets the stale
 //!   answer, and the next caller past the stale answer TTL waits again.
 //! - `timer 1.8 s`: the default.
