@@ -8,7 +8,9 @@
 //! - `cargo xtask perf store [--names N] [--connections C]` times HTTP registration in
 //!   memory vs with `--data-dir`.
 //! - `cargo xtask perf cluster [--sizes 3,5,10] [--sync 10000,50000]` times gossip
-//!   replication between `dwara serve` processes.
+//!   replication between `dwara serve` processes; `perf cluster --faults` runs the
+//!   network fault scenarios, `perf cluster --simulate 100,1000` the in-process
+//!   simulation of large clusters.
 //! - `cargo xtask perf l4 [--rounds R] [--seconds S] [--proxies …]` compares dwara's
 //!   L4 upstreams with HAProxy and nginx `stream` under wrk.
 //! - `cargo xtask fuzz [TARGET...] [--seconds N] [--idle]` runs the cargo-fuzz targets (nightly).
@@ -21,6 +23,7 @@
 
 mod fuzz;
 mod perf_cluster;
+mod perf_cluster_faults;
 mod perf_dns;
 mod perf_l4;
 mod perf_store;

@@ -9,6 +9,9 @@
 //!                          [--gossip-interval-ms MS]
 //! ```
 //!
+//! `--faults` and `--simulate N,…` (first on the line) run the fault scenarios and
+//! the in-process simulation instead; see [`crate::perf_cluster_faults`].
+//!
 //! Every node runs with dwara's default gossip settings unless
 //! `--gossip-interval-ms` is given, which every node then gets.
 //!
@@ -827,6 +830,16 @@ fn print_syncs(label: &str, syncs: &[SyncRow]) {
 
 /// Runs the benchmark.
 pub(crate) fn run(args: &[String]) -> anyhow::Result<()> {
+    match args.split_first() {
+        Some((flag, [])) if flag == "--faults" => return crate::perf_cluster_faults::faults(),
+        Some((flag, rest)) if flag == "--simulate" => {
+            let (sizes, rest) = rest
+                .split_first()
+                .context("--simulate needs sizes (100,1000)")?;
+            return crate::perf_cluster_faults::simulate(sizes, rest);
+        }
+        _ => {}
+    }
     let opts = parse_args(args)?;
     crate::cargo(&["build", "--release", "-p", "dwara"])?;
     crate::perf_util::in_scratch_dir("perf-cluster", |dir| run_in(dir, &opts))

@@ -27,6 +27,8 @@ const TOOLS: &[(&str, &str)] = &[
     ("socat", "socat"),
     // Cluster tests build hosts from network namespaces and veth pairs.
     ("ip", "iproute2"),
+    // Fault tests drop packets (statistic match) and queue them to a delayer (NFQUEUE).
+    ("iptables", "iptables"),
 ];
 
 /// What `cargo xtask perf l4` adds: the backend, the client and the peer proxies

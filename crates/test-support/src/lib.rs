@@ -12,6 +12,8 @@
 //!   [`docker::Scope`], a test's containers and networks removed on drop.
 //! - [`liar::LyingDnsServer`]: a raw-UDP DNS server that answers with the [`liar::Lie`]
 //!   a test picks (wrong IDs, truncation, compression loops, floods, noise …).
+//! - [`netem::Delayer`]: netem's delay and jitter in userspace, for the packets an
+//!   iptables `NFQUEUE` rule hands it in a network namespace (kernels without netem).
 //! - [`init_tracing`], [`free_port`], [`wait_until`], [`signal`]: small helpers.
 //!
 //! ```no_run
@@ -32,6 +34,7 @@ pub mod dnsmasq;
 pub mod docker;
 pub mod http;
 pub mod liar;
+pub mod netem;
 
 use std::future::Future;
 use std::io;

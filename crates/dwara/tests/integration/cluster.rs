@@ -15,21 +15,21 @@ use crate::nameserver::BIN;
 
 /// How long replication, failure detection and recovery may take in a test
 /// (they take well under a second on an idle machine; the margin is for load).
-const CONVERGE: Duration = Duration::from_secs(10);
+pub(crate) const CONVERGE: Duration = Duration::from_secs(10);
 
 /// How one `dwara serve` of a test cluster is started.
 #[derive(Debug, Clone)]
-struct Spec {
-    node_id: String,
-    dns: SocketAddr,
-    http: SocketAddr,
-    gossip: SocketAddr,
-    peers: Vec<SocketAddr>,
+pub(crate) struct Spec {
+    pub(crate) node_id: String,
+    pub(crate) dns: SocketAddr,
+    pub(crate) http: SocketAddr,
+    pub(crate) gossip: SocketAddr,
+    pub(crate) peers: Vec<SocketAddr>,
     /// Extra flags (`--gossip-key-file`, `--data-dir`…).
-    extra: Vec<String>,
-    env: Vec<(String, String)>,
+    pub(crate) extra: Vec<String>,
+    pub(crate) env: Vec<(String, String)>,
     /// Run inside this network namespace (`ip netns exec`).
-    netns: Option<String>,
+    pub(crate) netns: Option<String>,
 }
 
 impl Spec {
@@ -47,7 +47,7 @@ impl Spec {
         }
     }
 
-    fn key_file(mut self, path: &Path) -> Self {
+    pub(crate) fn key_file(mut self, path: &Path) -> Self {
         self.extra.push("--gossip-key-file".into());
         self.extra.push(path.display().to_string());
         self
@@ -79,8 +79,8 @@ fn loopback_cluster(first: u8, ids: &[&str]) -> Vec<Spec> {
 }
 
 /// A running `dwara serve` of a test cluster; killed on drop.
-struct Node {
-    spec: Spec,
+pub(crate) struct Node {
+    pub(crate) spec: Spec,
     child: Child,
     dns: SocketAddr,
     http: SocketAddr,
@@ -95,7 +95,7 @@ fn field(line: &str, key: &str) -> Option<SocketAddr> {
 }
 
 /// A command, run inside `netns` when one is given.
-fn command_in(netns: Option<&str>, program: &str) -> Command {
+pub(crate) fn command_in(netns: Option<&str>, program: &str) -> Command {
     match netns {
         Some(ns) => {
             let mut c = Command::new("ip");
@@ -107,7 +107,7 @@ fn command_in(netns: Option<&str>, program: &str) -> Command {
 }
 
 impl Node {
-    fn start(spec: Spec) -> Self {
+    pub(crate) fn start(spec: Spec) -> Self {
         let mut cmd = command_in(spec.netns.as_deref(), BIN);
         cmd.args(["serve", "--docker", "off", "--fallback", "127.0.0.1:9"])
             .args(["--node-id", &spec.node_id])
@@ -156,7 +156,7 @@ impl Node {
         }
     }
 
-    fn id(&self) -> &str {
+    pub(crate) fn id(&self) -> &str {
         &self.spec.node_id
     }
 
@@ -174,7 +174,7 @@ impl Node {
 
     /// The sorted A records of `name` when the node answers NOERROR, empty for
     /// NXDOMAIN, `None` when it does not answer or answers otherwise.
-    fn addrs(&self, name: &str) -> Option<Vec<String>> {
+    pub(crate) fn addrs(&self, name: &str) -> Option<Vec<String>> {
         let a = self.dig(name)?;
         match a.status.as_str() {
             "NOERROR" => Some(a.data("A")),
@@ -184,7 +184,7 @@ impl Node {
     }
 
     /// One HTTP request to the node's API: (status, body).
-    fn http(&self, method: &str, path: &str, body: Option<&str>) -> (u16, String) {
+    pub(crate) fn http(&self, method: &str, path: &str, body: Option<&str>) -> (u16, String) {
         if self.spec.netns.is_none() {
             return test_support::http::request(self.http, method, path, body);
         }
@@ -200,7 +200,7 @@ impl Node {
     }
 
     /// Registers `id ip fqdn` on this node.
-    fn add(&self, id: &str, ip: &str, fqdn: &str) {
+    pub(crate) fn add(&self, id: &str, ip: &str, fqdn: &str) {
         let (status, body) = self.http(
             "PUT",
             &format!("/name/{id}/{ip}"),
@@ -221,7 +221,7 @@ impl Node {
     }
 
     /// `GET /peers`, as (node id, state, entries) of the other nodes.
-    fn peers(&self) -> Vec<(String, String, u64)> {
+    pub(crate) fn peers(&self) -> Vec<(String, String, u64)> {
         let (status, body) = self.http("GET", "/peers", None);
         assert_eq!(status, 200, "{body}");
         let rows: Vec<serde_json::Value> = serde_json::from_str(&body).unwrap();
@@ -255,11 +255,16 @@ impl Node {
         test_support::signal(self.child.id(), sig).unwrap();
     }
 
-    /// SIGKILLs the process and starts the same spec with `extra` flags instead.
-    fn kill_and_restart(mut self, extra: Vec<String>) -> Self {
+    /// SIGKILLs the process; its spec, to start it again.
+    fn kill(mut self) -> Spec {
         let _ = self.child.kill();
         let _ = self.child.wait();
-        let mut spec = self.spec.clone();
+        self.spec.clone()
+    }
+
+    /// SIGKILLs the process and starts the same spec with `extra` flags instead.
+    fn kill_and_restart(self, extra: Vec<String>) -> Self {
+        let mut spec = self.kill();
         spec.extra = extra;
         Node::start(spec)
     }
@@ -293,7 +298,7 @@ pub(crate) fn await_that(
 }
 
 /// Awaits every node in `nodes` answering `name` with exactly `want` (empty: NXDOMAIN).
-fn await_answer(nodes: &[&Node], name: &str, want: &[&str]) -> Duration {
+pub(crate) fn await_answer(nodes: &[&Node], name: &str, want: &[&str]) -> Duration {
     let started = Instant::now();
     for n in nodes {
         await_that(
@@ -309,7 +314,7 @@ fn peer(id: &str, state: &str, entries: u64) -> (String, String, u64) {
     (id.to_owned(), state.to_owned(), entries)
 }
 
-fn keygen(dir: &Path, name: &str) -> PathBuf {
+pub(crate) fn keygen(dir: &Path, name: &str) -> PathBuf {
     let out = Command::new(BIN).arg("keygen").output().unwrap();
     assert!(out.status.success(), "{out:?}");
     let path = dir.join(name);
@@ -399,6 +404,18 @@ fn three_processes_replicate_fail_over_restart_and_delete() {
     // the new incarnation outranks the old one without a clock.
     assert_eq!(n3.generation_of("n3"), Some(2));
     assert_eq!(n1.generation_of("n3"), Some(2));
+
+    // SIGKILL on its data dir and no restart yet: its names go from the others
+    // (failure detection)…
+    let spec = n3.kill();
+    let gone = await_answer(&[&n1, &n2], "web3.weave.local", &[]);
+    assert_eq!(n1.addrs("web2.weave.local").unwrap(), ["10.32.2.1"]);
+    // …and come back when it restarts from its store, as a newer incarnation.
+    n3 = Node::start(spec);
+    let back = await_answer(&[&n1, &n2, &n3], "web3.weave.local", &["10.32.3.1"]);
+    await_answer(&[&n1, &n2, &n3], "web3b.weave.local", &[]);
+    assert_eq!(n1.generation_of("n3"), Some(3));
+    eprintln!("SIGKILL with --data-dir: web3 gone after {gone:?}, back {back:?} after the restart");
 
     // Deleted on the owner: NXDOMAIN everywhere.
     assert_eq!(n1.http("DELETE", "/name/c1", None).0, 204);
@@ -628,7 +645,7 @@ impl Netns {
     }
 
     /// Takes node `i`'s bridge port down or up (its cable pulled or plugged).
-    fn set_link(&self, i: usize, state: &str) {
+    pub(crate) fn set_link(&self, i: usize, state: &str) {
         ip(&["-n", &self.hub, "link", "set", &format!("v{i}"), state]).unwrap();
     }
 }

@@ -5,6 +5,7 @@
 
 mod cluster;
 mod docker;
+mod faults;
 mod hostile;
 mod hostile_http;
 mod nameserver;
