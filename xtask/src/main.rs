@@ -13,6 +13,9 @@
 //!   simulation of large clusters.
 //! - `cargo xtask perf l4 [--rounds R] [--seconds S] [--proxies …]` compares dwara's
 //!   L4 upstreams with HAProxy and nginx `stream` under wrk.
+//! - `cargo xtask perf push [--rounds R] [--docker]` times an endpoint into and out of
+//!   an upstream's rotation, fed by push from the name server in the same process vs
+//!   polling it over DNS.
 //! - `cargo xtask fuzz [TARGET...] [--seconds N] [--idle]` runs the cargo-fuzz targets (nightly).
 //!
 //! `perf` always runs an optimised xtask (a debug one hands over to `cargo run
@@ -26,6 +29,7 @@ mod perf_cluster;
 mod perf_cluster_faults;
 mod perf_dns;
 mod perf_l4;
+mod perf_push;
 mod perf_store;
 mod perf_util;
 mod tidy;
@@ -72,7 +76,8 @@ fn main() -> anyhow::Result<()> {
             Some((what, rest)) if what == "store" => perf_store::run(rest),
             Some((what, rest)) if what == "cluster" => perf_cluster::run(rest),
             Some((what, rest)) if what == "l4" => perf_l4::run(rest),
-            _ => bail!("usage: cargo xtask perf dns|store|cluster|l4 [OPTIONS]"),
+            Some((what, rest)) if what == "push" => perf_push::run(rest),
+            _ => bail!("usage: cargo xtask perf dns|store|cluster|l4|push [OPTIONS]"),
         },
         _ => {
             println!("usage: cargo xtask <ci|tools|bench|fuzz|perf dns>");

@@ -11,6 +11,11 @@
 //! [`DiscoveryTasks`] holds the loops of one configuration generation in a single
 //! `JoinSet` and replaces them wholesale on reload.
 //!
+//! A source may also *push*: [`DiscoverySource::changes`] hands the loop a
+//! `tokio::sync::watch` receiver, and the loop resolves again as soon as it is
+//! marked, with the same policy (`dwara serve` feeds upstreams in its own name
+//! server's domain this way, straight from the records database).
+//!
 //! ```no_run
 //! # async fn demo(source: std::sync::Arc<dyn dwara_discovery::DiscoverySource>) {
 //! use std::sync::Arc;
@@ -155,4 +160,12 @@ pub trait DiscoverySource: Send + Sync + Debug + 'static {
     /// `Ok` with zero endpoints is an authoritative empty answer; `Err` is a failure
     /// that the loop's `fail_open` policy handles.
     async fn resolve(&self) -> Result<Resolution, DiscoveryError>;
+
+    /// For a *push* source, a receiver marked changed whenever the answer may have
+    /// changed: the loop then resolves at once instead of waiting for its next
+    /// refresh (which stays as a backstop). `None` (the default): the source is
+    /// polled. The value itself is not read, only that it changed.
+    fn changes(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        None
+    }
 }

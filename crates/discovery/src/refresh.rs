@@ -14,7 +14,10 @@
 //! - an answer with fewer than `min_endpoints` keeps the previous set (an empty
 //!   previous set is replaced by any non-empty answer: the floor protects a working
 //!   set from collapse, it never holds the upstream at zero);
-//! - an unchanged answer publishes nothing.
+//! - an unchanged answer publishes nothing;
+//! - a push source ([`DiscoverySource::changes`]) is resolved again as soon as it
+//!   says it changed, without the floor (its changes are events, not a TTL that
+//!   could spin); the refresh interval stays as a backstop.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -25,6 +28,7 @@ use parking_lot::Mutex;
 use rand::{Rng, SeedableRng, rngs::SmallRng};
 use serde::Serialize;
 use tokio::sync::watch;
+use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use crate::{DiscoveryError, DiscoverySource, Resolution};
@@ -296,8 +300,18 @@ pub async fn run(
 ) {
     let mut rng = SmallRng::from_os_rng();
     let mut failures = 0u32;
-    info!(upstream = %upstream, source = %source.describe(), "discovery started");
+    let mut changes = source.changes();
+    info!(upstream = %upstream, source = %source.describe(), push = changes.is_some(), "discovery started");
+    // The last answer, and when the next timed resolution is due.
+    let mut last_answer: Option<EndpointSet> = None;
+    let mut due = Instant::now();
+    let mut wake = Wake::Timer;
     loop {
+        // Marked seen before resolving: a change during the resolution wakes the
+        // next wait at once, so none is lost.
+        if let Some(rx) = &mut changes {
+            rx.borrow_and_update();
+        }
         let result = match tokio::time::timeout(policy.resolve_timeout, source.resolve()).await {
             Ok(r) => r,
             Err(_) => Err(DiscoveryError::Timeout {
@@ -305,6 +319,20 @@ pub async fn run(
                 after: policy.resolve_timeout,
             }),
         };
+        // A push source says "something changed", not "this changed": an answer
+        // equal to the last one is not a resolution worth counting or logging (an
+        // upstream held below its floor would warn at every change of any name).
+        if wake == Wake::Push {
+            let same = match (&result, &last_answer) {
+                (Ok(res), Some(last)) => res.endpoints == *last,
+                _ => false,
+            };
+            if same {
+                wake = wait(&upstream, &mut changes, due).await;
+                continue;
+            }
+        }
+        last_answer = result.as_ref().ok().map(|r| r.endpoints.clone());
         let outcome = stats.record_resolution(&result);
         failures = match &result {
             Ok(_) => 0,
@@ -365,7 +393,37 @@ pub async fn run(
             stats.changes.send_modify(|v| *v += 1);
         }
         stats.resolved.send_modify(|v| *v += 1);
-        tokio::time::sleep(delay).await;
+        due = Instant::now() + delay;
+        wake = wait(&upstream, &mut changes, due).await;
+    }
+}
+
+/// What ended a wait of the loop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Wake {
+    /// The next resolution was due.
+    Timer,
+    /// A push source said it changed.
+    Push,
+}
+
+/// Sleeps until `due`, or until a push source marks a change.
+async fn wait(upstream: &str, changes: &mut Option<watch::Receiver<u64>>, due: Instant) -> Wake {
+    let Some(rx) = changes else {
+        tokio::time::sleep_until(due).await;
+        return Wake::Timer;
+    };
+    tokio::select! {
+        () = tokio::time::sleep_until(due) => Wake::Timer,
+        changed = rx.changed() => match changed {
+            Ok(()) => Wake::Push,
+            Err(_) => {
+                // The source's sender is gone: poll from now on.
+                warn!(upstream = %upstream, "push source closed; polling it from now on");
+                *changes = None;
+                Wake::Timer
+            }
+        },
     }
 }
 

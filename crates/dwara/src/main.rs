@@ -11,6 +11,7 @@ mod dns_cmd;
 mod docker;
 mod http_server;
 mod nameserver;
+mod push;
 mod serve;
 mod signals;
 mod watch;

@@ -12,6 +12,10 @@
 //! cluster (with `--gossip-listen`) and the Docker updater (`--docker`, default
 //! `auto`).
 //!
+//! An upstream whose `dns_discovery.hostname` lies in the name server's domain
+//! follows the records database by push (`push`) instead of polling DNS; the name
+//! server therefore starts before the upstreams.
+//!
 //! The upstreams' connections are accepted and forwarded by the dataplane's L4
 //! worker threads (`--l4-workers`, or `l4_workers:` in the file; one per core by
 //! default), apart from the runtime (`--worker-threads`) that serves HTTP, DNS over
@@ -45,6 +49,7 @@ use crate::cluster::ClusterArgs;
 use crate::docker::DockerArgs;
 use crate::http_server::HttpServer;
 use crate::nameserver::NameServerArgs;
+use crate::push::DbSources;
 use dwara::config::Config;
 
 /// Arguments of `dwara serve`.
@@ -240,6 +245,21 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
         Some(n) => Dataplane::with_l4_workers(n),
         None => Dataplane::new(),
     };
+
+    // The name server first: upstreams in its domain follow its database by push.
+    let section = config.nameserver.as_ref();
+    let mut name_half = None;
+    if args.config.is_none() || section.is_some() {
+        let half = NameHalf::start(&args, &config, &mut registry).await?;
+        let ns = &half.nameserver;
+        dataplane.set_local_sources(Arc::new(DbSources::new(ns.db().clone(), ns.dns_addr())));
+        name_half = Some(half);
+    } else if config.cluster.is_some() || config.docker.is_some() {
+        anyhow::bail!(
+            "the cluster: and docker: sections need the name server: add a nameserver: section"
+        );
+    }
+
     dataplane.apply(&config.upstreams).await?;
     dataplane.register_metrics(&mut registry);
     let reloader = Arc::new(Reloader {
@@ -252,17 +272,8 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
             .route("/reload", post(reload))
             .with_state(reloader.clone()),
     );
-
-    let section = config.nameserver.as_ref();
-    let mut name_half = None;
-    if args.config.is_none() || section.is_some() {
-        let half = NameHalf::start(&args, &config, &mut registry).await?;
+    if let Some(half) = &name_half {
         router = router.merge(half.router());
-        name_half = Some(half);
-    } else if config.cluster.is_some() || config.docker.is_some() {
-        anyhow::bail!(
-            "the cluster: and docker: sections need the name server: add a nameserver: section"
-        );
     }
     let router = router
         .route("/metrics", get(metrics).with_state(Arc::new(registry)))

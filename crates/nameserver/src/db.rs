@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
-use tokio::sync::broadcast;
+use tokio::sync::{broadcast, watch};
 
 use hickory_proto::rr::Name;
 
@@ -167,7 +167,9 @@ impl Writer {
 ///   DNS answers and lookups without forgetting them (a peer that is down).
 /// - [`Db::subscribe`]: a `tokio::sync::broadcast` of every [`Change`]. A receiver
 ///   that lags (`RecvError::Lagged`) must resynchronise from [`Db::entries`].
-/// - [`Db::generation`]: a counter bumped by every change.
+/// - [`Db::generation`]: a counter bumped by every change; [`Db::watch`] is the same
+///   counter as a `tokio::sync::watch`, for readers that follow what is served (a
+///   proxy's upstream fed by push) rather than every change.
 ///
 /// Changes to one entry are broadcast in the order they happen. A subscriber that
 /// replicates this node's own entries filters on `entry.origin == db.origin()`.
@@ -177,6 +179,8 @@ pub struct Db {
     tables: Arc<Tables>,
     writer: Mutex<Writer>,
     changes: broadcast::Sender<Change>,
+    /// The generation, for [`Db::watch`] receivers.
+    served: watch::Sender<u64>,
     epoch: Instant,
 }
 
@@ -220,6 +224,7 @@ impl Db {
             config,
             writer: Mutex::new(writer),
             changes,
+            served: watch::Sender::new(0),
             epoch: Instant::now(),
         }
     }
@@ -401,7 +406,15 @@ impl Db {
         for name in self.names_where(&pred) {
             self.edit(&mut w, &name, Edit::Refresh);
         }
+        self.bump(&mut w);
+    }
+
+    /// Counts one change and tells [`Db::watch`] receivers. Called under the writer
+    /// lock, so receivers see generations in order; with none it is a store and an
+    /// uncontended lock.
+    fn bump(&self, w: &mut Writer) {
         w.generation += 1;
+        self.served.send_replace(w.generation);
     }
 
     /// The visible addresses registered under `fqdn` (any case, dot optional),
@@ -451,6 +464,14 @@ impl Db {
     /// Bumped by every change; two equal readings mean nothing changed in between.
     pub fn generation(&self) -> u64 {
         self.writer.lock().generation
+    }
+
+    /// A receiver of [`Db::generation`], marked changed after every change of the
+    /// database, hiding and showing origins included. Changes are coalesced: a reader
+    /// that wakes reads the current state (e.g. [`Db::lookup`]) and has missed
+    /// nothing, so it never needs to resynchronise.
+    pub fn watch(&self) -> watch::Receiver<u64> {
+        self.served.subscribe()
     }
 
     /// Subscribes to every future change. A receiver that lags resynchronises from
@@ -615,7 +636,7 @@ impl Db {
         }
         w.live = w.live.saturating_add_signed(live_delta);
         if changed > 0 {
-            w.generation += 1;
+            self.bump(w);
         }
         if want || tracing::enabled!(tracing::Level::DEBUG) {
             let fqdn = text_of_wire(name);

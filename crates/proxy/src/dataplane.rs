@@ -21,13 +21,15 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::num::NonZeroUsize;
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime};
 
 use arc_swap::ArcSwap;
-use dwara_discovery::{DiscoverySnapshot, DiscoveryStats, DiscoveryTasks, UpstreamDiscovery};
-use dwara_discovery_dns::DnsSource;
+use dwara_discovery::{
+    DiscoverySnapshot, DiscoverySource, DiscoveryStats, DiscoveryTasks, UpstreamDiscovery,
+};
+use dwara_discovery_dns::{DnsDiscoveryConfig, DnsSource};
 use dwara_lb::UpstreamLb;
 use serde_json::json;
 use tokio::task::JoinHandle;
@@ -89,10 +91,21 @@ struct Inner {
     workers: Option<Workers>,
 }
 
+/// Sources that serve some `dns_discovery` blocks better than polling DNS, e.g. a
+/// name server in the same process that can hand over its records directly (see
+/// [`Dataplane::set_local_sources`]). The dataplane never knows what they are: the
+/// program that composes it does.
+pub trait LocalSources: Send + Sync + std::fmt::Debug + 'static {
+    /// The source for an upstream with this (validated) block, or `None` to resolve
+    /// it over DNS as usual.
+    fn source(&self, upstream: &str, dns: &DnsDiscoveryConfig) -> Option<Arc<dyn DiscoverySource>>;
+}
+
 /// The running upstreams.
 #[derive(Debug)]
 pub struct Dataplane {
     current: ArcSwap<Generation>,
+    local: OnceLock<Arc<dyn LocalSources>>,
     inner: tokio::sync::Mutex<Inner>,
     connections: TaskTracker,
     worker_stats: Vec<Arc<WorkerStats>>,
@@ -109,10 +122,18 @@ impl Dataplane {
     pub fn with_l4_workers(n: NonZeroUsize) -> Arc<Self> {
         Arc::new(Self {
             current: ArcSwap::from_pointee(Generation::default()),
+            local: OnceLock::new(),
             inner: tokio::sync::Mutex::new(Inner::default()),
             connections: TaskTracker::new(),
             worker_stats: (0..n.get()).map(|_| Arc::default()).collect(),
         })
+    }
+
+    /// Asks `local` first for every upstream's source, from the next
+    /// [`Dataplane::apply`] on; upstreams it declines resolve over DNS. Set once:
+    /// returns `false` (and changes nothing) when already set.
+    pub fn set_local_sources(&self, local: Arc<dyn LocalSources>) -> bool {
+        self.local.set(local).is_ok()
     }
 
     /// The number of L4 worker threads.
@@ -168,7 +189,13 @@ impl Dataplane {
                     key: format!("upstreams[{i}]"),
                     message: "needs a discovery block (dns_discovery)".into(),
                 })?;
-            let source = DnsSource::new(dns).map_err(|source| Error::Discovery { key, source })?;
+            let local = self.local.get().and_then(|l| l.source(&up.name, dns));
+            let source: Arc<dyn DiscoverySource> = match local {
+                Some(source) => source,
+                None => Arc::new(
+                    DnsSource::new(dns).map_err(|source| Error::Discovery { key, source })?,
+                ),
+            };
             let name: Arc<str> = up.name.as_str().into();
             let target = Arc::new(Target {
                 name: name.clone(),
@@ -180,7 +207,7 @@ impl Dataplane {
             let discovery = UpstreamDiscovery {
                 name,
                 lb,
-                source: Arc::new(source),
+                source,
                 policy: dns.refresh_policy(),
                 stats: disc_stats,
             };

@@ -11,6 +11,9 @@
 //!   address, one per core by default), drains on shutdown, and reports its status
 //!   ([`Dataplane::router`]: `GET /upstreams`) and metrics
 //!   ([`Dataplane::register_metrics`]). It owns no HTTP listener.
+//! - [`LocalSources`]: lets the composing program serve some upstreams from a
+//!   source of its own instead of DNS (`dwara serve`: its name server's records,
+//!   by push), via [`Dataplane::set_local_sources`].
 //!
 //! # Example
 //!
@@ -45,7 +48,7 @@ mod workers;
 use std::sync::Arc;
 
 pub use config::{EjectionSection, UpstreamConfig, validate_upstreams};
-pub use dataplane::{Dataplane, Generation, Upstream};
+pub use dataplane::{Dataplane, Generation, LocalSources, Upstream};
 pub use error::Error;
 pub use plan::plan;
 

@@ -1,4 +1,4 @@
-//! Pure policy tests: no clock, no server.
+//! Policy tests (pure: no clock, no server) and the loop driven by a push source.
 
 use std::time::Duration;
 
@@ -193,4 +193,78 @@ fn outcome_counts_stay_consistent_while_the_loop_records() {
         (0, ROUNDS, ROUNDS)
     );
     assert_eq!((c.answers(), c.resolutions()), (ROUNDS, 2 * ROUNDS));
+}
+
+/// A push source: a set changed in place, and a watch marked on every change.
+#[derive(Debug)]
+struct Pushed {
+    set: Mutex<EndpointSet>,
+    changes: watch::Sender<u64>,
+}
+
+impl Pushed {
+    fn put(&self, addrs: &[&str]) {
+        *self.set.lock() = set(addrs);
+        self.changes.send_modify(|g| *g += 1);
+    }
+}
+
+#[async_trait::async_trait]
+impl DiscoverySource for Pushed {
+    fn describe(&self) -> String {
+        "pushed".into()
+    }
+
+    async fn resolve(&self) -> Result<Resolution, DiscoveryError> {
+        Ok(Resolution {
+            endpoints: self.set.lock().clone(),
+            ttl: None,
+        })
+    }
+
+    fn changes(&self) -> Option<watch::Receiver<u64>> {
+        Some(self.changes.subscribe())
+    }
+}
+
+/// With a refresh interval of a day only the pushes can move the set; a push that
+/// leaves the answer as it was is not counted as a resolution.
+#[tokio::test]
+async fn a_push_source_is_resolved_on_each_change_and_only_then() {
+    let source = Arc::new(Pushed {
+        set: Mutex::new(set(&[])),
+        changes: watch::Sender::new(0),
+    });
+    let lb = Arc::new(UpstreamLb::new(dwara_lb::Policy::RoundRobin));
+    let stats = Arc::new(DiscoveryStats::default());
+    let policy = RefreshPolicy {
+        refresh_interval: Duration::from_secs(86_400),
+        ..RefreshPolicy::default()
+    };
+    let task = tokio::spawn(run(
+        "api".into(),
+        source.clone(),
+        lb.clone(),
+        policy,
+        stats.clone(),
+    ));
+    let mut resolved = stats.subscribe_resolutions();
+    async fn until(rx: &mut watch::Receiver<u64>, n: u64) {
+        tokio::time::timeout(Duration::from_secs(10), rx.wait_for(|r| *r >= n))
+            .await
+            .expect("no resolution")
+            .expect("loop gone");
+    }
+    until(&mut resolved, 1).await;
+    source.put(&["10.0.0.1:80"]);
+    until(&mut resolved, 2).await;
+    assert_eq!(lb.endpoints(), set(&["10.0.0.1:80"]));
+    // An unrelated change: same answer, nothing counted.
+    source.changes.send_modify(|g| *g += 1);
+    source.put(&["10.0.0.1:80", "10.0.0.2:80"]);
+    until(&mut resolved, 3).await;
+    assert_eq!(lb.endpoints(), set(&["10.0.0.1:80", "10.0.0.2:80"]));
+    assert_eq!(stats.counters().resolutions(), 3);
+    assert_eq!(stats.counters().updates, 2);
+    task.abort();
 }

@@ -9,6 +9,7 @@ mod faults;
 mod hostile;
 mod hostile_http;
 mod nameserver;
+mod push;
 mod serve;
 mod store;
 mod watch;

@@ -13,16 +13,16 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::process::{Child, Command};
 
-const WAIT: Duration = Duration::from_secs(20);
+pub(crate) const WAIT: Duration = Duration::from_secs(20);
 
 /// TCP echo servers on 127.0.0.2.. sharing one port; each greets with its IP.
-struct Backends {
-    port: u16,
+pub(crate) struct Backends {
+    pub(crate) port: u16,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
 impl Backends {
-    async fn start(ips: &[&str]) -> Self {
+    pub(crate) async fn start(ips: &[&str]) -> Self {
         'retry: loop {
             let first = TcpListener::bind((ips[0].parse::<IpAddr>().unwrap(), 0))
                 .await
@@ -79,15 +79,15 @@ async fn echo(listener: TcpListener) {
 }
 
 /// A client connection through the proxy: the greeting names the backend.
-struct Conn {
+pub(crate) struct Conn {
     reader: BufReader<TcpStream>,
-    backend: String,
+    pub(crate) backend: String,
 }
 
 impl Conn {
     /// Connects through `proxy`; `None` when the proxy closed the connection without
     /// a backend (no endpoints).
-    async fn open(proxy: SocketAddr) -> Option<Self> {
+    pub(crate) async fn open(proxy: SocketAddr) -> Option<Self> {
         let stream = TcpStream::connect(proxy).await.ok()?;
         let mut reader = BufReader::new(stream);
         let mut line = String::new();
@@ -129,19 +129,19 @@ async fn backends_seen(proxy: SocketAddr, n: usize) -> Vec<String> {
 }
 
 /// One request to a `dwara serve` HTTP listener: (status, body).
-async fn http(addr: SocketAddr, method: &str, path: &str) -> (u16, String) {
+pub(crate) async fn http(addr: SocketAddr, method: &str, path: &str) -> (u16, String) {
     test_support::http::request_async(addr, method, path, None).await
 }
 
-struct Serve {
+pub(crate) struct Serve {
     child: Child,
-    http: SocketAddr,
+    pub(crate) http: SocketAddr,
     config: PathBuf,
     _dir: tempfile::TempDir,
 }
 
 impl Serve {
-    fn spawn(config_yaml: &str) -> Self {
+    pub(crate) fn spawn(config_yaml: &str) -> Self {
         Self::spawn_with(config_yaml, &[])
     }
 
@@ -178,14 +178,14 @@ impl Serve {
         }
     }
 
-    async fn status(&self) -> serde_json::Value {
+    pub(crate) async fn status(&self) -> serde_json::Value {
         let (code, body) = http(self.http, "GET", "/upstreams").await;
         assert_eq!(code, 200, "{body}");
         serde_json::from_str(&body).unwrap()
     }
 
     /// Endpoints of upstream 0, once the HTTP API answers.
-    async fn endpoints(&self) -> Vec<String> {
+    pub(crate) async fn endpoints(&self) -> Vec<String> {
         let v = self.status().await;
         v["upstreams"][0]["endpoints"]
             .as_array()
@@ -197,7 +197,7 @@ impl Serve {
             .unwrap_or_default()
     }
 
-    async fn wait_endpoints(&self, want: &[String]) {
+    pub(crate) async fn wait_endpoints(&self, want: &[String]) {
         let ok = test_support::wait_until(WAIT, || async {
             TcpStream::connect(self.http).await.is_ok() && self.endpoints().await == want
         })
@@ -245,7 +245,7 @@ fn dnsmasq(hosts: &str) -> Dnsmasq {
     .unwrap()
 }
 
-fn eps(port: u16, ips: &[&str]) -> Vec<String> {
+pub(crate) fn eps(port: u16, ips: &[&str]) -> Vec<String> {
     ips.iter().map(|ip| format!("{ip}:{port}")).collect()
 }
 
