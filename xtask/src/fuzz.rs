@@ -33,6 +33,7 @@ const TARGETS: &[&str] = &[
     "resolv_conf",
     "cluster_value",
     "cluster_bucket",
+    "cluster_datagram",
     "store_record",
     "docker_event",
 ];

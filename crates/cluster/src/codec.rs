@@ -1,4 +1,4 @@
-//! The wire encoding of published entries, and its optional AEAD seal.
+//! The wire encoding of published entries.
 //!
 //! A node publishes its own entries in *buckets*: each entry falls into one bucket by
 //! a hash of its identity (id, address, name), and each non-empty bucket is one
@@ -10,8 +10,8 @@
 //! (chitchat values are strings): URL-safe base64 without padding of an *envelope*:
 //!
 //! ```text
-//! envelope = 0x01 plain                        (open cluster: no key)
-//!          | 0x02 nonce[24] ciphertext tag[16]  (sealed: XChaCha20-Poly1305 of `plain`)
+//! envelope = 0x01 plain                        (0x02 was a value sealed by builds
+//!                                               before sealed datagrams: rejected)
 //! plain    = bucket | record
 //! bucket   = 0x02                               format version
 //!            varint   bucket version            (LEB128, at most 10 bytes)
@@ -26,28 +26,23 @@
 //!            varint   fqdn length, fqdn bytes   (UTF-8, 1..=255 bytes)
 //! ```
 //!
-//! The version is the chitchat version the key was set at, so a receiver can tell a
-//! value was published for that version and not replayed under a newer one. An entry
-//! leaves a bucket by the bucket being set again without it; an emptied bucket is a
-//! chitchat delete.
+//! The version is the chitchat version the key was set at; a receiver rejects a value
+//! whose version is not its key's. An entry leaves a bucket by the bucket being set
+//! again without it; an emptied bucket is a chitchat delete. The origin of an entry
+//! is never in the value: it is the publishing node.
 //!
-//! The associated data of a seal binds the value to where it was published:
-//! `"dwara-cluster/1" 0x00 cluster_id 0x00 node_id 0x00 generation(u64 BE) key`, so a
-//! sealed value copied to another key, another node or another incarnation does not
-//! open. The origin of an entry is never in the value: it is the publishing node.
+//! Values are not sealed one by one: with a cluster key every gossip datagram is
+//! ([`crate::datagram`]), which covers every value in it and everything else chitchat
+//! sends; a per-value seal under the same shared key would add nothing a key holder
+//! could not forge, and would have to be redone for every value at each key change.
 //!
-//! [`decode_record`], [`decode_bucket`], [`open_value`] and [`open_bucket`] are parsers
-//! of untrusted bytes: they never panic and reject trailing bytes.
+//! [`decode_record`], [`decode_bucket`], [`decode_value`] and [`decode_bucket_value`]
+//! are parsers of untrusted bytes: they never panic and reject trailing bytes.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use chacha20poly1305::aead::{Aead, Payload};
-use chacha20poly1305::{KeyInit, XChaCha20Poly1305, XNonce};
-use rand::RngCore;
-
-use crate::config::ClusterKey;
 
 /// The format version of a single-entry record (what builds before buckets publish).
 pub const RECORD_FORMAT: u8 = 1;
@@ -59,10 +54,6 @@ pub const MAX_ID_LEN: usize = 256;
 pub const MAX_FQDN_LEN: usize = 255;
 
 const ENVELOPE_OPEN: u8 = 0x01;
-const ENVELOPE_SEALED: u8 = 0x02;
-const NONCE_LEN: usize = 24;
-const TAG_LEN: usize = 16;
-const AD_LABEL: &[u8] = b"dwara-cluster/1";
 const FLAG_V6: u8 = 0x01;
 
 /// One entry as published: what a record carries (the origin is the publisher).
@@ -158,26 +149,12 @@ pub enum DecodeError {
     /// The value is not URL-safe base64.
     #[error("value is not base64")]
     Base64,
-    /// A sealed value arrived but this node has no key.
-    #[error("sealed value but no cluster key configured")]
-    SealedWithoutKey,
-    /// An open value arrived but this node requires sealed ones.
-    #[error("unsealed value but a cluster key is configured")]
-    Unsealed,
-    /// The seal does not verify: another key, or the value was altered or moved.
-    #[error("seal does not verify")]
-    BadSeal,
 }
 
 impl DecodeError {
-    /// A short label for metrics.
+    /// A short label for metrics: every decode error is `malformed`.
     pub fn reason(&self) -> &'static str {
-        match self {
-            DecodeError::SealedWithoutKey => "no_key",
-            DecodeError::Unsealed => "unsealed",
-            DecodeError::BadSeal => "bad_seal",
-            _ => "malformed",
-        }
+        "malformed"
     }
 }
 
@@ -252,137 +229,52 @@ pub fn decode_plain(bytes: &[u8]) -> Result<Bucket, DecodeError> {
     }
 }
 
-/// Where a value is published: what its seal is bound to.
-#[derive(Debug, Clone, Copy)]
-pub struct Binding<'a> {
-    /// The cluster id.
-    pub cluster_id: &'a str,
-    /// The publishing node's id.
-    pub node_id: &'a str,
-    /// The publishing node's generation (incarnation).
-    pub generation: u64,
-    /// The chitchat key.
-    pub key: &'a str,
+/// Encodes `record` as a chitchat value.
+pub fn encode_value(record: &Record) -> String {
+    envelope(&encode_record(record))
 }
 
-impl Binding<'_> {
-    fn associated_data(&self) -> Vec<u8> {
-        let mut ad = Vec::with_capacity(
-            AD_LABEL.len() + self.cluster_id.len() + self.node_id.len() + self.key.len() + 12,
-        );
-        ad.extend_from_slice(AD_LABEL);
-        ad.push(0);
-        ad.extend_from_slice(self.cluster_id.as_bytes());
-        ad.push(0);
-        ad.extend_from_slice(self.node_id.as_bytes());
-        ad.push(0);
-        ad.extend_from_slice(&self.generation.to_be_bytes());
-        ad.extend_from_slice(self.key.as_bytes());
-        ad
-    }
+/// Encodes `bucket` as a chitchat value.
+pub fn encode_bucket_value(bucket: &Bucket) -> String {
+    envelope(&encode_bucket(bucket))
 }
 
-/// Encodes `record` as a chitchat value: sealed when `key` is given, open otherwise.
-pub fn seal_value(record: &Record, key: Option<&ClusterKey>, binding: &Binding<'_>) -> String {
-    seal_plain(&encode_record(record), key, binding)
+/// Decodes a single-entry chitchat value. Never panics on any input.
+pub fn decode_value(value: &str) -> Result<Record, DecodeError> {
+    decode_record(&unwrap_envelope(value)?)
 }
 
-/// Encodes `bucket` as a chitchat value: sealed when `key` is given, open otherwise.
-pub fn seal_bucket(bucket: &Bucket, key: Option<&ClusterKey>, binding: &Binding<'_>) -> String {
-    seal_plain(&encode_bucket(bucket), key, binding)
+/// Decodes a chitchat value, a bucket or a single-entry record (as a bucket of one).
+/// Never panics on any input.
+pub fn decode_bucket_value(value: &str) -> Result<Bucket, DecodeError> {
+    decode_plain(&unwrap_envelope(value)?)
 }
 
-/// Decodes a single-entry chitchat value published under `binding`. With a `key`,
-/// only values sealed with that key for that binding open; without one, only open
-/// values do. Never panics on any input.
-pub fn open_value(
-    value: &str,
-    key: Option<&ClusterKey>,
-    binding: &Binding<'_>,
-) -> Result<Record, DecodeError> {
-    decode_record(&open_plain(value, key, binding)?)
-}
-
-/// Decodes a chitchat value published under `binding`, a bucket or a single-entry
-/// record (as a bucket of one), under the same rule as [`open_value`]. Never panics
-/// on any input.
-pub fn open_bucket(
-    value: &str,
-    key: Option<&ClusterKey>,
-    binding: &Binding<'_>,
-) -> Result<Bucket, DecodeError> {
-    decode_plain(&open_plain(value, key, binding)?)
-}
-
-fn seal_plain(plain: &[u8], key: Option<&ClusterKey>, binding: &Binding<'_>) -> String {
-    let mut envelope = Vec::with_capacity(plain.len() + 1 + NONCE_LEN + TAG_LEN);
-    match key {
-        None => {
-            envelope.push(ENVELOPE_OPEN);
-            envelope.extend_from_slice(plain);
-        }
-        Some(key) => {
-            let cipher = XChaCha20Poly1305::new(key.as_bytes().into());
-            let mut nonce = [0u8; NONCE_LEN];
-            rand::rng().fill_bytes(&mut nonce);
-            let ad = binding.associated_data();
-            let payload = Payload {
-                msg: plain,
-                aad: &ad,
-            };
-            envelope.push(ENVELOPE_SEALED);
-            envelope.extend_from_slice(&nonce);
-            match cipher.encrypt(XNonce::from_slice(&nonce), payload) {
-                Ok(sealed) => envelope.extend_from_slice(&sealed),
-                // Encryption fails only for inputs over 256 GiB; a value is small.
-                Err(_) => envelope.truncate(0),
-            }
-        }
-    }
+fn envelope(plain: &[u8]) -> String {
+    let mut envelope = Vec::with_capacity(plain.len() + 1);
+    envelope.push(ENVELOPE_OPEN);
+    envelope.extend_from_slice(plain);
     URL_SAFE_NO_PAD.encode(envelope)
 }
 
-/// The plain bytes inside a value's envelope, opened under `key` for `binding`.
-fn open_plain(
-    value: &str,
-    key: Option<&ClusterKey>,
-    binding: &Binding<'_>,
-) -> Result<Vec<u8>, DecodeError> {
-    let envelope = URL_SAFE_NO_PAD
+/// The plain bytes inside a value's envelope.
+fn unwrap_envelope(value: &str) -> Result<Vec<u8>, DecodeError> {
+    let mut envelope = URL_SAFE_NO_PAD
         .decode(value)
         .map_err(|_| DecodeError::Base64)?;
-    let (&kind, rest) = envelope.split_first().ok_or(DecodeError::Truncated)?;
-    match (kind, key) {
-        (ENVELOPE_OPEN, None) => Ok(rest.to_vec()),
-        (ENVELOPE_OPEN, Some(_)) => Err(DecodeError::Unsealed),
-        (ENVELOPE_SEALED, None) => Err(DecodeError::SealedWithoutKey),
-        (ENVELOPE_SEALED, Some(key)) => {
-            if rest.len() < NONCE_LEN + TAG_LEN {
-                return Err(DecodeError::Truncated);
-            }
-            let (nonce, sealed) = rest.split_at(NONCE_LEN);
-            let cipher = XChaCha20Poly1305::new(key.as_bytes().into());
-            let ad = binding.associated_data();
-            cipher
-                .decrypt(
-                    XNonce::from_slice(nonce),
-                    Payload {
-                        msg: sealed,
-                        aad: &ad,
-                    },
-                )
-                .map_err(|_| DecodeError::BadSeal)
+    match envelope.first() {
+        None => Err(DecodeError::Truncated),
+        Some(&ENVELOPE_OPEN) => {
+            envelope.remove(0);
+            Ok(envelope)
         }
-        (other, _) => Err(DecodeError::UnknownFormat(other)),
+        Some(&other) => Err(DecodeError::UnknownFormat(other)),
     }
 }
 
-/// The length of a value (envelope, base64) holding `plain_len` plain bytes, sealed
-/// with `key` or open without one.
-pub fn value_len(plain_len: usize, key: Option<&ClusterKey>) -> usize {
-    let seal = key.map_or(0, |_| NONCE_LEN + TAG_LEN);
-    let envelope = 1 + plain_len + seal;
-    (envelope * 4).div_ceil(3)
+/// The length of a value (envelope, base64) holding `plain_len` plain bytes.
+pub fn value_len(plain_len: usize) -> usize {
+    ((1 + plain_len) * 4).div_ceil(3)
 }
 
 fn put_item(out: &mut Vec<u8>, ip: &IpAddr, id: &str, fqdn: &str) {

@@ -10,21 +10,21 @@
 //! changes that follow within 10 ms go in one round at the end of that gap); the
 //! periodic gossip rounds are the anti-entropy backstop. No decision reads a clock.
 //!
-//! With a [`ClusterKey`] every value is sealed (XChaCha20-Poly1305, bound to the
-//! cluster id, the publishing node id and generation and the key); values that do
-//! not open are rejected and counted. What the key protects, and what it does not:
+//! With a [`ClusterKey`] every gossip datagram is sealed (XChaCha20-Poly1305, random
+//! nonce, bound to the cluster id; [`datagram`]) and opened on arrival; what does not
+//! open is dropped and counted by reason. What the key protects, and what it does not:
 //!
-//! - **Protected:** no node without the key can add a name, change a name's address
-//!   or id, move a sealed value to another key, node or incarnation, or replay a
-//!   node's old value under a newer version (the sealed record carries the chitchat
-//!   version it was published at). Names and addresses are encrypted.
-//! - **Not protected:** chitchat's own messages are not authenticated (its message
-//!   serialisation is crate-private, so datagrams cannot be sealed without forking
-//!   it). A node without the key can still join the gossip, appear in `/peers`, fake
-//!   heartbeats, and forge deletes or a higher-version state for another node's keys,
-//!   which removes or hides names, or keeps names that node removed from being
-//!   removed (denial of service), but never adds one. The number
-//!   of entries per node and their churn are visible to anyone on the network.
+//! - **Protected:** a node without the key is not heard: it never appears among the
+//!   peers, cannot add, change, hide or delete a name, keep a removed one, or fake a
+//!   heartbeat, and reads no name or address. A datagram a node has accepted is
+//!   refused a second time (a per-sender replay window, no clock).
+//! - **Not protected:** a node that never heard a sender accepts that sender's
+//!   captured datagrams once each; chitchat ignores their versions when it knows
+//!   newer ones, and a fresh node replaces what it learnt from them at the next round
+//!   with a key holder. Datagram sizes, rate and endpoints are visible. Key holders
+//!   are trusted alike: any of them can publish any name. Values are not sealed one
+//!   by one (see [`codec`]). Without a key gossip runs open: anyone reaching the
+//!   gossip port can join and change names, and the log says so.
 //!
 //! The wire encoding is described in [`codec`].
 //!
@@ -48,12 +48,14 @@
 
 pub mod codec;
 mod config;
+pub mod datagram;
 mod error;
 mod invalid;
 mod metrics;
 mod node;
 mod pace;
 mod peers;
+mod transport;
 
 pub use chitchat::transport::{ChannelTransport, Transport, UdpTransport};
 pub use config::{
@@ -67,3 +69,4 @@ pub use invalid::{
 };
 pub use node::{BUCKET_BYTES, Cluster};
 pub use peers::{PeerInfo, PeerState};
+pub use transport::{CODEC_WAIT, SealedTransport};

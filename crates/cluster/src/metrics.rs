@@ -30,6 +30,10 @@ pub(crate) struct Metrics {
     pub(crate) resyncs: Counter,
     pub(crate) pulls: Counter,
     pub(crate) peer_resets: Counter,
+    pub(crate) rejected_datagrams: Family<ReasonLabel, Counter>,
+    pub(crate) sealed_datagrams: Counter,
+    pub(crate) opened_datagrams: Counter,
+    pub(crate) split_messages: Counter,
 }
 
 impl Metrics {
@@ -56,7 +60,7 @@ impl Metrics {
         );
         registry.register(
             "dwara_cluster_rejected_values",
-            "Gossiped values not applied, by reason (no_key, unsealed, bad_seal, malformed, version, outside_domain)",
+            "Gossiped values not applied, by reason (malformed, version, outside_domain)",
             self.rejected_values.clone(),
         );
         registry.register(
@@ -83,6 +87,26 @@ impl Metrics {
             "dwara_cluster_peer_resets",
             "Times a peer's entries were compared whole because gossip reset its state (its tombstones were collected before this node saw them)",
             self.peer_resets.clone(),
+        );
+        registry.register(
+            "dwara_cluster_rejected_datagrams",
+            "Gossip datagrams dropped by the seal, by reason (malformed, bad_seal, replay, undecodable); 0 without a key",
+            self.rejected_datagrams.clone(),
+        );
+        registry.register(
+            "dwara_cluster_sealed_datagrams",
+            "Gossip datagrams sealed and sent (0 without a key)",
+            self.sealed_datagrams.clone(),
+        );
+        registry.register(
+            "dwara_cluster_opened_datagrams",
+            "Gossip datagrams that opened with a key of the keyring (0 without a key)",
+            self.opened_datagrams.clone(),
+        );
+        registry.register(
+            "dwara_cluster_split_messages",
+            "Gossip messages sent as two sealed datagrams because one would be over the UDP limit",
+            self.split_messages.clone(),
         );
         registry.register(
             "dwara_cluster_resyncs",

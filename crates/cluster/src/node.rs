@@ -47,19 +47,21 @@ use tokio::sync::{Notify, broadcast};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::codec::{BUCKET_OVERHEAD, Binding, Bucket, Item, open_bucket, seal_bucket};
-use crate::config::{ClusterConfig, ClusterKey};
+use crate::codec::{BUCKET_OVERHEAD, Bucket, Item, decode_bucket_value, encode_bucket_value};
+use crate::config::{ClusterConfig, KeySource};
+use crate::datagram::{Keyring, Rejection};
 use crate::error::{ClusterError, Result};
 use crate::metrics::{Metrics, StateLabel};
 use crate::pace::Pacer;
 use crate::peers::{PeerInfo, PeerState};
+use crate::transport::{Seal, SealedTransport};
 
 /// Prefix of the keys that carry buckets of entries.
 const BUCKET_PREFIX: &str = "b";
 /// Prefix of the single-entry keys of builds before buckets (read, never written).
 const LEGACY_PREFIX: &str = "n";
 /// The most plain bytes one bucket holds before the bucket count doubles: about 60
-/// typical entries; sealed and in base64 about 11 kB, so several fit in one gossip
+/// typical entries; in base64 about 11 kB, so several fit in one gossip
 /// datagram (65,507 bytes) beside the digest.
 pub const BUCKET_BYTES: usize = 8 * 1024;
 /// The bucket count stops doubling at `2^MAX_BUCKET_BITS` (16 million buckets: never
@@ -98,6 +100,8 @@ pub(crate) struct Shared {
     pub(crate) gossip_addr: SocketAddr,
     pub(crate) metrics: Metrics,
     pub(crate) peers: parking_lot::Mutex<Vec<PeerInfo>>,
+    /// The datagram seal, when the node has a key.
+    pub(crate) seal: Option<Arc<Seal>>,
 }
 
 impl std::fmt::Debug for Shared {
@@ -128,33 +132,66 @@ impl Shared {
 
 impl Cluster {
     /// Starts replicating `db` over UDP gossip. `db.origin()` must be the node id.
+    /// With a key every datagram is sealed ([`crate::datagram`]); without one gossip
+    /// runs open, as the log says.
     pub async fn start(config: ClusterConfig, db: Arc<Db>) -> Result<Cluster> {
-        Self::start_with_transport(config, db, &UdpTransport).await
+        config.validate()?;
+        let metrics = Metrics::default();
+        match config.key.load()? {
+            Some(key) => {
+                let seal = Arc::new(Seal::new(
+                    config.cluster_id.clone(),
+                    Keyring::new(key, Vec::new()),
+                    &metrics,
+                ));
+                tracing::info!(
+                    node_id = %config.node_id,
+                    "cluster key loaded: every gossip datagram is sealed (XChaCha20-Poly1305), nodes without the key are not heard"
+                );
+                let transport = SealedTransport::with_seal(seal.clone());
+                Self::start_inner(config, db, &transport, metrics, Some(seal)).await
+            }
+            None => {
+                tracing::warn!(
+                    node_id = %config.node_id,
+                    "no cluster key: gossip runs open (unauthenticated, unencrypted); anyone reaching the gossip port can join and add, hide or delete names"
+                );
+                Self::start_inner(config, db, &UdpTransport, metrics, None).await
+            }
+        }
     }
 
     /// Starts replicating `db` over `transport` (chitchat's `UdpTransport`, or its
-    /// in-process `ChannelTransport` in tests).
+    /// in-process `ChannelTransport` in tests), unsealed: a configured key is an
+    /// error, since only [`Cluster::start`]'s transport seals datagrams.
     pub async fn start_with_transport(
         config: ClusterConfig,
         db: Arc<Db>,
         transport: &dyn Transport,
     ) -> Result<Cluster> {
         config.validate()?;
-        let key = config.key.load()?;
+        if config.key != KeySource::Open {
+            return Err(ClusterError::InvalidSetting {
+                setting: "key",
+                reason: "a cluster key seals datagrams only over Cluster::start's UDP transport"
+                    .to_owned(),
+            });
+        }
+        Self::start_inner(config, db, transport, Metrics::default(), None).await
+    }
+
+    async fn start_inner(
+        config: ClusterConfig,
+        db: Arc<Db>,
+        transport: &dyn Transport,
+        metrics: Metrics,
+        seal: Option<Arc<Seal>>,
+    ) -> Result<Cluster> {
         if db.origin() != config.node_id {
             return Err(ClusterError::OriginMismatch {
                 origin: db.origin().to_owned(),
                 node_id: config.node_id.clone(),
             });
-        }
-        match key {
-            Some(_) => {
-                tracing::info!(node_id = %config.node_id, "cluster key loaded: gossiped names are sealed and verified")
-            }
-            None => tracing::warn!(
-                node_id = %config.node_id,
-                "no cluster key: the cluster runs open, anyone reaching the gossip port can add names"
-            ),
         }
         let generation = config.generation_id.unwrap_or_else(rand::random);
         let advertise = config.advertise_addr();
@@ -221,8 +258,9 @@ impl Cluster {
             node_id: config.node_id.clone(),
             generation,
             gossip_addr: advertise,
-            metrics: Metrics::default(),
+            metrics,
             peers: parking_lot::Mutex::new(Vec::new()),
+            seal,
         });
         tracing::info!(
             node_id = %config.node_id,
@@ -239,8 +277,6 @@ impl Cluster {
             shared: shared.clone(),
             handle,
             chitchat,
-            key,
-            cluster_id: config.cluster_id,
             changes,
             own: Own::new(),
             remotes: HashMap::new(),
@@ -278,10 +314,20 @@ impl Cluster {
         self.shared.peers()
     }
 
-    /// How many gossiped values were rejected for `reason` (`no_key`, `unsealed`,
-    /// `bad_seal`, `malformed`, `version`, `outside_domain`).
+    /// How many gossiped values were rejected for `reason` (`malformed`, `version`,
+    /// `outside_domain`).
     pub fn rejected_values(&self, reason: &'static str) -> u64 {
         self.shared.metrics.rejected(reason)
+    }
+
+    /// How many gossip datagrams were rejected for `why` (always 0 without a key).
+    pub fn rejected_datagrams(&self, why: Rejection) -> u64 {
+        self.shared.seal.as_ref().map_or(0, |s| s.rejected(why))
+    }
+
+    /// How many gossip datagrams were opened (always 0 without a key).
+    pub fn opened_datagrams(&self) -> u64 {
+        self.shared.metrics.opened_datagrams.get()
     }
 
     /// `GET /peers`: [`Cluster::peers`] as JSON.
@@ -561,8 +607,6 @@ struct Engine {
     shared: Arc<Shared>,
     handle: ChitchatHandle,
     chitchat: Arc<tokio::sync::Mutex<Chitchat>>,
-    key: Option<ClusterKey>,
-    cluster_id: String,
     changes: broadcast::Receiver<Change>,
     own: Own,
     remotes: HashMap<Arc<str>, Remote>,
@@ -592,6 +636,7 @@ impl Engine {
         summary.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut invalid_seen = crate::invalid::invalid_datagrams();
         let mut suppressed_seen = crate::invalid::suppressed_warnings();
+        let mut rejected_seen = self.rejected_datagrams();
         loop {
             let owed = self.pacer.next_due();
             let flush = self.flush_due;
@@ -637,6 +682,22 @@ impl Engine {
                         );
                         suppressed_seen = suppressed;
                     }
+                    let rejected = self.rejected_datagrams();
+                    if rejected != rejected_seen {
+                        let by_reason: Vec<(&str, u64)> = rejected
+                            .iter()
+                            .zip(&rejected_seen)
+                            .zip(Rejection::ALL)
+                            .filter(|((now, before), _)| now > before)
+                            .map(|((now, before), why)| (why.reason(), now - before))
+                            .collect();
+                        tracing::warn!(
+                            rejected = ?by_reason,
+                            every_s = crate::invalid::SUMMARY_EVERY.as_secs(),
+                            "gossip datagrams rejected (no key of this node's keyring opens them, replays, or not sealed gossip)"
+                        );
+                        rejected_seen = rejected;
+                    }
                 }
             }
         }
@@ -647,19 +708,19 @@ impl Engine {
         tracing::info!(node_id = %self.shared.node_id, "cluster gossip stopped");
     }
 
-    fn binding<'a>(&'a self, node_id: &'a str, generation: u64, key: &'a str) -> Binding<'a> {
-        Binding {
-            cluster_id: &self.cluster_id,
-            node_id,
-            generation,
-            key,
-        }
+    /// Rejected datagrams so far, in the order of [`Rejection::ALL`].
+    fn rejected_datagrams(&self) -> Vec<u64> {
+        let seal = self.shared.seal.as_ref();
+        Rejection::ALL
+            .iter()
+            .map(|why| seal.map_or(0, |s| s.rejected(*why)))
+            .collect()
     }
 
     /// Takes `first` and every change already queued behind it into the own buckets,
     /// and writes them to chitchat and pushes: at once when the last write is at least
     /// [`crate::pace::GAP`] old, else at the end of that gap, together with what comes
-    /// in meanwhile. A burst of registrations then seals each bucket it touches once
+    /// in meanwhile. A burst of registrations then encodes each bucket it touches once
     /// per gap instead of once per registration; the pushes are paced the same anyway.
     async fn publish(&mut self, first: Change) {
         let mut batch = vec![first];
@@ -757,19 +818,10 @@ impl Engine {
             // `set` gives the key the next version of this incarnation; the bucket
             // carries it so a receiver can tell the value was published for it.
             let version = node.max_version() + 1;
-            let value = seal_bucket(
-                &Bucket {
-                    version,
-                    items: bucket.items.iter().cloned().collect(),
-                },
-                self.key.as_ref(),
-                &Binding {
-                    cluster_id: &self.cluster_id,
-                    node_id: &self.shared.node_id,
-                    generation: self.shared.generation,
-                    key: &key,
-                },
-            );
+            let value = encode_bucket_value(&Bucket {
+                version,
+                items: bucket.items.iter().cloned().collect(),
+            });
             node.set(&key, value);
             if node.get_versioned(&key).map(|v| v.version) != Some(version) {
                 tracing::error!(key = %key, version, "published key did not get the expected version");
@@ -956,18 +1008,11 @@ impl Engine {
                 },
             );
         }
-        let generation = w.id.generation_id;
-        let mut outcomes = Vec::with_capacity(w.kvs.len());
-        for (key, _, value) in &w.kvs {
-            let opened = value.as_deref().map(|v| {
-                open_bucket(
-                    v,
-                    self.key.as_ref(),
-                    &self.binding(&node_id, generation, key),
-                )
-            });
-            outcomes.push(opened);
-        }
+        let outcomes: Vec<_> = w
+            .kvs
+            .iter()
+            .map(|(_, _, value)| value.as_deref().map(decode_bucket_value))
+            .collect();
         let Some(remote) = self.remotes.get_mut(&node_id) else {
             return;
         };

@@ -16,6 +16,7 @@
 //! | `http_path` | method, path and body to the HTTP API | 2xx/4xx only, the db agrees with the answers |
 //! | `cluster_value` | a cluster value and record | decode never panics, encode → decode round-trips |
 //! | `cluster_bucket` | a cluster bucket, plain and as a value | decode never panics, items ordered and bounded, encode → decode round-trips at the planned size |
+//! | `cluster_datagram` | bytes as a gossip datagram, and as a message to seal | never opens, never panics; sealed parts fit UDP, open once, not when altered or under another key |
 //! | `store_record` | a store key | decode never panics, encode → decode round-trips |
 //! | `docker_event` | JSON as a container inspect answer | only names under the domain, only its addresses |
 //! | `config_yaml`, `resolv_conf`, `http_form` | text | no panic, bounded results |
@@ -33,12 +34,14 @@
 
 mod answers;
 mod dns;
+mod gossip;
 mod http;
 mod records;
 mod tcp;
 
 pub use answers::dns_answers;
 pub use dns::{dns_differential, dns_udp};
+pub use gossip::cluster_datagram;
 pub use http::http_path;
 pub use records::{cluster_bucket, cluster_value, docker_event, store_record};
 pub use tcp::dns_tcp;

@@ -6,29 +6,14 @@ use std::net::IpAddr;
 use std::sync::OnceLock;
 
 use bollard::models::ContainerInspectResponse;
-use dwara_cluster::ClusterKey;
 use dwara_cluster::codec::{
-    BUCKET_FORMAT, BUCKET_OVERHEAD, Binding, Bucket, DecodeError, Item, MAX_FQDN_LEN, MAX_ID_LEN,
-    RECORD_FORMAT, Record, decode_bucket, decode_plain, decode_record, encode_bucket,
-    encode_record, open_bucket, open_value, seal_bucket, seal_value, value_len,
+    BUCKET_FORMAT, BUCKET_OVERHEAD, Bucket, Item, MAX_FQDN_LEN, MAX_ID_LEN, RECORD_FORMAT, Record,
+    decode_bucket, decode_bucket_value, decode_plain, decode_record, decode_value, encode_bucket,
+    encode_bucket_value, encode_record, encode_value, value_len,
 };
 use dwara_docker::{NameSource, NameSources, desired_records};
 use dwara_nameserver::Domain;
 use dwara_store::Registration;
-
-fn binding(key: &str) -> Binding<'_> {
-    Binding {
-        cluster_id: "fuzz",
-        node_id: "node-a",
-        generation: 7,
-        key,
-    }
-}
-
-fn cluster_key() -> &'static ClusterKey {
-    static KEY: OnceLock<ClusterKey> = OnceLock::new();
-    KEY.get_or_init(|| ClusterKey::from_bytes([0x42; 32]))
-}
 
 /// Splits `data` at the first `0xff` byte (not UTF-8, so never inside a string).
 fn split(data: &[u8]) -> (&[u8], &[u8]) {
@@ -38,17 +23,13 @@ fn split(data: &[u8]) -> (&[u8], &[u8]) {
     }
 }
 
-/// Any bytes as a cluster record and as a chitchat value, sealed or not: decoding
-/// never panics; a record that decodes has fields in their limits and survives
-/// encode → decode, open and sealed; a sealed value opens only under its own key and
-/// binding, never without the key, and an open value never where a key is required.
+/// Any bytes as a cluster record and as a chitchat value: decoding never panics; a
+/// record that decodes has fields in their limits and survives encode → decode, bare
+/// and as a value.
 pub fn cluster_value(data: &[u8]) {
-    let key = cluster_key();
     let text = String::from_utf8_lossy(data);
-    for k in [None, Some(key)] {
-        if let Ok(r) = open_value(&text, k, &binding("n0")) {
-            round_trip_record(&r);
-        }
+    if let Ok(r) = decode_value(&text) {
+        round_trip_record(&r);
     }
     let decoded = decode_record(data);
     if let Ok(r) = &decoded {
@@ -88,50 +69,21 @@ pub fn cluster_value(data: &[u8]) {
     }
 }
 
-/// `r` round-trips through both envelopes, and each envelope opens only as it should.
+/// `r` round-trips bare and as a value.
 fn round_trip_record(r: &Record) {
-    let key = cluster_key();
     assert_eq!(decode_record(&encode_record(r)).as_ref(), Ok(r));
-    let open = seal_value(r, None, &binding("n0"));
-    assert_eq!(open_value(&open, None, &binding("n0")).as_ref(), Ok(r));
-    assert_eq!(
-        open_value(&open, Some(key), &binding("n0")),
-        Err(DecodeError::Unsealed)
-    );
-    let sealed = seal_value(r, Some(key), &binding("n0"));
-    assert_eq!(
-        open_value(&sealed, Some(key), &binding("n0")).as_ref(),
-        Ok(r)
-    );
-    assert_eq!(
-        open_value(&sealed, Some(key), &binding("n1")),
-        Err(DecodeError::BadSeal),
-        "a sealed value opens under another key name"
-    );
-    assert_eq!(
-        open_value(&sealed, None, &binding("n0")),
-        Err(DecodeError::SealedWithoutKey)
-    );
-    let other = ClusterKey::from_bytes([0x17; 32]);
-    assert_eq!(
-        open_value(&sealed, Some(&other), &binding("n0")),
-        Err(DecodeError::BadSeal)
-    );
+    assert_eq!(decode_value(&encode_value(r)).as_ref(), Ok(r));
 }
 
-/// Any bytes as a bucket, as either plain form and as a chitchat value, sealed or
-/// not: decoding never panics; a bucket that decodes holds at least one item, in
-/// strictly ascending order, each within the field limits, and survives encode →
-/// decode, open and sealed, under its own binding only. A bucket built from the bytes
-/// (items between `0xff` bytes) round-trips, and the sizes the publisher plans with
-/// are the sizes it gets.
+/// Any bytes as a bucket, as either plain form and as a chitchat value: decoding
+/// never panics; a bucket that decodes holds at least one item, in strictly
+/// ascending order, each within the field limits, and survives encode → decode, bare
+/// and as a value. A bucket built from the bytes (items between `0xff` bytes)
+/// round-trips, and the sizes the publisher plans with are the sizes it gets.
 pub fn cluster_bucket(data: &[u8]) {
-    let key = cluster_key();
     let text = String::from_utf8_lossy(data);
-    for k in [None, Some(key)] {
-        if let Ok(b) = open_bucket(&text, k, &binding("b3.7")) {
-            check_bucket(&b);
-        }
+    if let Ok(b) = decode_bucket_value(&text) {
+        check_bucket(&b);
     }
     if let Ok(b) = decode_bucket(data) {
         check_bucket(&b);
@@ -187,8 +139,8 @@ pub fn cluster_bucket(data: &[u8]) {
     }
 }
 
-/// `b` is well-formed and round-trips through both envelopes, each opening only as
-/// it should, at the length the publisher plans for.
+/// `b` is well-formed and round-trips bare and as a value, at the length the
+/// publisher plans for.
 fn check_bucket(b: &Bucket) {
     assert!(!b.items.is_empty());
     assert!(b.items.windows(2).all(|w| w[0] < w[1]), "{b:?}");
@@ -196,30 +148,11 @@ fn check_bucket(b: &Bucket) {
         assert!((1..=MAX_ID_LEN).contains(&item.id.len()));
         assert!((1..=MAX_FQDN_LEN).contains(&item.fqdn.len()));
     }
-    let key = cluster_key();
     let plain = encode_bucket(b);
     assert_eq!(decode_bucket(&plain).as_ref(), Ok(b));
-    for k in [None, Some(key)] {
-        let v = seal_bucket(b, k, &binding("b3.7"));
-        assert_eq!(v.len(), value_len(plain.len(), k));
-        assert_eq!(open_bucket(&v, k, &binding("b3.7")).as_ref(), Ok(b));
-        if k.is_some() {
-            assert_eq!(
-                open_bucket(&v, k, &binding("b3.8")),
-                Err(DecodeError::BadSeal),
-                "a sealed bucket opens under another key name"
-            );
-            assert_eq!(
-                open_bucket(&v, None, &binding("b3.7")),
-                Err(DecodeError::SealedWithoutKey)
-            );
-        } else {
-            assert_eq!(
-                open_bucket(&v, Some(key), &binding("b3.7")),
-                Err(DecodeError::Unsealed)
-            );
-        }
-    }
+    let v = encode_bucket_value(b);
+    assert_eq!(v.len(), value_len(plain.len()));
+    assert_eq!(decode_bucket_value(&v).as_ref(), Ok(b));
 }
 
 /// Any bytes as a store key: decoding never panics, and a key that decodes is

@@ -84,3 +84,8 @@ fn store_record_regressions() {
 fn docker_event_regressions() {
     replay("docker_event", dwara_fuzz_checks::docker_event);
 }
+
+#[test]
+fn cluster_datagram_regressions() {
+    replay("cluster_datagram", dwara_fuzz_checks::cluster_datagram);
+}

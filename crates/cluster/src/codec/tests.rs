@@ -1,17 +1,8 @@
-//! Unit and property tests of the record codec and the seal.
+//! Unit and property tests of the record codec.
 
 use proptest::prelude::*;
 
 use super::*;
-
-fn binding(key: &str) -> Binding<'_> {
-    Binding {
-        cluster_id: "dwara",
-        node_id: "host-a",
-        generation: 7,
-        key,
-    }
-}
 
 fn sample() -> Record {
     Record {
@@ -65,52 +56,18 @@ fn max_version_round_trips() {
 }
 
 #[test]
-fn open_values_round_trip_and_need_no_key() {
-    let v = seal_value(&sample(), None, &binding("n0"));
-    assert_eq!(open_value(&v, None, &binding("n0")), Ok(sample()));
-    let key = ClusterKey::generate();
+fn values_round_trip_and_values_sealed_by_older_builds_are_rejected() {
+    let v = encode_value(&sample());
+    assert_eq!(decode_value(&v), Ok(sample()));
+    // Builds before sealed datagrams sealed values (envelope 0x02).
+    let mut old = vec![0x02];
+    old.extend_from_slice(&[0u8; 60]);
     assert_eq!(
-        open_value(&v, Some(&key), &binding("n0")),
-        Err(DecodeError::Unsealed)
+        decode_value(&URL_SAFE_NO_PAD.encode(old)),
+        Err(DecodeError::UnknownFormat(0x02))
     );
-}
-
-#[test]
-fn sealed_values_are_bound_to_key_node_generation_and_cluster() {
-    let key = ClusterKey::generate();
-    let b = binding("n0");
-    let v = seal_value(&sample(), Some(&key), &b);
-    assert_eq!(open_value(&v, Some(&key), &b), Ok(sample()));
-    assert_eq!(open_value(&v, None, &b), Err(DecodeError::SealedWithoutKey));
-    let other = ClusterKey::generate();
-    assert_eq!(open_value(&v, Some(&other), &b), Err(DecodeError::BadSeal));
-    for moved in [
-        Binding { key: "n1", ..b },
-        Binding {
-            node_id: "host-b",
-            ..b
-        },
-        Binding { generation: 8, ..b },
-        Binding {
-            cluster_id: "other",
-            ..b
-        },
-    ] {
-        assert_eq!(
-            open_value(&v, Some(&key), &moved),
-            Err(DecodeError::BadSeal)
-        );
-    }
-    // Flipping any byte of the envelope breaks it.
-    let raw = URL_SAFE_NO_PAD.decode(&v).unwrap();
-    for i in 0..raw.len() {
-        let mut bent = raw.clone();
-        bent[i] ^= 0x01;
-        let bent = URL_SAFE_NO_PAD.encode(bent);
-        assert!(open_value(&bent, Some(&key), &b).is_err(), "byte {i}");
-    }
-    // The plaintext does not appear in the sealed value.
-    assert!(!raw.windows(6).any(|w| w == b"c0ffee"));
+    assert_eq!(decode_value(""), Err(DecodeError::Truncated));
+    assert_eq!(decode_value("!"), Err(DecodeError::Base64));
 }
 
 fn record() -> impl Strategy<Value = Record> {
@@ -140,20 +97,17 @@ proptest! {
     }
 
     #[test]
-    fn sealed_values_round_trip(r in record(), key in any::<[u8; 32]>()) {
-        let key = ClusterKey::from_bytes(key);
-        let v = seal_value(&r, Some(&key), &binding("n1f"));
-        prop_assert_eq!(open_value(&v, Some(&key), &binding("n1f")), Ok(r));
+    fn values_round_trip(r in record()) {
+        prop_assert_eq!(decode_value(&encode_value(&r)), Ok(r));
     }
 
     #[test]
     fn decode_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..400)) {
         let _ = decode_record(&bytes);
-        let key = ClusterKey::from_bytes([3; 32]);
         let text = URL_SAFE_NO_PAD.encode(&bytes);
-        let _ = open_value(&text, None, &binding("n0"));
-        let _ = open_value(&text, Some(&key), &binding("n0"));
-        let _ = open_value(&String::from_utf8_lossy(&bytes), Some(&key), &binding("n0"));
+        let _ = decode_value(&text);
+        let _ = decode_bucket_value(&text);
+        let _ = decode_value(&String::from_utf8_lossy(&bytes));
     }
 
     #[test]
@@ -239,32 +193,17 @@ fn rejects_bad_buckets() {
 }
 
 #[test]
-fn open_bucket_reads_buckets_and_single_records() {
-    let key = ClusterKey::generate();
-    for k in [None, Some(&key)] {
-        let v = seal_bucket(&sample_bucket(), k, &binding("b0.0"));
-        assert_eq!(open_bucket(&v, k, &binding("b0.0")), Ok(sample_bucket()));
-        assert_eq!(v.len(), value_len(encode_bucket(&sample_bucket()).len(), k));
-        // What builds before buckets publish: one entry under an `n` key.
-        let old = seal_value(&sample(), k, &binding("n3"));
-        assert_eq!(
-            open_bucket(&old, k, &binding("n3")),
-            Ok(Bucket::from(sample()))
-        );
-        // A bucket is not a record.
-        assert_eq!(
-            open_value(&v, k, &binding("b0.0")),
-            Err(DecodeError::UnknownFormat(BUCKET_FORMAT))
-        );
-    }
-    let sealed = seal_bucket(&sample_bucket(), Some(&key), &binding("b0.0"));
+fn bucket_values_read_buckets_and_single_records() {
+    let v = encode_bucket_value(&sample_bucket());
+    assert_eq!(decode_bucket_value(&v), Ok(sample_bucket()));
+    assert_eq!(v.len(), value_len(encode_bucket(&sample_bucket()).len()));
+    // What builds before buckets publish: one entry under an `n` key.
+    let old = encode_value(&sample());
+    assert_eq!(decode_bucket_value(&old), Ok(Bucket::from(sample())));
+    // A bucket is not a record.
     assert_eq!(
-        open_bucket(&sealed, Some(&key), &binding("b0.1")),
-        Err(DecodeError::BadSeal)
-    );
-    assert_eq!(
-        open_bucket(&sealed, None, &binding("b0.0")),
-        Err(DecodeError::SealedWithoutKey)
+        decode_value(&v),
+        Err(DecodeError::UnknownFormat(BUCKET_FORMAT))
     );
 }
 
@@ -280,15 +219,14 @@ fn bucket() -> impl Strategy<Value = Bucket> {
 
 proptest! {
     #[test]
-    fn buckets_round_trip(b in bucket(), key in any::<[u8; 32]>()) {
+    fn buckets_round_trip(b in bucket()) {
         let bytes = encode_bucket(&b);
         let items: usize = b.items.iter().map(Item::encoded_len).sum();
         prop_assert!(bytes.len() <= BUCKET_OVERHEAD + items);
         prop_assert_eq!(decode_bucket(&bytes), Ok(b.clone()));
-        let key = ClusterKey::from_bytes(key);
-        let v = seal_bucket(&b, Some(&key), &binding("b4.a"));
-        prop_assert_eq!(v.len(), value_len(bytes.len(), Some(&key)));
-        prop_assert_eq!(open_bucket(&v, Some(&key), &binding("b4.a")), Ok(b));
+        let v = encode_bucket_value(&b);
+        prop_assert_eq!(v.len(), value_len(bytes.len()));
+        prop_assert_eq!(decode_bucket_value(&v), Ok(b));
     }
 
     #[test]

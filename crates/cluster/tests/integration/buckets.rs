@@ -11,7 +11,7 @@ use chitchat::{
     ChitchatConfig, ChitchatHandle, ChitchatId, FailureDetectorConfig, ProtocolVersion,
     spawn_chitchat,
 };
-use dwara_cluster::codec::{Binding, Bucket, Item, Record, seal_bucket, seal_value};
+use dwara_cluster::codec::{Bucket, Item, Record, encode_bucket_value, encode_value};
 use dwara_cluster::{DEFAULT_CLUSTER_ID, DEFAULT_GOSSIP_INTERVAL};
 use test_support::wait_until;
 
@@ -100,7 +100,6 @@ async fn entries_share_few_keys_and_no_entry_flickers_while_buckets_split() {
 /// A chitchat node that is not a dwara engine: the test writes its keys by hand.
 struct Raw {
     handle: ChitchatHandle,
-    id: ChitchatId,
 }
 
 impl Raw {
@@ -122,13 +121,12 @@ impl Raw {
             protocol_version: ProtocolVersion::V0,
         };
         let handle = spawn_chitchat(config, Vec::new(), transport).await.unwrap();
-        Raw { handle, id }
+        Raw { handle }
     }
 
     /// One mutation of the raw node's keys, then a marker entry in its own key set
     /// last, so a peer that shows the marker has applied everything before it.
     async fn write(&self, marker: u32, ops: Vec<Op>) {
-        let id = self.id.clone();
         self.handle
             .with_chitchat(move |cc| {
                 let node = cc.self_node_state();
@@ -146,7 +144,7 @@ impl Raw {
                                 version: node.max_version() + 1,
                                 items,
                             };
-                            node.set(&key, seal_bucket(&bucket, None, &binding(&id, &key)));
+                            node.set(&key, encode_bucket_value(&bucket));
                         }
                         Op::Record(key, item) => {
                             let record = Record {
@@ -155,7 +153,7 @@ impl Raw {
                                 fqdn: item.fqdn,
                                 version: node.max_version() + 1,
                             };
-                            node.set(&key, seal_value(&record, None, &binding(&id, &key)));
+                            node.set(&key, encode_value(&record));
                         }
                     }
                 }
@@ -170,15 +168,6 @@ enum Op {
     Record(String, Item),
     Raw(String, String),
     Delete(String),
-}
-
-fn binding<'a>(id: &'a ChitchatId, key: &'a str) -> Binding<'a> {
-    Binding {
-        cluster_id: DEFAULT_CLUSTER_ID,
-        node_id: &id.node_id,
-        generation: id.generation_id,
-        key,
-    }
 }
 
 fn item(name: &str, i: u32) -> Item {
@@ -251,7 +240,7 @@ async fn an_entry_stays_while_any_key_holds_it_and_old_single_entry_keys_are_rea
             version: 1,
             items: vec![item("forged", 9)],
         };
-        seal_bucket(&b, None, &binding(&raw.id, "b0.0"))
+        encode_bucket_value(&b)
     };
     raw.write(
         4,

@@ -4,10 +4,10 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
-mod auth;
 mod buckets;
 mod clock;
 mod membership;
 mod replication;
+mod sealed;
 mod support;
 mod udp;

@@ -424,10 +424,12 @@ fn three_processes_replicate_fail_over_restart_and_delete() {
 }
 
 #[test]
-fn nodes_without_the_key_join_but_cannot_inject_names() {
+fn nodes_without_the_key_are_not_heard() {
     let dir = tempfile::tempdir().unwrap();
     let key = keygen(dir.path(), "cluster.key");
     let wrong = keygen(dir.path(), "wrong.key");
+    // Every node is seeded with every other: the keyed ones gossip at the outsiders
+    // and the outsiders at them.
     let mut specs = loopback_cluster(21, &["k1", "k2", "wrong", "open"]);
     specs[0] = specs[0].clone().key_file(&key);
     specs[1] = specs[1].clone().key_file(&key);
@@ -448,37 +450,54 @@ fn nodes_without_the_key_join_but_cannot_inject_names() {
     await_answer(&[&o], "evil2.weave.local", &["10.66.0.2"]);
     await_answer(&[&k2], "good.weave.local", &["10.32.0.7"]);
 
-    // Both reached the keyed nodes and were rejected and counted…
     for k in [&k1, &k2] {
+        // Both outsiders' datagrams reach the keyed nodes, and are dropped and counted…
         await_that(
-            &format!("{} counts the wrong key's values", k.id()),
+            &format!("{} rejects the wrong key's datagrams", k.id()),
             CONVERGE,
-            || k.metric("dwara_cluster_rejected_values_total{reason=\"bad_seal\"}") >= 1.0,
+            || k.metric("dwara_cluster_rejected_datagrams_total{reason=\"bad_seal\"}") >= 3.0,
         );
         await_that(
-            &format!("{} counts the open node's values", k.id()),
+            &format!("{} rejects the open node's datagrams", k.id()),
             CONVERGE,
-            || k.metric("dwara_cluster_rejected_values_total{reason=\"unsealed\"}") >= 1.0,
+            || k.metric("dwara_cluster_rejected_datagrams_total{reason=\"malformed\"}") >= 3.0,
         );
-        // …so the names are never answered (each value is judged once per version).
+        // …so the outsiders are not members and their names are never answered.
         assert_eq!(k.addrs("evil1.weave.local").unwrap(), Vec::<String>::new());
         assert_eq!(k.addrs("evil2.weave.local").unwrap(), Vec::<String>::new());
         assert_eq!(k.addrs("good.weave.local").unwrap(), ["10.32.0.7"]);
-        // They did join the gossip (the key protects names, not membership).
-        let peers = k.peers();
-        for id in ["open", "wrong"] {
-            assert!(
-                peers.iter().any(|p| p.0 == id && p.2 == 0),
-                "{}: {peers:?}",
-                k.id()
-            );
-        }
+        assert_eq!(
+            k.metric("dwara_cluster_rejected_datagrams_total{reason=\"replay\"}"),
+            0.0
+        );
     }
-    // The open node cannot read sealed values either.
-    await_that("open counts sealed values it cannot open", CONVERGE, || {
-        o.metric("dwara_cluster_rejected_values_total{reason=\"no_key\"}") >= 1.0
-    });
-    assert_eq!(o.addrs("good.weave.local").unwrap(), Vec::<String>::new());
+    assert_eq!(k1.peers(), [peer("k2", "live", 0)]);
+    assert_eq!(k2.peers(), [peer("k1", "live", 1)]);
+    // The outsiders hear nothing of the keyed nodes: the wrong key opens none of their
+    // datagrams, and to the open node they are not chitchat messages.
+    await_that(
+        "the wrong key rejects the keyed nodes' datagrams",
+        CONVERGE,
+        || w.metric("dwara_cluster_rejected_datagrams_total{reason=\"bad_seal\"}") >= 3.0,
+    );
+    await_that(
+        "the open node drops the keyed nodes' datagrams",
+        CONVERGE,
+        || o.metric("dwara_cluster_invalid_datagrams_total") >= 3.0,
+    );
+    assert_eq!(w.metric("dwara_cluster_opened_datagrams_total"), 0.0);
+    for outsider in [&w, &o] {
+        let peers = outsider.peers();
+        assert!(
+            peers.iter().all(|p| p.0 != "k1" && p.0 != "k2"),
+            "{}: {peers:?}",
+            outsider.id()
+        );
+        assert_eq!(
+            outsider.addrs("good.weave.local").unwrap(),
+            Vec::<String>::new()
+        );
+    }
 }
 
 /// Seconds since the epoch of a log line's leading RFC 3339 timestamp (GNU date
