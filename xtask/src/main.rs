@@ -1,8 +1,9 @@
 //! `cargo xtask`: the one entry point for CI, benchmarks, fuzzing and performance runs.
 //!
 //! - `cargo xtask ci` makes sure the system tools the tests use are installed, then runs
-//!   `cargo fmt --check`, `cargo clippy --all-targets -- -D warnings`, `cargo test`
-//!   and `cargo doc` with warnings as errors.
+//!   `cargo fmt --check`, `cargo clippy --all-targets -- -D warnings`, builds the
+//!   container image unoptimised (tag [`CI_IMAGE`], which the end-to-end image test
+//!   runs), `cargo test` and `cargo doc` with warnings as errors.
 //! - `cargo xtask bench [ARGS]` runs the criterion benchmarks.
 //! - `cargo xtask perf dns [--names N]` compares the name server with dnsmasq and unbound.
 //! - `cargo xtask perf store [--names N] [--connections C]` times HTTP registration in
@@ -17,6 +18,8 @@
 //!   an upstream's rotation, fed by push from the name server in the same process vs
 //!   polling it over DNS.
 //! - `cargo xtask fuzz [TARGET...] [--seconds N] [--idle]` runs the cargo-fuzz targets (nightly).
+//! - `cargo xtask image [--tag T] [--debug] [--no-save]` builds the container image
+//!   (`FROM scratch`, the static binary) and saves it as a tar for `docker load`.
 //!
 //! `perf` always runs an optimised xtask (a debug one hands over to `cargo run
 //! --release -p xtask`): the harness is the client of what it measures.
@@ -25,6 +28,7 @@
 #![allow(clippy::print_stdout)]
 
 mod fuzz;
+mod image;
 mod perf_cluster;
 mod perf_cluster_faults;
 mod perf_dns;
@@ -50,6 +54,7 @@ fn main() -> anyhow::Result<()> {
         "tools" => tools::ensure(),
         "bench" => cargo(&[&["bench", "-p", "dwara-benches"], &as_strs(rest)[..]].concat()),
         "fuzz" => fuzz::run(rest),
+        "image" => image::run(&image::ImageArgs::parse(rest)?),
         // The harnesses are clients too (registrations over HTTP, process control):
         // built for debugging, the client measured itself (perf dns registered at a
         // quarter of the server's rate). A debug xtask runs its release build instead.
@@ -80,11 +85,14 @@ fn main() -> anyhow::Result<()> {
             _ => bail!("usage: cargo xtask perf dns|store|cluster|l4|push [OPTIONS]"),
         },
         _ => {
-            println!("usage: cargo xtask <ci|tools|bench|fuzz|perf dns>");
+            println!("usage: cargo xtask <ci|tools|bench|fuzz|image|perf dns|store|cluster|l4>");
             Ok(())
         }
     }
 }
+
+/// The tag of the image `cargo xtask ci` builds and tests.
+const CI_IMAGE: &str = "dwara-ci:latest";
 
 fn as_strs(v: &[String]) -> Vec<&str> {
     v.iter().map(String::as_str).collect()
@@ -102,7 +110,10 @@ fn ci() -> anyhow::Result<()> {
         "-D",
         "warnings",
     ])?;
-    cargo(&["test", "--workspace"])?;
+    // The image from the repository's Dockerfile, which the tests run when
+    // `DWARA_IMAGE` names it (the end-to-end container test).
+    image::run(&image::ImageArgs::for_tests(CI_IMAGE))?;
+    cargo_with(&["test", "--workspace"], &[("DWARA_IMAGE", CI_IMAGE)])?;
     // Crate docs are part of the change they describe: a broken link fails CI.
     cargo_with(
         &[

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use dwara_lb::UpstreamLb;
 use tokio::task::JoinSet;
-use tracing::{Instrument, info, info_span};
+use tracing::{Instrument, debug, info, info_span};
 
 use crate::DiscoverySource;
 use crate::refresh::{self, DiscoveryStats, RefreshPolicy};
@@ -87,12 +87,17 @@ impl DiscoveryTasks {
             );
         }
         self.generation = Some(snapshot.generation);
-        info!(
-            generation = snapshot.generation,
-            aborted = previous,
-            spawned = snapshot.upstreams.len(),
-            "discovery tasks respawned"
-        );
+        // A name server without upstreams has nothing to report here.
+        if previous == 0 && snapshot.upstreams.is_empty() {
+            debug!(generation = snapshot.generation, "no discovery tasks");
+        } else {
+            info!(
+                generation = snapshot.generation,
+                aborted = previous,
+                spawned = snapshot.upstreams.len(),
+                "discovery tasks respawned"
+            );
+        }
     }
 
     /// Aborts every task. Dropping the old `JoinSet` aborts its tasks; they are

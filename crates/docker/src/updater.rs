@@ -152,7 +152,7 @@ impl DockerUpdater {
             Err(e) if mode == DockerMode::On => return Err(e),
             Err(source) => return Ok(Started::Off(DockerOff::Unreachable { source })),
         };
-        tracing::info!(
+        tracing::debug!(
             socket = %shared.config.socket.display(),
             api_version = %api_version,
             names = %shared.config.names,
@@ -168,6 +168,11 @@ impl DockerUpdater {
             cancel,
             task,
         }))
+    }
+
+    /// The Docker socket the updater talks to.
+    pub fn socket(&self) -> &std::path::Path {
+        &self.shared.config.socket
     }
 
     /// The API version the requests carry.
@@ -523,13 +528,18 @@ impl Shared {
         }
         self.metrics.reconciles.inc();
         self.metrics.repaired(repair.added, repair.removed);
-        tracing::info!(
-            containers,
-            added = repair.added,
-            removed = repair.removed,
-            elapsed_ms = started.elapsed().as_millis() as u64,
-            "reconciled with the running containers"
-        );
+        let elapsed_ms = started.elapsed().as_millis() as u64;
+        if repair.added + repair.removed > 0 {
+            tracing::info!(
+                containers,
+                added = repair.added,
+                removed = repair.removed,
+                elapsed_ms,
+                "reconciled with the running containers"
+            );
+        } else {
+            tracing::debug!(containers, elapsed_ms, "reconciled: nothing to change");
+        }
         Ok(repair)
     }
 }

@@ -139,7 +139,7 @@ impl HttpServer {
         let router = router.layer(middleware::from_fn_with_state(limits, bounded_body));
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(accept_loop(listener, router, limits, stopped));
-        tracing::info!(
+        tracing::debug!(
             addr = %local,
             read_timeout_s = limits.read_timeout.as_secs_f64(),
             max_connections = limits.max_connections,

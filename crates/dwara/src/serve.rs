@@ -152,6 +152,8 @@ struct NameHalf {
     nameserver: NameServer,
     cluster: Option<Cluster>,
     docker: Option<DockerUpdater>,
+    /// Why the Docker updater does not run, for the start-up line.
+    docker_off: Option<String>,
 }
 
 impl NameHalf {
@@ -190,28 +192,63 @@ impl NameHalf {
                 cluster.register_metrics(registry);
                 Some(cluster)
             }
-            None => {
-                info!("cluster off (no --gossip-listen): this node serves its own entries only");
-                None
-            }
+            None => None,
         };
-        let docker = match DockerUpdater::start(docker_config, db).await? {
+        let (docker, docker_off) = match DockerUpdater::start(docker_config, db).await? {
             Started::Running(updater) => {
                 updater.register_metrics(registry);
-                Some(updater)
+                (Some(updater), None)
             }
-            Started::Off(why) => {
-                info!("{why}");
-                None
-            }
+            Started::Off(why) => (None, Some(why.to_string())),
         };
         Ok(Self {
             nameserver,
             cluster,
             docker,
+            docker_off,
         })
     }
 
+    /// What runs, in the fields of the one start-up line.
+    fn summary(&self) -> Summary {
+        let ns = &self.nameserver;
+        let data_dir = match ns.data_dir() {
+            Some(dir) => dir.display().to_string(),
+            None => "none (registrations live in memory only; --data-dir keeps them)".to_owned(),
+        };
+        let cluster = match &self.cluster {
+            Some(c) => format!("node {} gossiping on {}", c.node_id(), c.gossip_addr()),
+            None => "off (no --gossip-listen: this node serves its own entries only)".to_owned(),
+        };
+        let docker = match (&self.docker, &self.docker_off) {
+            (Some(d), _) => format!(
+                "{} (API {}, {} containers registered)",
+                d.socket().display(),
+                d.api_version(),
+                d.registered().len()
+            ),
+            (None, Some(why)) => why.clone(),
+            (None, None) => "off".to_owned(),
+        };
+        let fallback = ns.forwarder().servers();
+        let fallback = if fallback.is_empty() {
+            "none (names outside the domain get SERVFAIL)".to_owned()
+        } else {
+            fallback
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        Summary {
+            dns: ns.dns_addr().to_string(),
+            domain: ns.db().domain().to_string(),
+            data_dir,
+            cluster,
+            docker,
+            fallback,
+        }
+    }
     fn router(&self) -> Router {
         let router = self.nameserver.router();
         match &self.cluster {
@@ -230,6 +267,16 @@ impl NameHalf {
         }
         self.nameserver.shutdown().await;
     }
+}
+
+/// The fields of the start-up line of a name server.
+struct Summary {
+    dns: String,
+    domain: String,
+    data_dir: String,
+    cluster: String,
+    docker: String,
+    fallback: String,
 }
 
 /// Runs `dwara serve` until SIGTERM or ctrl-c.
@@ -284,14 +331,21 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
         args.nameserver.http_limits(section),
     )
     .await?;
-    match &name_half {
-        Some(half) => info!(
-            dns = %half.nameserver.dns_addr(),
+    // One line that says what runs; the components log their details at debug.
+    let upstreams = config.upstreams.len();
+    match name_half.as_ref().map(NameHalf::summary) {
+        Some(s) => info!(
+            dns = %s.dns,
             %http,
-            domain = %half.nameserver.db().domain(),
+            domain = %s.domain,
+            data_dir = %s.data_dir,
+            cluster = %s.cluster,
+            docker = %s.docker,
+            fallback = %s.fallback,
+            upstreams,
             "name server ready"
         ),
-        None => info!(%http, "HTTP status API listening"),
+        None => info!(%http, upstreams, "upstreams ready (no name server)"),
     }
 
     let mut hup = signal(SignalKind::hangup()).context("cannot listen for SIGHUP")?;

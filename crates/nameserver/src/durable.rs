@@ -37,6 +37,11 @@ pub(crate) enum Failure {
 }
 
 impl Durable {
+    /// The data dir.
+    pub(crate) fn dir(&self) -> &Path {
+        self.store.dir()
+    }
+
     /// Opens the store in `dir` and loads its registrations into `db`.
     pub(crate) async fn open(dir: &Path, db: &Db) -> Result<Self> {
         let dir = dir.to_path_buf();

@@ -206,7 +206,7 @@ impl NameServer {
         let durable = match &config.data_dir {
             Some(dir) => Some(Arc::new(durable::Durable::open(dir, &db).await?)),
             None => {
-                tracing::info!("no data dir: registrations live in memory only");
+                tracing::debug!("no data dir: registrations live in memory only");
                 None
             }
         };
@@ -236,7 +236,7 @@ impl NameServer {
                 ));
             }
         }
-        tracing::info!(servers = ?forwarder.servers(), "fallback servers");
+        tracing::debug!(servers = ?forwarder.servers(), "fallback servers");
         tasks.push(spawn_tombstone_gc(db.clone(), config.tombstone_grace));
         Ok(Self {
             db,
@@ -253,6 +253,12 @@ impl NameServer {
     /// memory only.
     pub fn incarnation(&self) -> Option<u64> {
         self.durable.as_ref().map(|d| d.incarnation())
+    }
+
+    /// The data dir registrations are stored in; `None` when they live in memory
+    /// only.
+    pub fn data_dir(&self) -> Option<&std::path::Path> {
+        self.durable.as_ref().map(|d| d.dir())
     }
 
     /// The records database.

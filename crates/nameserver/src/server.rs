@@ -319,7 +319,8 @@ impl DnsServer {
             metrics.shared().clone(),
             config.clone(),
         ));
-        tracing::info!(
+        // `dwara serve` sums the start up in one line; the details are for debugging.
+        tracing::debug!(
             %addr,
             udp_workers = workers.len(),
             udp_batch = batch.unwrap_or(1),

@@ -96,6 +96,29 @@ impl Engine {
         (id, format!("{host}.{DOMAIN}"))
     }
 
+    /// A sleeping busybox container on `net` whose resolver is `dns`, with a host
+    /// name in `domain` that differs from its container name (so Docker's own
+    /// resolver, which knows container names and aliases, cannot be what answers):
+    /// (id, fqdn, address on `net`).
+    fn client(&self, name: &str, net: &str, dns: &str, domain: &str) -> (String, String, String) {
+        let host = format!("{name}-{}", std::process::id());
+        let id = self.run(
+            name,
+            &[
+                "--network",
+                net,
+                "--dns",
+                dns,
+                "--hostname",
+                &host,
+                "--domainname",
+                domain,
+            ],
+        );
+        let ip = ip_on(&id, net);
+        (id, format!("{host}.{domain}"), ip)
+    }
+
     /// A user-defined bridge network, removed on drop.
     fn network(&self, name: &str) -> String {
         self.scope.network(name).unwrap_or_else(|e| panic!("{e}"))
@@ -259,7 +282,10 @@ fn a_container_answers_within_a_second_of_run_and_is_nxdomain_within_a_second_of
     assert!(took <= SECOND, "NXDOMAIN only {took:?} after docker stop");
     // The one outside the domain never was registered under the name.
     assert!(s.nxdomain(&fqdn));
-    assert!(s.logged("Docker updater running"));
+    assert!(
+        s.logged("containers registered)"),
+        "the ready line names the Docker socket"
+    );
 }
 
 #[test]
@@ -674,40 +700,9 @@ fn end_to_end_dwara_in_a_container_is_the_dns_server_of_two_busybox_containers()
         "dwara in its container did not become ready:\n{}",
         logs(&dwara)
     );
-    let dwara_ip = docker_ok(&[
-        "inspect",
-        "-f",
-        &format!("{{{{(index .NetworkSettings.Networks \"{net}\").IPAddress}}}}"),
-        &dwara,
-    ]);
-    // Hostnames differ from the container names, so Docker's own resolver (which
-    // knows container names and aliases on the network) cannot be what answers.
-    let pid = std::process::id();
-    let client = |name: &str| {
-        let host = format!("{name}-{pid}");
-        let id = e.run(
-            name,
-            &[
-                "--network",
-                &net,
-                "--dns",
-                &dwara_ip,
-                "--hostname",
-                &host,
-                "--domainname",
-                DOMAIN,
-            ],
-        );
-        let ip = docker_ok(&[
-            "inspect",
-            "-f",
-            &format!("{{{{(index .NetworkSettings.Networks \"{net}\").IPAddress}}}}"),
-            &id,
-        ]);
-        (id, format!("{host}.{DOMAIN}"), ip)
-    };
-    let (alpha, alpha_fqdn, alpha_ip) = client("alpha");
-    let (beta, beta_fqdn, beta_ip) = client("beta");
+    let dwara_ip = ip_on(&dwara, &net);
+    let (alpha, alpha_fqdn, alpha_ip) = e.client("alpha", &net, &dwara_ip, DOMAIN);
+    let (beta, beta_fqdn, beta_ip) = e.client("beta", &net, &dwara_ip, DOMAIN);
 
     // Through the containers' resolver (Docker's, forwarding to --dns = dwara).
     let resolved = poll(PATIENCE, || {
@@ -739,6 +734,69 @@ fn end_to_end_dwara_in_a_container_is_the_dns_server_of_two_busybox_containers()
         "{:?}",
         exec(&alpha, &["nslookup", &beta_fqdn, &dwara_ip])
     );
+}
+
+/// The image `cargo xtask image` builds from the repository's Dockerfile (static
+/// binary, `FROM scratch`), run as the README's bridge example says: the Docker
+/// socket and a data volume mounted, the image's own command (domain `weave.local`,
+/// DNS on the container's `0.0.0.0:53`, registrations kept in `/data`). Two busybox
+/// containers on the network resolve each other through it. `cargo xtask ci` builds
+/// the image and names it in `DWARA_IMAGE`; without that variable the test says so
+/// and returns (`cargo xtask image --debug --tag dwara-ci:latest` then
+/// `DWARA_IMAGE=dwara-ci:latest cargo test -p dwara --test integration image` runs it
+/// by hand).
+#[test]
+fn the_image_from_the_dockerfile_resolves_containers_as_the_readme_runs_it() {
+    let Some(image) = std::env::var("DWARA_IMAGE").ok().filter(|i| !i.is_empty()) else {
+        println!("SKIP docker::image: DWARA_IMAGE is not set (cargo xtask ci sets it)");
+        return;
+    };
+    let Some(e) = engine("image") else { return };
+    docker(&["image", "inspect", &image])
+        .unwrap_or_else(|err| panic!("DWARA_IMAGE={image} is not an image here: {err}"));
+    let data = tempfile::tempdir().unwrap();
+    let net = e.network("net");
+    let socket = format!("{SOCKET}:{SOCKET}");
+    let volume = format!("{}:/data", data.path().display());
+    // No command: the image's own.
+    let dwara = e.run_image(
+        "dwara",
+        &["--network", &net, "-v", &socket, "-v", &volume],
+        &image,
+        &[],
+    );
+    assert!(
+        poll(PATIENCE, || logs(&dwara).contains("name server ready")).is_some(),
+        "the image did not become ready:\n{}",
+        logs(&dwara)
+    );
+    let ready = logs(&dwara);
+    assert!(ready.contains("data_dir=/data"), "{ready}");
+    assert!(
+        ready.contains("docker=/var/run/docker.sock (API"),
+        "{ready}"
+    );
+    assert!(
+        data.path().join("registrations.redb").exists(),
+        "no store in the data volume"
+    );
+    let dwara_ip = ip_on(&dwara, &net);
+    let domain = "weave.local";
+    let (alpha, _, alpha_ip) = e.client("alpha", &net, &dwara_ip, domain);
+    let (_, beta_fqdn, beta_ip) = e.client("beta", &net, &dwara_ip, domain);
+    let resolved = poll(PATIENCE, || {
+        let (ok, text) = exec(&alpha, &["nslookup", &beta_fqdn, &dwara_ip]);
+        ok && text.contains(&beta_ip)
+    });
+    assert!(
+        resolved.is_some(),
+        "alpha ({alpha_ip}) cannot resolve {beta_fqdn} through the image: {:?}\ndwara:\n{}",
+        exec(&alpha, &["nslookup", &beta_fqdn, &dwara_ip]),
+        logs(&dwara)
+    );
+    // Through the container's own resolver too (Docker's, forwarding to --dns).
+    let (ok, text) = exec(&alpha, &["ping", "-c1", "-W2", &beta_fqdn]);
+    assert!(ok && text.contains(&beta_ip), "{text}");
 }
 
 // ---------------------------------------------------------------------------------

@@ -329,19 +329,40 @@ fn a_store_of_a_newer_format_is_refused() {
     );
 }
 
+/// A plain name server starts with one INFO line that says what runs (DNS, HTTP,
+/// data dir, cluster, Docker, fallback servers) and nothing else at INFO.
 #[test]
-fn without_a_data_dir_the_log_says_memory_only() {
+fn the_start_is_one_line_that_says_what_runs_and_memory_only() {
     let mut cmd = Command::new(BIN);
     cmd.args(["serve", "--docker", "off"])
         .args(LISTEN)
         .args(["--fallback", "127.0.0.1:9"]);
     let s = Serve::spawn(cmd);
     let log = s.log.lock().unwrap();
-    let said = log
+    let upto_ready: Vec<&String> = log
         .iter()
         .take_while(|l| !l.contains("name server ready"))
-        .any(|l| l.contains("registrations live in memory only"));
-    assert!(said);
+        .chain(
+            log.iter()
+                .filter(|l| l.contains("name server ready"))
+                .take(1),
+        )
+        .collect();
+    let info: Vec<&&String> = upto_ready.iter().filter(|l| l.contains(" INFO ")).collect();
+    assert_eq!(info.len(), 1, "one INFO line at start, got {info:#?}");
+    let ready = info[0];
+    for field in [
+        "dns=127.0.0.1:",
+        "http=127.0.0.1:",
+        "domain=weave.local.",
+        "data_dir=none (registrations live in memory only",
+        "cluster=off",
+        "docker=Docker updater disabled",
+        "fallback=127.0.0.1:9",
+        "upstreams=0",
+    ] {
+        assert!(ready.contains(field), "{field:?} missing from {ready}");
+    }
 }
 
 /// `dwara serve --data-dir DIR` whose files may not grow past `max_bytes`
