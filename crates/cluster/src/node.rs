@@ -376,6 +376,7 @@ fn live_entry(item: &Item, origin: &str, version: u64) -> Entry {
         origin: origin.to_owned(),
         version,
         tombstone: false,
+        service: None,
     }
 }
 

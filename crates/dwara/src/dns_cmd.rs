@@ -23,7 +23,8 @@ pub(crate) struct ApiArgs {
 /// `dwara dns` subcommands.
 #[derive(Debug, Subcommand)]
 pub(crate) enum DnsCommand {
-    /// Register IP under FQDN for container ID.
+    /// Register IP under FQDN for container ID (with --port, also answered as SRV at
+    /// SERVICE.FQDN).
     Add {
         /// The container (or any owner) id.
         id: String,
@@ -31,6 +32,12 @@ pub(crate) enum DnsCommand {
         ip: IpAddr,
         /// The name, inside the served domain.
         fqdn: String,
+        /// The port of the service (1–65535), answered as SRV.
+        #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
+        port: Option<u16>,
+        /// The service (`_http._tcp`); default `_<port>._tcp`. Needs --port.
+        #[arg(long, requires = "port")]
+        service: Option<String>,
         #[command(flatten)]
         api: ApiArgs,
     },
@@ -43,7 +50,8 @@ pub(crate) enum DnsCommand {
         #[command(flatten)]
         api: ApiArgs,
     },
-    /// Look a name up through the HTTP API (prints one address per line).
+    /// Look a name up through the HTTP API (prints one address per line; for a
+    /// service name, `_http._tcp.FQDN`, one `ip:port` per line).
     Lookup {
         /// The fully qualified name.
         fqdn: String,
@@ -56,9 +64,20 @@ pub(crate) enum DnsCommand {
 #[allow(clippy::print_stdout)]
 pub(crate) async fn run(cmd: DnsCommand) -> anyhow::Result<()> {
     match cmd {
-        DnsCommand::Add { id, ip, fqdn, api } => {
+        DnsCommand::Add {
+            id,
+            ip,
+            fqdn,
+            port,
+            service,
+            api,
+        } => {
             let url = api.url(&["name", &id, &ip.to_string()])?;
-            expect_ok(request(Method::PUT, url, Some(&fqdn)).await?)?;
+            let port = port.map(|p| p.to_string());
+            let mut form = vec![("fqdn", fqdn.as_str())];
+            form.extend(port.as_deref().map(|p| ("port", p)));
+            form.extend(service.as_deref().map(|s| ("service", s)));
+            expect_ok(request(Method::PUT, url, Some(&form)).await?)?;
         }
         DnsCommand::Rm { id, ip, api } => {
             let url = match ip {
@@ -115,8 +134,12 @@ fn expect_ok(resp: Response) -> anyhow::Result<String> {
     }
 }
 
-/// One request; `fqdn` goes in a form body.
-async fn request(method: Method, url: Url, fqdn: Option<&str>) -> anyhow::Result<Response> {
+/// One request; `form` goes in a form body.
+async fn request(
+    method: Method,
+    url: Url,
+    form: Option<&[(&str, &str)]>,
+) -> anyhow::Result<Response> {
     let client = reqwest::Client::builder()
         .connect_timeout(CONNECT_TIMEOUT)
         .timeout(REQUEST_TIMEOUT)
@@ -124,8 +147,8 @@ async fn request(method: Method, url: Url, fqdn: Option<&str>) -> anyhow::Result
         .build()
         .context("building the HTTP client")?;
     let mut req = client.request(method.clone(), url.clone());
-    if let Some(fqdn) = fqdn {
-        req = req.form(&[("fqdn", fqdn)]);
+    if let Some(form) = form {
+        req = req.form(form);
     }
     let what = format!("{method} {url}");
     let resp = req.send().await.map_err(|e| {

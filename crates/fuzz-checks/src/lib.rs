@@ -146,7 +146,20 @@ pub fn resolv_conf(data: &[u8]) {
 
 /// Any bytes as an HTTP form body: no panic, and a decoded value is never longer than
 /// the body it came from (decoding only shrinks, up to UTF-8 replacement characters).
+/// The `port` and `service` values give a service only in the checked form (port
+/// 1–65535, `_name._tcp|_udp`, lower-case), which parses back to itself.
 pub fn http_form(data: &[u8]) {
+    let port = dwara_nameserver::http::form_value(data, "port");
+    let service = dwara_nameserver::http::form_value(data, "service");
+    if let Ok(Some(s)) = dwara_nameserver::http::service_param(port.as_deref(), service.as_deref())
+    {
+        assert!(s.port() >= 1);
+        let text = s.service();
+        assert_eq!(text, text.to_ascii_lowercase());
+        assert!(text.starts_with('_') && (text.ends_with("._tcp") || text.ends_with("._udp")));
+        let again = dwara_nameserver::ServicePort::parse(text, &s.port().to_string());
+        assert_eq!(again.as_ref().ok(), Some(&s), "{text}");
+    }
     if let Some(value) = dwara_nameserver::http::form_value(data, "fqdn") {
         let replaced = value.matches('\u{FFFD}').count();
         assert!(

@@ -155,14 +155,24 @@ fn check_bucket(b: &Bucket) {
     assert_eq!(decode_bucket_value(&v).as_ref(), Ok(b));
 }
 
-/// Any bytes as a store key: decoding never panics, and a key that decodes is
-/// exactly the encoding of what it decodes to (one key per registration); a
-/// registration built from the bytes survives encode → decode.
+/// Any bytes as a store key, and as a row (key, then value after the first `0xff`):
+/// decoding never panics, and a key or row that decodes is exactly the encoding of
+/// what it decodes to (one key per registration); a registration built from the
+/// bytes, with and without a service, survives encode → decode.
 pub fn store_record(data: &[u8]) {
     if let Ok(r) = dwara_store::decode(data) {
         assert!(!r.fqdn.is_empty());
         let again = r.encode().expect("a decoded registration encodes");
         assert_eq!(again, data, "two keys for one registration {r:?}");
+    }
+    let (row_key, row_value) = split(data);
+    if let Ok(r) = dwara_store::decode_row(row_key, row_value) {
+        assert_eq!(r.encode().expect("a decoded row encodes"), row_key);
+        let value = r.encode_value().expect("a decoded value encodes");
+        assert_eq!(value, row_value, "two values for one registration {r:?}");
+        if let Some(s) = &r.service {
+            assert!(s.port != 0 && !s.name.is_empty());
+        }
     }
     let (id, rest) = split(data);
     let (fqdn, ip) = split(rest);
@@ -178,6 +188,18 @@ pub fn store_record(data: &[u8]) {
     match r.encode() {
         Ok(key) => {
             assert_eq!(dwara_store::decode(&key).as_ref().ok(), Some(&r));
+            // With a service named by the id and a port from the length.
+            let port = (data.len() % 65_536) as u16;
+            let with = r.clone().with_service(Some(dwara_store::Service {
+                name: id.to_owned(),
+                port,
+            }));
+            match with.encode_value() {
+                Ok(value) => {
+                    assert_eq!(dwara_store::decode_row(&key, &value).ok(), Some(with));
+                }
+                Err(_) => assert!(port == 0 || id.is_empty()),
+            }
             // The key starts with the prefix every registration of the id shares.
             let other = Registration::new(id, IpAddr::from([1, 2, 3, 4]), "x");
             let other = other.encode().unwrap();

@@ -5,6 +5,9 @@
 //!   record of its address under that name. An A/AAAA answer is the `serve` records of
 //!   the family written out as resource records whose owner is a compression pointer
 //!   to the question — so the owner echoes the query's case — then shuffled.
+//! - A record may carry a service and port ([`Srv`]). An SRV query for
+//!   `<service>.<name>` is answered from the records of `<name>` that carry that
+//!   service (see [`split_service`]); nothing is stored under the service name.
 //! - `v4` / `v6`: address → the names registered for it ([`PtrRef`]), flagged `serve`
 //!   when the name has a servable record of that address. A PTR query is answered by
 //!   parsing the reverse name into an address and writing those names out.
@@ -25,6 +28,8 @@ use std::sync::Arc;
 
 use parking_lot::RwLock;
 
+use crate::service::ServicePort;
+
 /// A name in lower-cased wire form, shared.
 pub(crate) type NameRef = Arc<[u8]>;
 
@@ -32,6 +37,8 @@ pub(crate) type NameRef = Arc<[u8]>;
 pub(crate) const A_RR_LEN: usize = 16;
 /// Size of one AAAA record in wire form.
 pub(crate) const AAAA_RR_LEN: usize = 28;
+/// Size of one SRV record in wire form whose target is a compression pointer.
+pub(crate) const SRV_RR_LEN: usize = 20;
 
 /// One record of a name (an entry of the database minus its name).
 #[derive(Debug, Clone)]
@@ -46,6 +53,47 @@ pub(crate) struct Rec {
     pub(crate) tombstone: bool,
     /// Live, visible, first of its address under this name: goes in answers.
     pub(crate) serve: bool,
+    /// The service and port answered as SRV, if any.
+    pub(crate) service: Option<Arc<Srv>>,
+    /// Live, visible, has a service, first of its (service, address) under this name:
+    /// goes in SRV answers (independently of `serve`, which dedupes addresses across
+    /// services).
+    pub(crate) srv_serve: bool,
+}
+
+/// A record's service: what the entry said, and its labels in wire form for the
+/// DNS path to compare with a query's first two labels.
+#[derive(Debug)]
+pub(crate) struct Srv {
+    pub(crate) spec: ServicePort,
+    /// `\x05_http\x04_tcp`: lower-case, no root label.
+    pub(crate) labels: Box<[u8]>,
+}
+
+impl Srv {
+    pub(crate) fn new(spec: &ServicePort) -> Arc<Self> {
+        Arc::new(Self {
+            labels: spec.wire_labels(),
+            spec: spec.clone(),
+        })
+    }
+}
+
+/// Splits a lower-cased wire name whose first two labels start with `_`
+/// (`_http._tcp.web.weave.local.`) into those two labels and the rest.
+#[inline]
+pub(crate) fn split_service(wire: &[u8]) -> Option<(&[u8], &[u8])> {
+    let first = usize::from(*wire.first()?);
+    if first == 0 || wire.get(1) != Some(&b'_') {
+        return None;
+    }
+    let at = 1 + first;
+    let second = usize::from(*wire.get(at)?);
+    if second == 0 || wire.get(at + 1) != Some(&b'_') {
+        return None;
+    }
+    let end = at + 1 + second;
+    (end < wire.len()).then(|| wire.split_at(end))
 }
 
 /// One name registered for an address.

@@ -1,6 +1,9 @@
 //! The records database: who registered which address under which name.
 //!
-//! An [`Entry`] is (container id, address, fqdn, origin node, version, tombstone).
+//! An [`Entry`] is (container id, address, fqdn, origin node, version, tombstone),
+//! optionally with a [`ServicePort`] (answered as SRV). The identity of an entry is
+//! (id, address, fqdn, origin); the service is an attribute: registering the same
+//! entry again with another service or port (or none) replaces it.
 //! Entries live in the tables the DNS server reads (see `answers`): by lower-cased
 //! wire name, with an address index for PTR and, on the writer's side, an id index.
 //! A change rewrites only the name and the addresses it touches: O(records of that
@@ -12,7 +15,7 @@
 //! tables), so registrations and queries do not block each other beyond one shard lock.
 
 use std::collections::HashMap;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -22,9 +25,10 @@ use tokio::sync::{broadcast, watch};
 
 use hickory_proto::rr::Name;
 
-use crate::answers::{NameRef, PtrRef, Rec, Tables};
+use crate::answers::{NameRef, PtrRef, Rec, Srv, Tables};
 use crate::error::Result;
 use crate::name::{Domain, parse_name, wire_lower};
+use crate::service::ServicePort;
 
 /// The default origin of entries made on this node when none is configured.
 pub const DEFAULT_ORIGIN: &str = "local";
@@ -66,6 +70,10 @@ pub struct Entry {
     pub version: u64,
     /// A removed entry kept so the removal can be replicated.
     pub tombstone: bool,
+    /// The service and port answered as SRV at `<service>.<fqdn>`, if any. In JSON
+    /// its two fields, `service` and `port`, sit beside the others (absent when none).
+    #[serde(flatten, default, skip_serializing_if = "Option::is_none")]
+    pub service: Option<ServicePort>,
 }
 
 /// What happened to an entry.
@@ -197,6 +205,7 @@ enum Edit<'a> {
     Upsert {
         id: &'a str,
         ip: IpAddr,
+        service: Option<&'a ServicePort>,
         origin: u32,
         /// `None`: a local add (version bumped as needed); `Some`: a merge.
         remote: Option<(u64, bool)>,
@@ -257,12 +266,27 @@ impl Db {
         self.tables.names.key(wire).unwrap_or_else(|| wire.into())
     }
 
-    /// Registers `ip` under `fqdn` for container `id`, owned by this node.
-    ///
-    /// Returns whether anything changed (`false` when that exact entry is already
-    /// live). Re-adding a removed entry revives its tombstone with a higher version.
-    /// Fails if `fqdn` is not a valid name strictly inside the domain.
+    /// Registers `ip` under `fqdn` for container `id`, owned by this node, without a
+    /// service (one it had is dropped): [`Db::add_service`] with `None`.
     pub fn add(&self, id: &str, ip: IpAddr, fqdn: &str) -> Result<bool> {
+        self.add_service(id, ip, fqdn, None)
+    }
+
+    /// Registers `ip` under `fqdn` for container `id`, owned by this node, with the
+    /// service and port answered as SRV at `<service>.<fqdn>` when given.
+    ///
+    /// Returns whether anything changed (`false` when that exact entry, service
+    /// included, is already live). Re-adding a live entry with another service (or
+    /// none) replaces it with a higher version; re-adding a removed entry revives its
+    /// tombstone with a higher version. Fails if `fqdn` is not a valid name strictly
+    /// inside the domain.
+    pub fn add_service(
+        &self,
+        id: &str,
+        ip: IpAddr,
+        fqdn: &str,
+        service: Option<&ServicePort>,
+    ) -> Result<bool> {
         let wire = self.config.domain.member_wire(fqdn)?;
         let mut w = self.writer.lock();
         let name = self.name_ref(&wire);
@@ -272,6 +296,7 @@ impl Db {
             Edit::Upsert {
                 id,
                 ip,
+                service,
                 origin: 0,
                 remote: None,
             },
@@ -349,6 +374,7 @@ impl Db {
         let edit = Edit::Upsert {
             id: &entry.id,
             ip: entry.ip,
+            service: entry.service.as_ref(),
             origin,
             remote: Some((entry.version, entry.tombstone)),
         };
@@ -427,6 +453,32 @@ impl Db {
         self.tables.names.read(&wire[..], |recs| {
             recs.map(|r| r.iter().filter(|r| r.serve).map(|r| r.ip).collect())
                 .unwrap_or_default()
+        })
+    }
+
+    /// The endpoints of a service name `<service>.<fqdn>` (e.g.
+    /// `_http._tcp.web.weave.local`): the visible addresses of `fqdn` registered with
+    /// that service, each with its port, in registration order, without duplicates.
+    /// Empty for any other name.
+    pub fn lookup_service(&self, name: &str) -> Vec<SocketAddr> {
+        let Ok(name) = parse_name(name) else {
+            return Vec::new();
+        };
+        let wire = wire_lower(&name);
+        let Some((labels, base)) = crate::answers::split_service(&wire) else {
+            return Vec::new();
+        };
+        self.tables.names.read(base, |recs| {
+            let mut out: Vec<SocketAddr> = Vec::new();
+            for r in recs.into_iter().flatten().filter(|r| r.srv_serve) {
+                if let Some(srv) = r.service.as_ref().filter(|s| &*s.labels == labels) {
+                    let ep = SocketAddr::new(r.ip, srv.spec.port());
+                    if !out.contains(&ep) {
+                        out.push(ep);
+                    }
+                }
+            }
+            out
         })
     }
 
@@ -509,14 +561,17 @@ impl Db {
                 Edit::Upsert {
                     id,
                     ip,
+                    service,
                     origin,
                     remote,
                 } => {
                     let pos = recs
                         .iter()
                         .position(|r| r.origin == origin && r.ip == ip && &*r.id == id);
+                    let same_service = |r: &Rec| r.service.as_ref().map(|s| &s.spec) == service;
                     let (version, tombstone) = match (pos.map(|p| &recs[p]), remote) {
-                        (Some(r), None) if !r.tombstone => return recs,
+                        (Some(r), None) if !r.tombstone && same_service(r) => return recs,
+                        (Some(r), None) if !r.tombstone => (r.version + 1, false),
                         (Some(r), None) => (r.version + 1, false),
                         (None, None) => (1, false),
                         (Some(r), Some((v, _))) if v <= r.version => return recs,
@@ -529,6 +584,9 @@ impl Db {
                             r.version = version;
                             r.tombstone = tombstone;
                             r.changed = now;
+                            if !same_service(r) {
+                                r.service = service.map(Srv::new);
+                            }
                             r.clone()
                         }
                         None => {
@@ -541,6 +599,8 @@ impl Db {
                                 changed: now,
                                 tombstone,
                                 serve: false,
+                                service: service.map(Srv::new),
+                                srv_serve: false,
                             };
                             recs.push(r.clone());
                             r
@@ -591,7 +651,15 @@ impl Db {
                 let r = &recs[i];
                 let servable = !r.tombstone && !w.hidden(r.origin);
                 let first = !recs[..i].iter().any(|p| p.serve && p.ip == r.ip);
+                let srv_first = r.service.as_ref().is_some_and(|s| {
+                    !recs[..i].iter().any(|p| {
+                        p.srv_serve
+                            && p.ip == r.ip
+                            && p.service.as_ref().is_some_and(|ps| ps.labels == s.labels)
+                    })
+                });
                 recs[i].serve = servable && first;
+                recs[i].srv_serve = servable && srv_first;
             }
             if recs.is_empty() {
                 map.remove(&name[..]);
@@ -667,6 +735,7 @@ fn entry_of(w: &Writer, fqdn: &str, r: &Rec) -> Entry {
         origin: w.origin_name(r.origin).to_owned(),
         version: r.version,
         tombstone: r.tombstone,
+        service: r.service.as_ref().map(|s| s.spec.clone()),
     }
 }
 

@@ -14,11 +14,12 @@ use std::net::IpAddr;
 use std::path::Path;
 use std::sync::Arc;
 
-use dwara_store::{Registration, Store, StoreError, Write};
+use dwara_store::{Registration, Service, Store, StoreError, Write};
 use parking_lot::Mutex;
 
 use crate::db::Db;
 use crate::error::{Error, Result};
+use crate::service::ServicePort;
 
 /// The store and the lock that orders changes into it.
 #[derive(Debug)]
@@ -70,7 +71,18 @@ impl Durable {
         }
         let mut skipped = 0;
         for r in &loaded.registrations {
-            if let Err(e) = db.add(&r.id, r.ip, &r.fqdn) {
+            let service = r
+                .service
+                .as_ref()
+                .map(|s| {
+                    let port = std::num::NonZeroU16::new(s.port).ok_or(Error::InvalidPort {
+                        input: s.port.to_string(),
+                    })?;
+                    ServicePort::new(&s.name, port)
+                })
+                .transpose();
+            let added = service.and_then(|s| db.add_service(&r.id, r.ip, &r.fqdn, s.as_ref()));
+            if let Err(e) = added {
                 skipped += 1;
                 tracing::warn!(id = %r.id, ip = %r.ip, fqdn = %r.fqdn, error = %chain(&e),
                     "stored registration not loaded");
@@ -115,16 +127,20 @@ fn log_not_stored(e: &StoreError, what: &str, id: &str) {
     tracing::error!(id, error = %chain(e), "{what} applied in memory but not stored");
 }
 
-/// `Db::add`, then (with a store) the durable put.
+/// `Db::add_service`, then (with a store) the durable put.
 pub(crate) async fn add(
     db: &Db,
     durable: Option<&Arc<Durable>>,
     id: &str,
     ip: IpAddr,
     fqdn: &str,
+    service: Option<&ServicePort>,
 ) -> Result<(), Failure> {
     let Some(d) = durable else {
-        return db.add(id, ip, fqdn).map(drop).map_err(Failure::Rejected);
+        return db
+            .add_service(id, ip, fqdn, service)
+            .map(drop)
+            .map_err(Failure::Rejected);
     };
     // The form the database keeps, so that deletes narrowed to a name match it.
     let fqdn = db
@@ -133,10 +149,17 @@ pub(crate) async fn add(
         .map_err(Failure::Rejected)?;
     let pending = {
         let _order = d.order.lock();
-        db.add(id, ip, &fqdn).map_err(Failure::Rejected)?;
+        db.add_service(id, ip, &fqdn, service)
+            .map_err(Failure::Rejected)?;
         // Also when the entry was live already (e.g. made by the Docker updater):
         // it is now a hand-made registration too.
-        d.store.submit(Write::Put(Registration::new(id, ip, fqdn)))
+        let service = service.map(|s| Service {
+            name: s.service().to_owned(),
+            port: s.port(),
+        });
+        d.store.submit(Write::Put(
+            Registration::new(id, ip, fqdn).with_service(service),
+        ))
     };
     pending.await.map_err(|e| {
         log_not_stored(&e, "registration", id);

@@ -29,6 +29,26 @@ pub enum Error {
         /// The text as given.
         input: String,
     },
+    /// A service name is not of the form `_name._tcp` or `_name._udp`.
+    #[error("invalid service {input:?}: {reason}")]
+    InvalidService {
+        /// The text as given.
+        input: String,
+        /// Why it was rejected.
+        reason: String,
+    },
+    /// A port is not a number from 1 to 65535.
+    #[error("invalid port {input:?}: want a number from 1 to 65535")]
+    InvalidPort {
+        /// The text as given.
+        input: String,
+    },
+    /// A service was given without a port.
+    #[error("service {service:?} given without a port (form value port=1..65535)")]
+    ServiceWithoutPort {
+        /// The service as given.
+        service: String,
+    },
     /// A socket could not be bound.
     #[error("cannot bind {what} on {addr}: {source}")]
     Bind {

@@ -8,6 +8,12 @@
 //! every server fails, or none is configured, the caller answers SERVFAIL; every
 //! attempt is bounded by a per-server timeout and an overall deadline.
 //!
+//! Two more changes keep replies within RFC 8906 §8 whatever the fallback server
+//! does: the header's reserved Z bit is cleared, and when the query set the DO bit
+//! and the reply has an OPT record without it, the bit is set, so every reply to a
+//! DO query echoes it (RFC 3225). A reply without OPT is left so: the server does not
+//! do EDNS.
+//!
 //! The server list can be swapped at any time ([`Forwarder::set_servers`]), which is
 //! how `/etc/resolv.conf` changes are followed (see `resolv`).
 
@@ -22,7 +28,7 @@ use tokio::net::{TcpStream, UdpSocket};
 use tokio::time::{Instant, timeout_at};
 
 use crate::handler::Transport;
-use crate::wire::{HEADER_LEN, question_span};
+use crate::wire::{HEADER_LEN, dnssec_ok, opt_flags_at, question_span};
 
 /// How forwarding behaves.
 #[derive(Debug, Clone)]
@@ -102,6 +108,9 @@ impl Forwarder {
             match result {
                 Ok(Ok(mut reply)) => {
                     reply[..2].copy_from_slice(&query[..2]);
+                    // The reserved Z bit must be zero in a reply.
+                    reply[3] &= !0x40;
+                    echo_dnssec_ok(query, &mut reply);
                     return Some(reply);
                 }
                 Ok(Err(e)) => {
@@ -111,6 +120,16 @@ impl Forwarder {
             }
         }
         None
+    }
+}
+
+/// Sets the reply's DO bit when the query set it and the reply's OPT lacks it.
+fn echo_dnssec_ok(query: &[u8], reply: &mut [u8]) {
+    if dnssec_ok(query)
+        && let Some(at) = opt_flags_at(reply)
+        && let Some(flags) = reply.get_mut(at)
+    {
+        *flags |= 0x80;
     }
 }
 

@@ -11,6 +11,18 @@
 //! a well-formed query with extra records is re-encoded in the ordinary form and
 //! answered by the same code as the fast path.
 //!
+//! SRV: a query for `<service>.<name>` (two `_` labels, e.g. `_http._tcp.web.weave.local`)
+//! is answered from the records of `<name>` that carry that service: one SRV record
+//! per distinct port (priority 0, weight 1, target `<name>`, a compression pointer
+//! into the question), then the addresses of those records in the additional
+//! section, as many as fit (additional records never set TC). A service name that
+//! exists answers NODATA to other types; `_tcp.<name>` above an existing
+//! `_x._tcp.<name>` is an empty non-terminal (NODATA); any other `_` name below the
+//! domain is NXDOMAIN.
+//!
+//! EDNS: a query's OPT is answered with ours (version 0, payload 4096, no options, the
+//! query's DO bit copied as RFC 3225 asks, every other flag clear), BADVERS included.
+//!
 //! Shuffling: the whole record set is shuffled per query (Fisher–Yates with a
 //! per-worker xorshift generator) and, when it does not fit, cut after the shuffle,
 //! so a truncated answer is a random subset.
@@ -21,7 +33,10 @@ use hickory_proto::op::{Message, MessageType, OpCode};
 
 use std::net::IpAddr;
 
-use crate::answers::{A_RR_LEN, AAAA_RR_LEN, PtrRef, Rec, Tables, parse_reverse, write_rr_head};
+use crate::answers::{
+    A_RR_LEN, AAAA_RR_LEN, PtrRef, Rec, SRV_RR_LEN, Tables, parse_reverse, split_service,
+    write_rr_head,
+};
 use crate::db::Db;
 use crate::metrics::Counters;
 use crate::wire::{
@@ -182,7 +197,9 @@ impl Handler {
         let bad_version = msg.edns.as_ref().is_some_and(|e| e.version() > 0);
         if let Some(edns) = &msg.edns {
             let p = edns.max_payload().to_be_bytes();
-            canon.extend_from_slice(&[0, 0, 41, p[0], p[1], 0, 0, 0, 0, 0, 0]);
+            // Only the DO bit of the flags is kept: it is echoed (RFC 3225).
+            let dnssec_ok = if edns.flags().dnssec_ok { 0x80 } else { 0 };
+            canon.extend_from_slice(&[0, 0, 41, p[0], p[1], 0, 0, dnssec_ok, 0, 0, 0]);
         }
         let mut lower = [0u8; 256];
         let Parse::Fast(q) = wire::parse(&canon, &mut lower) else {
@@ -244,6 +261,14 @@ impl Handler {
             _ => Found::Absent,
         });
         let found = match found {
+            Found::Absent
+                if lower.first().is_some_and(|&l| l > 0) && lower.get(1) == Some(&b'_') =>
+            {
+                match self.answer_service(q, lower, out, limit, rng) {
+                    Some(len) => Found::Reply(len),
+                    None => Found::Absent,
+                }
+            }
             Found::Absent if q.qtype == rtype::PTR => match parse_reverse(lower) {
                 Some(ip) => self.tables.read_addr(ip, |refs| {
                     match refs.and_then(|refs| self.write_ptr(q, out, limit, refs)) {
@@ -329,6 +354,151 @@ impl Handler {
             rcode::NOERROR,
             [fit as u16, 0],
         ))
+    }
+
+    /// The answer for a name whose first label starts with `_`, when it is a service
+    /// name (SRV or NODATA) or the empty non-terminal above one (NODATA); `None` when
+    /// no record makes it exist.
+    fn answer_service(
+        &self,
+        q: &Query<'_>,
+        lower: &[u8],
+        out: &mut [u8],
+        limit: usize,
+        rng: &mut FastRng,
+    ) -> Option<usize> {
+        let has = |r: &Rec, labels: &[u8]| {
+            r.srv_serve && r.service.as_ref().is_some_and(|s| &*s.labels == labels)
+        };
+        if let Some((labels, base)) = split_service(lower) {
+            let found = self.tables.names.read(base, |recs| {
+                let recs = recs?;
+                if !recs.iter().any(|r| has(r, labels)) {
+                    return None;
+                }
+                Some(match q.qtype {
+                    rtype::SRV => self.write_srv(q, out, limit, recs, labels, rng),
+                    _ => self.write_negative(q, out, rcode::NOERROR),
+                })
+            });
+            if found.is_some() {
+                return found;
+            }
+        }
+        // `_tcp.<name>`: exists (empty) when a record of `<name>` has a `_x._tcp` service.
+        let first = 1 + usize::from(lower[0]);
+        let (label, base) = lower.split_at(first.min(lower.len()));
+        let under = |r: &Rec| {
+            r.srv_serve
+                && r.service.as_ref().is_some_and(|s| {
+                    let l = &s.labels;
+                    l.get(1 + usize::from(l[0])..) == Some(label)
+                })
+        };
+        let exists = self
+            .tables
+            .names
+            .read(base, |recs| recs.is_some_and(|recs| recs.iter().any(under)));
+        exists.then(|| self.write_negative(q, out, rcode::NOERROR))
+    }
+
+    /// Question, one SRV record per distinct port of the records of `recs` carrying
+    /// the service `labels` (shuffled; TC when not all fit), then their addresses as
+    /// additional records, as many as fit.
+    fn write_srv(
+        &self,
+        q: &Query<'_>,
+        out: &mut [u8],
+        limit: usize,
+        recs: &[Rec],
+        labels: &[u8],
+        rng: &mut FastRng,
+    ) -> usize {
+        let start = write_question(q, out);
+        // The target, `<name>`, is the question's name after the two service labels;
+        // the question starts at 12 and is at most 255 bytes, so the pointer fits.
+        let target = (0xc000 | (HEADER_LEN + labels.len())) as u16;
+        let [t0, t1] = target.to_be_bytes();
+        let opt = if q.edns.is_some() { OPT_LEN } else { 0 };
+        let end = out.len() - OPT_LEN;
+        let mut pos = start;
+        let mut n = 0usize;
+        let with_service = || {
+            recs.iter()
+                .filter(|r| r.srv_serve && r.service.as_ref().is_some_and(|s| &*s.labels == labels))
+        };
+        for r in with_service() {
+            let Some(srv) = &r.service else { continue };
+            let port = srv.spec.port().to_be_bytes();
+            let seen = out[start..pos]
+                .chunks_exact(SRV_RR_LEN)
+                .any(|rr| rr[16..18] == port);
+            if seen {
+                continue;
+            }
+            if pos + SRV_RR_LEN > end {
+                break;
+            }
+            write_rr_head(&mut out[pos..], rtype::SRV, self.ttl, 8);
+            // Priority 0, weight 1, the port, the target.
+            out[pos + 12..pos + SRV_RR_LEN]
+                .copy_from_slice(&[0, 0, 0, 1, port[0], port[1], t0, t1]);
+            pos += SRV_RR_LEN;
+            n += 1;
+        }
+        wire::shuffle_records(&mut out[start..pos], SRV_RR_LEN, rng);
+        let fit = n.min(limit.saturating_sub(start + opt) / SRV_RR_LEN);
+        let mut pos = start + fit * SRV_RR_LEN;
+        let mut ar = 0usize;
+        if fit == n {
+            // Additional records: every address of the records with the service, A
+            // then AAAA, each block shuffled, cut to what fits.
+            let room = limit.min(end).saturating_sub(opt);
+            for family in [Family::V4, Family::V6] {
+                let (rr_len, rt) = match family {
+                    Family::V4 => (A_RR_LEN, rtype::A),
+                    Family::V6 => (AAAA_RR_LEN, rtype::AAAA),
+                };
+                let block = pos;
+                let mut count = 0usize;
+                for r in with_service() {
+                    if pos + rr_len > end {
+                        break;
+                    }
+                    match (r.ip, family) {
+                        (IpAddr::V4(a), Family::V4) => {
+                            write_rr_head(&mut out[pos..], rt, self.ttl, 4);
+                            out[pos + 12..pos + 16].copy_from_slice(&a.octets());
+                        }
+                        (IpAddr::V6(a), Family::V6) => {
+                            write_rr_head(&mut out[pos..], rt, self.ttl, 16);
+                            out[pos + 12..pos + 28].copy_from_slice(&a.octets());
+                        }
+                        _ => continue,
+                    }
+                    out[pos] = t0;
+                    out[pos + 1] = t1;
+                    pos += rr_len;
+                    count += 1;
+                }
+                wire::shuffle_records(&mut out[block..pos], rr_len, rng);
+                let fits = count.min(room.saturating_sub(block) / rr_len);
+                pos = block + fits * rr_len;
+                ar += fits;
+                if fits < count {
+                    break;
+                }
+            }
+        }
+        // fit and ar ≤ 65535 / 16.
+        finish_sections(
+            q,
+            out,
+            pos,
+            Answer::authoritative(fit < n),
+            rcode::NOERROR,
+            [fit as u16, 0, ar as u16],
+        )
     }
 
     /// Question, then the servable names of an address, as many as fit (TC if not
@@ -451,9 +621,24 @@ fn finish(
     rc: u8,
     [an, ns]: [u16; 2],
 ) -> usize {
-    let edns = q.edns.is_some();
-    let pos = if edns { write_opt(out, pos, 0) } else { pos };
-    write_header(out, q.packet, answer, rc, [1, an, ns, u16::from(edns)]);
+    finish_sections(q, out, pos, answer, rc, [an, ns, 0])
+}
+
+/// [`finish`] with `ar` additional records before the OPT.
+#[inline]
+fn finish_sections(
+    q: &Query<'_>,
+    out: &mut [u8],
+    pos: usize,
+    answer: Answer,
+    rc: u8,
+    [an, ns, ar]: [u16; 3],
+) -> usize {
+    let (pos, opt) = match q.edns {
+        Some(e) => (write_opt(out, pos, 0, e.dnssec_ok), 1),
+        None => (pos, 0),
+    };
+    write_header(out, q.packet, answer, rc, [1, an, ns, ar + opt]);
     pos
 }
 

@@ -4,12 +4,15 @@
 //!
 //! | request | effect |
 //! |---|---|
-//! | `PUT /name/<id>/<ip>`, form `fqdn=…` | add; 204; 400 with a message for a bad IP, a missing fqdn or one outside the domain |
+//! | `PUT /name/<id>/<ip>`, form `fqdn=…`, optional `port=1..65535`, `service=_name._tcp` | add (or replace the entry's service and port); 204; 400 with a message for a bad IP, a missing fqdn or one outside the domain, a bad port or service, a service without a port |
 //! | `DELETE /name/<id>/<ip>` (`fqdn` optional, form body or query) | tombstone; 204 also when nothing matched |
 //! | `DELETE /name/<id>` | tombstone every entry of the id; 204 |
 //! | either DELETE matching only other nodes' live entries | 409, JSON `{"error", "owners": [node…]}` |
 //! | `GET /name/<fqdn>` | 200 JSON array of IPs; 404 when none |
-//! | `GET /name` | 200 JSON array of every live entry; `?tombstones=true` adds tombstones |
+//! | `GET /name/<service>.<fqdn>` | 200 JSON array of the service's endpoints, `"ip:port"` (`"[v6]:port"`); 404 when none |
+//! | `GET /name` | 200 JSON array of every live entry (with `service` and `port` when it has them); `?tombstones=true` adds tombstones |
+//!
+//! A `port` without `service` registers the service `_<port>._tcp`.
 //! | `GET /domain` | the domain as text |
 //!
 //! With a data dir, `PUT` and `DELETE` answer only once the change is durable, and
@@ -72,11 +75,35 @@ pub fn form_value(form: &[u8], key: &str) -> Option<String> {
     form_urlencoded::parse(form).find_map(|(k, v)| (k == key).then(|| v.into_owned()))
 }
 
-/// The `fqdn` parameter from the body, else the query string; empty counts as absent.
-fn fqdn_param(body: &[u8], query: Option<&str>) -> Option<String> {
-    form_value(body, "fqdn")
-        .or_else(|| query.and_then(|q| form_value(q.as_bytes(), "fqdn")))
+/// The `key` parameter from the body, else the query string; empty counts as absent.
+fn param(body: &[u8], query: Option<&str>, key: &str) -> Option<String> {
+    form_value(body, key)
+        .or_else(|| query.and_then(|q| form_value(q.as_bytes(), key)))
         .filter(|f| !f.trim().is_empty())
+}
+
+/// The `fqdn` parameter.
+fn fqdn_param(body: &[u8], query: Option<&str>) -> Option<String> {
+    param(body, query, "fqdn")
+}
+
+/// The service of a registration from its `port` and `service` form values: none
+/// without a port, `_<port>._tcp` for a port alone. Public for fuzzing.
+pub fn service_param(
+    port: Option<&str>,
+    service: Option<&str>,
+) -> Result<Option<crate::ServicePort>, crate::Error> {
+    match (port, service) {
+        (None, None) => Ok(None),
+        (None, Some(s)) => Err(crate::Error::ServiceWithoutPort {
+            service: s.to_owned(),
+        }),
+        (Some(p), None) => Ok(Some(crate::ServicePort::unnamed(
+            crate::service::parse_port(p)?,
+            crate::Protocol::Tcp,
+        ))),
+        (Some(p), Some(s)) => crate::ServicePort::parse(s, p).map(Some),
+    }
 }
 
 fn parse_ip(ip: &str) -> Result<IpAddr, crate::Error> {
@@ -101,7 +128,14 @@ async fn add(
     if id.is_empty() {
         return bad_request("empty id");
     }
-    let done = crate::durable::add(&state.db, state.durable.as_ref(), &id, ip, &fqdn).await;
+    let port = param(&body, query.as_deref(), "port");
+    let service = param(&body, query.as_deref(), "service");
+    let service = match service_param(port.as_deref(), service.as_deref()) {
+        Ok(s) => s,
+        Err(e) => return bad_request(e),
+    };
+    let durable = state.durable.as_ref();
+    let done = crate::durable::add(&state.db, durable, &id, ip, &fqdn, service.as_ref()).await;
     outcome(done)
 }
 
@@ -157,11 +191,16 @@ fn owned_elsewhere(db: &Db, id: &str, ip: Option<IpAddr>, fqdn: Option<&str>) ->
 
 async fn lookup(State(state): State<ApiState>, Path(fqdn): Path<String>) -> Response {
     let addrs = state.db.lookup(&fqdn);
-    if addrs.is_empty() {
-        return (StatusCode::NOT_FOUND, format!("no records for {fqdn}\n")).into_response();
+    if !addrs.is_empty() {
+        let ips: Vec<String> = addrs.iter().map(ToString::to_string).collect();
+        return axum::Json(ips).into_response();
     }
-    let ips: Vec<String> = addrs.iter().map(ToString::to_string).collect();
-    axum::Json(ips).into_response()
+    let endpoints = state.db.lookup_service(&fqdn);
+    if !endpoints.is_empty() {
+        let eps: Vec<String> = endpoints.iter().map(ToString::to_string).collect();
+        return axum::Json(eps).into_response();
+    }
+    (StatusCode::NOT_FOUND, format!("no records for {fqdn}\n")).into_response()
 }
 
 async fn list(State(state): State<ApiState>, RawQuery(query): RawQuery) -> Response {
@@ -203,5 +242,26 @@ mod tests {
             Some("x.weave.local")
         );
         assert_eq!(fqdn_param(b"fqdn=", None), None);
+    }
+
+    #[test]
+    fn services_come_from_port_and_service() {
+        assert_eq!(service_param(None, None).unwrap(), None);
+        let s = service_param(Some("80"), Some("_HTTP._tcp"))
+            .unwrap()
+            .unwrap();
+        assert_eq!((s.service(), s.port()), ("_http._tcp", 80));
+        let s = service_param(Some("8080"), None).unwrap().unwrap();
+        assert_eq!((s.service(), s.port()), ("_8080._tcp", 8080));
+        for (port, service) in [
+            (None, Some("_http._tcp")),
+            (Some("0"), None),
+            (Some("65536"), Some("_http._tcp")),
+            (Some("80"), Some("http")),
+            (Some("80"), Some("_http._sctp")),
+        ] {
+            let e = service_param(port, service).unwrap_err();
+            assert!(!e.to_string().is_empty());
+        }
     }
 }

@@ -52,6 +52,7 @@ mod metrics;
 mod name;
 mod resolv;
 mod server;
+pub(crate) mod service;
 mod wire;
 
 use std::net::SocketAddr;
@@ -69,6 +70,7 @@ pub use server::{
     DEFAULT_MAX_TCP_CONNECTIONS, DEFAULT_TCP_IDLE_TIMEOUT, DEFAULT_TCP_MAX_LIFETIME, DnsServer,
     DnsServerConfig,
 };
+pub use service::{MAX_SERVICE_NAME, Protocol, ServicePort, parse_port};
 
 /// The per-packet work of the DNS server without sockets: for benchmarks, fuzzing
 /// and embedding.

@@ -20,6 +20,7 @@ pub(crate) mod rtype {
     pub(crate) const A: u16 = 1;
     pub(crate) const SOA: u16 = 6;
     pub(crate) const PTR: u16 = 12;
+    pub(crate) const SRV: u16 = 33;
     pub(crate) const AAAA: u16 = 28;
     pub(crate) const OPT: u16 = 41;
 }
@@ -41,6 +42,8 @@ pub(crate) mod rcode {
 pub(crate) struct Edns {
     /// The requestor's UDP payload size.
     pub(crate) payload: u16,
+    /// The DO bit, copied into the response's OPT (RFC 3225).
+    pub(crate) dnssec_ok: bool,
 }
 
 /// An ordinary query, parsed in place.
@@ -169,13 +172,18 @@ pub(crate) fn parse<'a>(packet: &'a [u8], lower: &mut [u8; 256]) -> Parse<'a> {
             return Parse::Slow;
         }
         let payload = u16_at(packet, pos + 3);
+        // The flags (TTL bytes 3 and 4): only DO matters; unknown ones are ignored and
+        // not echoed (RFC 6891 §6.1.4).
         let rdlen = usize::from(u16_at(packet, pos + 9));
         let rdata = packet.get(pos + OPT_LEN..pos + OPT_LEN + rdlen);
         if !rdata.is_some_and(plain_options) {
             return Parse::Slow;
         }
+        edns = Some(Edns {
+            payload,
+            dnssec_ok: packet[pos + 7] & 0x80 != 0,
+        });
         pos += OPT_LEN + rdlen;
-        edns = Some(Edns { payload });
     }
     if pos != packet.len() {
         return Parse::Slow;
@@ -240,11 +248,13 @@ pub(crate) fn write_header(
     }
 }
 
-/// Writes our OPT record at `out[pos..]` and returns the new end.
+/// Writes our OPT record at `out[pos..]` and returns the new end: version 0, no
+/// options, the DO bit when the query set it.
 #[inline]
-pub(crate) fn write_opt(out: &mut [u8], pos: usize, ext_rcode: u8) -> usize {
+pub(crate) fn write_opt(out: &mut [u8], pos: usize, ext_rcode: u8, dnssec_ok: bool) -> usize {
     let p = MAX_UDP_PAYLOAD.to_be_bytes();
-    out[pos..pos + OPT_LEN].copy_from_slice(&[0, 0, 41, p[0], p[1], ext_rcode, 0, 0, 0, 0, 0]);
+    let flags = if dnssec_ok { 0x80 } else { 0 };
+    out[pos..pos + OPT_LEN].copy_from_slice(&[0, 0, 41, p[0], p[1], ext_rcode, 0, flags, 0, 0, 0]);
     pos + OPT_LEN
 }
 
@@ -255,8 +265,8 @@ pub(crate) fn write_error(q: &Query<'_>, out: &mut [u8], rcode: u16) -> usize {
     out[pos..pos + question.len()].copy_from_slice(question);
     pos += question.len();
     let ar = u16::from(q.edns.is_some());
-    if q.edns.is_some() {
-        pos = write_opt(out, pos, (rcode >> 4) as u8);
+    if let Some(e) = q.edns {
+        pos = write_opt(out, pos, (rcode >> 4) as u8, e.dnssec_ok);
     }
     write_header(
         out,
@@ -299,6 +309,51 @@ pub(crate) fn question_span(packet: &[u8]) -> Option<(usize, u16)> {
         return None;
     }
     Some((pos + 4, u16_at(packet, pos)))
+}
+
+/// Skips a (possibly compressed) name at `pos`; returns the offset after it.
+fn skip_name(packet: &[u8], mut pos: usize) -> Option<usize> {
+    loop {
+        let len = *packet.get(pos)?;
+        match len {
+            0 => return Some(pos + 1),
+            // A compression pointer ends the name.
+            0xc0..=0xff => return (pos + 2 <= packet.len()).then_some(pos + 2),
+            1..=63 => pos += 1 + usize::from(len),
+            _ => return None,
+        }
+    }
+}
+
+/// The offset of the flags byte holding DO (the third byte of the TTL) of the OPT
+/// record in `packet`'s additional section, if it has one. Walks every section;
+/// `None` for anything malformed.
+pub(crate) fn opt_flags_at(packet: &[u8]) -> Option<usize> {
+    if packet.len() < HEADER_LEN {
+        return None;
+    }
+    let counts = [4, 6, 8, 10].map(|i| usize::from(u16_at(packet, i)));
+    let mut pos = HEADER_LEN;
+    for _ in 0..counts[0] {
+        pos = skip_name(packet, pos)? + 4;
+    }
+    let records = counts[1] + counts[2];
+    for i in 0..records + counts[3] {
+        pos = skip_name(packet, pos)?;
+        if pos + 10 > packet.len() {
+            return None;
+        }
+        if i >= records && u16_at(packet, pos) == rtype::OPT {
+            return Some(pos + 6);
+        }
+        pos += 10 + usize::from(u16_at(packet, pos + 8));
+    }
+    None
+}
+
+/// Whether `packet` carries an OPT record with the DO bit set.
+pub(crate) fn dnssec_ok(packet: &[u8]) -> bool {
+    opt_flags_at(packet).is_some_and(|at| packet.get(at).is_some_and(|f| f & 0x80 != 0))
 }
 
 /// A small, fast, non-cryptographic generator (xorshift64*) for answer shuffling.
@@ -381,7 +436,13 @@ mod tests {
         let Parse::Fast(q) = parse(&p, &mut lower) else {
             panic!()
         };
-        assert_eq!(q.edns, Some(Edns { payload: 4096 }));
+        assert_eq!(
+            q.edns,
+            Some(Edns {
+                payload: 4096,
+                dnssec_ok: false
+            })
+        );
         assert_eq!(q.udp_limit(), 4096);
     }
 
@@ -433,6 +494,28 @@ mod tests {
                 let _ = parse(&p, &mut lower);
                 let _ = question_span(&p);
             }
+        }
+    }
+
+    #[test]
+    fn finds_the_opt_records_flags() {
+        let mut p = query_edns(b"\x01a\x00", 1);
+        assert!(!dnssec_ok(&p));
+        let at = opt_flags_at(&p).unwrap();
+        assert_eq!(at, p.len() - 4);
+        p[at] = 0x80;
+        assert!(dnssec_ok(&p));
+        assert_eq!(opt_flags_at(&query(b"\x01a\x00", 1)), None);
+        // A response: one compressed answer before the OPT.
+        let mut r = query(b"\x01a\x00", 1);
+        r[2] |= 0x80;
+        r[7] = 1;
+        r[11] = 1;
+        r.extend_from_slice(&[0xc0, 12, 0, 1, 0, 1, 0, 0, 0, 9, 0, 4, 10, 0, 0, 1]);
+        r.extend_from_slice(&[0, 0, 41, 0x10, 0, 0, 0, 0x80, 0, 0, 0]);
+        assert!(dnssec_ok(&r));
+        for cut in 0..r.len() - 4 {
+            assert!(!dnssec_ok(&r[..cut]), "{cut}");
         }
     }
 

@@ -1,7 +1,7 @@
 //! Crash-safe store of the name registrations a node acknowledged over HTTP.
 //!
 //! A [`Store`] is one [redb](https://docs.rs/redb) file in a data directory. It keeps
-//! registrations, `(id, ip, fqdn)`, one row each: a put inserts the row, a delete
+//! registrations, `(id, ip, fqdn)` and an optional service and port, one row each: a put inserts the row, a delete
 //! removes the matching rows, so churn never grows the store (there are no
 //! tombstones to collect). Writes are queued in call order and made durable by a
 //! background thread that commits everything queued so far in one write
@@ -54,7 +54,7 @@ use redb::{ReadableDatabase, ReadableTable, TableDefinition};
 
 pub use error::StoreError;
 pub use open::LOCK_NAME;
-pub use record::{Registration, decode};
+pub use record::{Registration, Service, decode, decode_row};
 pub use writer::Pending;
 
 /// The newest store format this build reads and the one it writes.
@@ -206,9 +206,9 @@ impl Store {
             .iter()
             .map_err(|e| db_err("read the registrations")(e.into()))?;
         for row in rows {
-            let (key, _) = row.map_err(|e| db_err("read the registrations")(e.into()))?;
+            let (key, value) = row.map_err(|e| db_err("read the registrations")(e.into()))?;
             let key = key.value();
-            match decode(key) {
+            match decode_row(key, value.value()) {
                 Ok(r) => loaded.registrations.push(r),
                 Err(error) => loaded.undecodable.push(Undecodable {
                     key: key.to_vec(),

@@ -14,6 +14,18 @@
 //! | 1 | address family: `4` or `6` |
 //! | 4 or 16 | the address |
 //! | rest | fqdn, UTF-8, not empty |
+//!
+//! The row's value holds what is not identity: empty for a registration without a
+//! service (every row written before services existed), else, version 1:
+//!
+//! | bytes | meaning |
+//! |---|---|
+//! | 1 | value version (`1`) |
+//! | 2 | port, big-endian, not 0 |
+//! | rest | service (`_http._tcp`), UTF-8, not empty |
+//!
+//! Putting a registration again with another service overwrites the value: still one
+//! row per (id, ip, fqdn).
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
@@ -21,6 +33,18 @@ use crate::error::StoreError;
 
 /// The record version written by this build.
 const RECORD_V1: u8 = 1;
+/// The value version written by this build for a registration with a service.
+const VALUE_V1: u8 = 1;
+
+/// The service and port a registration carries (the name server checks the service's
+/// form; the store keeps it as given).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Service {
+    /// The service, e.g. `_http._tcp`.
+    pub name: String,
+    /// The port, 1–65535.
+    pub port: u16,
+}
 
 /// One registration: container `id` registered `ip` under `fqdn`.
 ///
@@ -35,6 +59,8 @@ pub struct Registration {
     pub ip: IpAddr,
     /// The name.
     pub fqdn: String,
+    /// The service answered as SRV, if any (kept in the row's value).
+    pub service: Option<Service>,
 }
 
 impl Registration {
@@ -44,7 +70,31 @@ impl Registration {
             id: id.into(),
             ip,
             fqdn: fqdn.into(),
+            service: None,
         }
+    }
+
+    /// The same registration carrying `service`.
+    pub fn with_service(self, service: Option<Service>) -> Self {
+        Self { service, ..self }
+    }
+
+    /// The value this registration is stored with: empty without a service. Fails
+    /// for port 0 or an empty service name (which [`decode_row`] would reject).
+    pub fn encode_value(&self) -> Result<Vec<u8>, StoreError> {
+        let Some(s) = &self.service else {
+            return Ok(Vec::new());
+        };
+        if s.port == 0 || s.name.is_empty() {
+            return Err(StoreError::Unencodable {
+                reason: "service with port 0 or an empty name",
+            });
+        }
+        let mut out = Vec::with_capacity(3 + s.name.len());
+        out.push(VALUE_V1);
+        out.extend_from_slice(&s.port.to_be_bytes());
+        out.extend_from_slice(s.name.as_bytes());
+        Ok(out)
     }
 
     /// The key this registration is stored under. Fails for an id longer than 4 GiB
@@ -136,6 +186,45 @@ pub fn decode(key: &[u8]) -> Result<Registration, StoreError> {
     Ok(Registration::new(id, ip, fqdn))
 }
 
+/// Decodes a stored row, key and value, back into its registration.
+///
+/// Never panics: any bytes give either the registration or
+/// [`StoreError::BadRecord`]. An empty value (every row of builds before services)
+/// is a registration without a service.
+///
+/// ```
+/// use dwara_store::{Registration, Service, decode_row};
+///
+/// let r = Registration::new("c1", "10.32.0.7".parse().unwrap(), "web.weave.local.")
+///     .with_service(Some(Service { name: "_http._tcp".into(), port: 80 }));
+/// let (key, value) = (r.encode().unwrap(), r.encode_value().unwrap());
+/// assert_eq!(decode_row(&key, &value).unwrap(), r);
+/// assert_eq!(decode_row(&key, b"").unwrap().service, None);
+/// assert!(decode_row(&key, &[9]).is_err());
+/// ```
+pub fn decode_row(key: &[u8], value: &[u8]) -> Result<Registration, StoreError> {
+    let r = decode(key)?;
+    let Some((&version, rest)) = value.split_first() else {
+        return Ok(r);
+    };
+    if version != VALUE_V1 {
+        return Err(bad("unknown value version"));
+    }
+    let (port, name) = rest.split_first_chunk::<2>().ok_or(bad("truncated port"))?;
+    let port = u16::from_be_bytes(*port);
+    if port == 0 {
+        return Err(bad("port 0"));
+    }
+    if name.is_empty() {
+        return Err(bad("empty service"));
+    }
+    let name = std::str::from_utf8(name).map_err(|_| bad("service is not UTF-8"))?;
+    Ok(r.with_service(Some(Service {
+        name: name.to_owned(),
+        port,
+    })))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -172,6 +261,39 @@ mod tests {
                 prop_assert!(!key.starts_with(&id_prefix(&other).unwrap()));
             }
         }
+    }
+
+    #[test]
+    fn values_carry_the_service() {
+        let r = Registration::new("c1", "10.0.0.1".parse().unwrap(), "a.weave.local.");
+        let key = r.encode().unwrap();
+        assert_eq!(r.encode_value().unwrap(), b"");
+        let s = r.clone().with_service(Some(Service {
+            name: "_http._tcp".to_owned(),
+            port: 8080,
+        }));
+        let value = s.encode_value().unwrap();
+        assert_eq!(value, b"\x01\x1f\x90_http._tcp");
+        assert_eq!(decode_row(&key, &value).unwrap(), s);
+        assert_eq!(decode_row(&key, b"").unwrap(), r);
+        let cases: &[(&[u8], &str)] = &[
+            (&[2, 0, 80, b'x'], "unknown value version"),
+            (&[1, 0], "truncated port"),
+            (&[1, 0, 0, b'x'], "port 0"),
+            (&[1, 0, 80], "empty service"),
+            (&[1, 0, 80, 0xff], "service is not UTF-8"),
+        ];
+        for (value, want) in cases {
+            match decode_row(&key, value) {
+                Err(StoreError::BadRecord { reason }) => assert_eq!(reason, *want, "{value:?}"),
+                other => panic!("{value:?}: {other:?}"),
+            }
+        }
+        let zero = r.with_service(Some(Service {
+            name: "_x._tcp".to_owned(),
+            port: 0,
+        }));
+        assert!(zero.encode_value().is_err());
     }
 
     #[test]

@@ -557,3 +557,38 @@ fn a_full_disk_fails_writes_and_the_store_recovers_when_space_is_back() {
         "acknowledged writes, and only those, are stored"
     );
 }
+
+#[test]
+fn services_survive_a_reopen_and_a_put_replaces_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let http = |port| {
+        Some(Service {
+            name: "_http._tcp".to_owned(),
+            port,
+        })
+    };
+    let plain = reg("c1", "10.0.0.1", "a.weave.local.");
+    {
+        let store = Store::open(dir.path()).unwrap();
+        put(&store, &plain);
+        put(&store, &plain.clone().with_service(http(80)));
+        put(
+            &store,
+            &reg("c2", "10.0.0.2", "a.weave.local.").with_service(http(81)),
+        );
+    }
+    assert_eq!(
+        stored(dir.path()),
+        BTreeSet::from([
+            plain.clone().with_service(http(80)),
+            reg("c2", "10.0.0.2", "a.weave.local.").with_service(http(81)),
+        ]),
+        "one row per registration; the last put's service"
+    );
+    {
+        let store = Store::open(dir.path()).unwrap();
+        put(&store, &plain);
+        delete(&store, "c2", None, None);
+    }
+    assert_eq!(stored(dir.path()), BTreeSet::from([plain]));
+}

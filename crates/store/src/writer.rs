@@ -24,7 +24,8 @@ type Reply = oneshot::Sender<Result<(), StoreError>>;
 /// A [`Write`] with its keys encoded.
 #[derive(Debug)]
 enum Encoded {
-    Put(Vec<u8>),
+    /// Key and value.
+    Put(Vec<u8>, Vec<u8>),
     Delete {
         prefix: Vec<u8>,
         ip: Option<std::net::IpAddr>,
@@ -35,7 +36,7 @@ enum Encoded {
 impl Encoded {
     fn new(write: Write) -> Result<Self, StoreError> {
         Ok(match write {
-            Write::Put(r) => Self::Put(r.encode()?),
+            Write::Put(r) => Self::Put(r.encode()?, r.encode_value()?),
             Write::Delete { id, ip, fqdn } => Self::Delete {
                 prefix: id_prefix(&id)?,
                 ip,
@@ -285,8 +286,8 @@ fn commit(db: &Database, writes: &[Encoded]) -> Result<(), redb::Error> {
         let mut table = txn.open_table(REGISTRATIONS)?;
         for write in writes {
             match write {
-                Encoded::Put(key) => {
-                    table.insert(&key[..], &[][..])?;
+                Encoded::Put(key, value) => {
+                    table.insert(&key[..], &value[..])?;
                 }
                 Encoded::Delete { prefix, ip, fqdn } => {
                     let mut doomed = Vec::new();

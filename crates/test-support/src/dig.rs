@@ -35,8 +35,18 @@ pub struct DigAnswer {
     pub answers: Vec<DigRecord>,
     /// The authority section.
     pub authority: Vec<DigRecord>,
+    /// The additional section (without the OPT pseudo-record).
+    pub additional: Vec<DigRecord>,
+    /// The opcode (`QUERY`, `RESERVED15`…).
+    pub opcode: String,
     /// Whether the response carried an OPT record.
     pub edns: bool,
+    /// The OPT record's version, when there is one.
+    pub edns_version: Option<u8>,
+    /// The OPT record's flags as dig names them (`do`), unknown ones as `MBZ: 0x…`.
+    pub edns_flags: Vec<String>,
+    /// The EDNS options dig printed (`NSID`, `COOKIE`, `OPT=100`…), one per line.
+    pub edns_options: Vec<String>,
     /// dig's whole output, for assertion messages.
     pub raw: String,
 }
@@ -121,12 +131,19 @@ pub fn parse(raw: &str) -> Option<DigAnswer> {
     let mut flags = Vec::new();
     let mut answers = Vec::new();
     let mut authority = Vec::new();
+    let mut additional = Vec::new();
+    let mut opcode = String::new();
     let mut edns = false;
+    let mut edns_version = None;
+    let mut edns_flags = Vec::new();
+    let mut edns_options = Vec::new();
     #[derive(PartialEq)]
     enum Section {
         Other,
+        Opt,
         Answer,
         Authority,
+        Additional,
     }
     let mut section = Section::Other;
     for line in raw.lines() {
@@ -136,6 +153,11 @@ pub fn parse(raw: &str) -> Option<DigAnswer> {
                 .split(',')
                 .find_map(|p| p.trim().strip_prefix("status:"))
                 .map(|s| s.trim().to_owned());
+            opcode = rest
+                .split(',')
+                .find_map(|p| p.trim().strip_prefix("opcode:"))
+                .map(|s| s.trim().to_owned())
+                .unwrap_or_default();
         } else if let Some(rest) = line.strip_prefix(";; flags:") {
             flags = rest
                 .split(';')
@@ -146,15 +168,32 @@ pub fn parse(raw: &str) -> Option<DigAnswer> {
                 .collect();
         } else if line.starts_with(";; OPT PSEUDOSECTION") {
             edns = true;
+            section = Section::Opt;
+        } else if let Some(rest) = line.strip_prefix("; EDNS:") {
+            // `; EDNS: version: 0, flags: do; MBZ: 0x0080, udp: 4096`
+            for part in rest.split([',', ';']) {
+                let part = part.trim();
+                if let Some(v) = part.strip_prefix("version:") {
+                    edns_version = v.trim().parse().ok();
+                } else if let Some(f) = part.strip_prefix("flags:") {
+                    edns_flags.extend(f.split_whitespace().map(str::to_owned));
+                } else if part.starts_with("MBZ:") {
+                    edns_flags.push(part.to_owned());
+                }
+            }
+        } else if section == Section::Opt && line.starts_with("; ") {
+            edns_options.push(line.trim_start_matches("; ").to_owned());
         } else if line.starts_with(";; ANSWER SECTION") {
             section = Section::Answer;
         } else if line.starts_with(";; AUTHORITY SECTION") {
             section = Section::Authority;
+        } else if line.starts_with(";; ADDITIONAL SECTION") {
+            section = Section::Additional;
         } else if line.starts_with(';') || line.is_empty() {
             if line.starts_with(";;") {
                 section = Section::Other;
             }
-        } else if section != Section::Other {
+        } else if section != Section::Other && section != Section::Opt {
             let mut w = line.split_whitespace();
             let (Some(name), Some(ttl), Some(_class), Some(rtype)) =
                 (w.next(), w.next(), w.next(), w.next())
@@ -170,7 +209,8 @@ pub fn parse(raw: &str) -> Option<DigAnswer> {
             match section {
                 Section::Answer => answers.push(rec),
                 Section::Authority => authority.push(rec),
-                Section::Other => {}
+                Section::Additional => additional.push(rec),
+                Section::Other | Section::Opt => {}
             }
         }
     }
@@ -179,7 +219,12 @@ pub fn parse(raw: &str) -> Option<DigAnswer> {
         flags,
         answers,
         authority,
+        additional,
+        opcode,
         edns,
+        edns_version,
+        edns_flags,
+        edns_options,
         raw: raw.to_owned(),
     })
 }

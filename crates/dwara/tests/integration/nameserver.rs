@@ -246,6 +246,81 @@ fn register_with_the_cli_resolve_with_dig_and_stop_on_sigterm() {
 }
 
 #[test]
+fn dns_add_with_a_port_is_answered_as_srv() {
+    let s = Serve::start(&[
+        "--dns-listen",
+        "127.0.0.1:0",
+        "--http-listen",
+        "127.0.0.1:0",
+    ]);
+    ok(&s.dns(&[
+        "add",
+        "c1",
+        "10.32.0.1",
+        "web.weave.local",
+        "--port",
+        "8080",
+        "--service",
+        "_http._tcp",
+    ]));
+    ok(&s.dns(&[
+        "add",
+        "c2",
+        "10.32.0.2",
+        "web.weave.local",
+        "--port",
+        "8080",
+        "--service",
+        "_http._tcp",
+    ]));
+    ok(&s.dns(&["add", "c3", "10.32.0.3", "db.weave.local", "--port", "5432"]));
+    let a = s.dig().query("_http._tcp.web.weave.local", "SRV").unwrap();
+    assert_eq!(a.status, "NOERROR", "{}", a.raw);
+    assert_eq!(a.data("SRV"), ["0 1 8080 web.weave.local."], "{}", a.raw);
+    let mut extra: Vec<&str> = a.additional.iter().map(|r| r.data.as_str()).collect();
+    extra.sort_unstable();
+    assert_eq!(extra, ["10.32.0.1", "10.32.0.2"], "{}", a.raw);
+    let d = s.dig().query("_5432._tcp.db.weave.local", "SRV").unwrap();
+    assert_eq!(d.data("SRV"), ["0 1 5432 db.weave.local."], "{}", d.raw);
+    let mut eps: Vec<String> = ok(&s.dns(&["lookup", "_http._tcp.web.weave.local"]))
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    eps.sort();
+    assert_eq!(eps, ["10.32.0.1:8080", "10.32.0.2:8080"]);
+    // Bad values are refused before or by the API, with a message.
+    for args in [
+        &["add", "c4", "10.32.0.4", "x.weave.local", "--port", "0"][..],
+        &[
+            "add",
+            "c4",
+            "10.32.0.4",
+            "x.weave.local",
+            "--service",
+            "_http._tcp",
+        ],
+        &[
+            "add",
+            "c4",
+            "10.32.0.4",
+            "x.weave.local",
+            "--port",
+            "80",
+            "--service",
+            "http",
+        ],
+    ] {
+        let out = s.dns(args);
+        assert!(!out.status.success(), "{args:?}");
+        assert!(!out.stderr.is_empty(), "{args:?}");
+    }
+    assert_eq!(
+        s.dig().query("x.weave.local", "A").unwrap().status,
+        "NXDOMAIN"
+    );
+}
+
+#[test]
 fn domain_ttl_and_resolv_conf_flags() {
     let f = fallback();
     let dir = tempfile::tempdir().unwrap();

@@ -113,6 +113,7 @@ fn apply_merges_by_version() {
         origin: "peer-b".into(),
         version: 3,
         tombstone: false,
+        service: None,
     };
     assert!(db.apply(e.clone()).unwrap());
     assert!(!db.apply(e.clone()).unwrap(), "same version: no change");
@@ -140,6 +141,7 @@ fn hidden_origins_and_purge() {
         origin: "peer-b".into(),
         version: 1,
         tombstone: false,
+        service: None,
     })
     .unwrap();
     assert_eq!(db.lookup("a.weave.local").len(), 2);
@@ -228,4 +230,59 @@ fn tables_follow_the_db() {
         0
     );
     assert!(db.entries().is_empty());
+}
+
+#[test]
+fn services_are_attributes_that_a_new_registration_replaces() {
+    use crate::ServicePort;
+    let db = db();
+    let mut changes = db.subscribe();
+    let http = ServicePort::parse("_http._tcp", "80").unwrap();
+    let alt = ServicePort::parse("_http._tcp", "8080").unwrap();
+    assert!(
+        db.add_service("c1", ip("10.0.0.1"), "a.weave.local", Some(&http))
+            .unwrap()
+    );
+    assert!(
+        !db.add_service("c1", ip("10.0.0.1"), "a.weave.local", Some(&http))
+            .unwrap()
+    );
+    assert!(
+        db.add_service("c1", ip("10.0.0.1"), "a.weave.local", Some(&alt))
+            .unwrap()
+    );
+    let e = &db.entries()[0];
+    assert_eq!((e.version, e.service.as_ref()), (2, Some(&alt)));
+    assert_eq!(db.len(), 1, "still one entry");
+    assert!(
+        db.add("c1", ip("10.0.0.1"), "a.weave.local").unwrap(),
+        "none replaces it"
+    );
+    assert_eq!(db.entries()[0].service, None);
+    let seen: Vec<Option<u16>> = std::iter::from_fn(|| changes.try_recv().ok())
+        .map(|c| c.entry.service.map(|s| s.port()))
+        .collect();
+    assert_eq!(seen, vec![Some(80), Some(8080), None]);
+    // A merge with a higher version carries the service; JSON shows it beside the rest.
+    let mut e = db.entries()[0].clone();
+    e.origin = "peer-b".into();
+    e.service = Some(http.clone());
+    assert!(db.apply(e.clone()).unwrap());
+    assert_eq!(
+        db.lookup_service("_http._tcp.a.weave.local"),
+        vec!["10.0.0.1:80".parse().unwrap()]
+    );
+    e.version += 1;
+    e.service = Some(alt);
+    assert!(db.apply(e.clone()).unwrap());
+    let json = serde_json::to_value(&e).unwrap();
+    assert_eq!(
+        (json["service"].as_str(), json["port"].as_u64()),
+        (Some("_http._tcp"), Some(8080))
+    );
+    let back: Entry = serde_json::from_value(json).unwrap();
+    assert_eq!(back, e);
+    e.service = None;
+    let json = serde_json::to_value(&e).unwrap();
+    assert!(json.get("port").is_none() && json.get("service").is_none());
 }

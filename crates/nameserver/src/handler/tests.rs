@@ -341,6 +341,7 @@ fn hidden_and_removed_records_are_not_served() {
         origin: "peer-b".into(),
         version: 1,
         tombstone: false,
+        service: None,
     })
     .unwrap();
     let q = query("remote.weave.local.", RecordType::A, None);
@@ -421,4 +422,307 @@ fn reads_beside_writes_see_whole_record_sets() {
     stop.store(true, Ordering::Relaxed);
     assert!(writer.join().unwrap() > 0);
     assert!(sizes.len() > 1, "the reader saw the set change: {sizes:?}");
+}
+
+fn srv_fixture() -> Fixture {
+    let f = fixture();
+    let http = crate::ServicePort::parse("_http._tcp", "80").unwrap();
+    let alt = crate::ServicePort::parse("_http._tcp", "8080").unwrap();
+    let dns = crate::ServicePort::parse("_dns._udp", "53").unwrap();
+    let db = &f.db;
+    db.add_service("s1", ip("10.1.0.1"), "api.weave.local", Some(&http))
+        .unwrap();
+    db.add_service("s2", ip("fd00::2"), "api.weave.local", Some(&http))
+        .unwrap();
+    db.add_service("s3", ip("10.1.0.3"), "api.weave.local", Some(&alt))
+        .unwrap();
+    db.add_service("s4", ip("10.1.0.4"), "api.weave.local", Some(&dns))
+        .unwrap();
+    db.add("s5", ip("10.1.0.5"), "api.weave.local").unwrap();
+    f
+}
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+#[test]
+fn srv_answers_carry_ports_and_addresses() {
+    let mut f = srv_fixture();
+    for transport in [Transport::Udp, Transport::Tcp] {
+        let q = query("_HTTP._tcp.Api.weave.local.", RecordType::SRV, None);
+        let m = f.answer(&q, transport);
+        assert_eq!(m.metadata.response_code, ResponseCode::NoError);
+        assert!(m.metadata.authoritative);
+        assert!(!m.metadata.truncation);
+        let mut srv: Vec<(u16, u16, u16, String)> = m
+            .answers
+            .iter()
+            .map(|r| match &r.data {
+                RData::SRV(s) => {
+                    assert!(
+                        r.name
+                            .to_ascii()
+                            .eq_ignore_ascii_case("_http._tcp.api.weave.local.")
+                    );
+                    (
+                        s.priority,
+                        s.weight,
+                        s.port,
+                        s.target.to_ascii().to_lowercase(),
+                    )
+                }
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        srv.sort();
+        // One record per distinct port, target the entry's own name (the query's case).
+        assert_eq!(
+            srv,
+            vec![
+                (0, 1, 80, "api.weave.local.".to_owned()),
+                (0, 1, 8080, "api.weave.local.".to_owned()),
+            ]
+        );
+        // The addresses of the entries with that service, none other.
+        let mut extra: Vec<IpAddr> = m
+            .additionals
+            .iter()
+            .filter_map(|r| {
+                assert!(r.name.to_ascii().eq_ignore_ascii_case("api.weave.local."));
+                match &r.data {
+                    RData::A(a) => Some(IpAddr::V4(a.0)),
+                    RData::AAAA(a) => Some(IpAddr::V6(a.0)),
+                    _ => None,
+                }
+            })
+            .collect();
+        extra.sort();
+        assert_eq!(extra, vec![ip("10.1.0.1"), ip("10.1.0.3"), ip("fd00::2")]);
+    }
+    assert_eq!(
+        f.db.lookup_service("_http._tcp.api.weave.local"),
+        vec![
+            "10.1.0.1:80".parse().unwrap(),
+            "[fd00::2]:80".parse().unwrap(),
+            "10.1.0.3:8080".parse().unwrap()
+        ]
+    );
+}
+
+#[test]
+fn srv_negative_answers() {
+    let mut f = srv_fixture();
+    let ask = |f: &mut Fixture, name: &str, t: RecordType| {
+        let m = f.answer(&query(name, t, None), Transport::Udp);
+        (
+            m.metadata.response_code,
+            m.answers.len(),
+            m.authorities.len(),
+        )
+    };
+    let nodata = (ResponseCode::NoError, 0, 1);
+    let nxdomain = (ResponseCode::NXDomain, 0, 1);
+    // The service name exists: other types are NODATA.
+    assert_eq!(
+        ask(&mut f, "_http._tcp.api.weave.local.", RecordType::A),
+        nodata
+    );
+    assert_eq!(
+        ask(&mut f, "_dns._udp.api.weave.local.", RecordType::TXT),
+        nodata
+    );
+    // The empty non-terminal above it exists too.
+    assert_eq!(
+        ask(&mut f, "_tcp.api.weave.local.", RecordType::SRV),
+        nodata
+    );
+    assert_eq!(ask(&mut f, "_udp.api.weave.local.", RecordType::A), nodata);
+    // A name that exists without that service: SRV on the name itself is NODATA,
+    // other services do not exist.
+    assert_eq!(ask(&mut f, "api.weave.local.", RecordType::SRV), nodata);
+    assert_eq!(ask(&mut f, "web.weave.local.", RecordType::SRV), nodata);
+    assert_eq!(
+        ask(&mut f, "_ftp._tcp.api.weave.local.", RecordType::SRV),
+        nxdomain
+    );
+    assert_eq!(
+        ask(&mut f, "_http._udp.api.weave.local.", RecordType::SRV),
+        nxdomain
+    );
+    assert_eq!(
+        ask(&mut f, "_http._tcp.web.weave.local.", RecordType::SRV),
+        nxdomain
+    );
+    assert_eq!(
+        ask(&mut f, "_sctp.api.weave.local.", RecordType::SRV),
+        nxdomain
+    );
+    assert_eq!(
+        ask(&mut f, "_http._tcp.nope.weave.local.", RecordType::SRV),
+        nxdomain
+    );
+    // Outside the domain: forwarded.
+    let q = query("_http._tcp.example.com.", RecordType::SRV, None);
+    assert_eq!(f.ask(&q, Transport::Udp), Outcome::Forward { qtype: 33 });
+    // Removing the last entry of a service removes the name.
+    f.db.remove_all("s4");
+    assert_eq!(
+        ask(&mut f, "_dns._udp.api.weave.local.", RecordType::SRV),
+        nxdomain
+    );
+    assert_eq!(
+        ask(&mut f, "_udp.api.weave.local.", RecordType::SRV),
+        nxdomain
+    );
+    // So does hiding its origin, and replacing the service.
+    let http = crate::ServicePort::parse("_http._tcp", "80").unwrap();
+    let web = crate::ServicePort::parse("_web._tcp", "81").unwrap();
+    for id in ["s1", "s2"] {
+        let ip = if id == "s1" {
+            ip("10.1.0.1")
+        } else {
+            ip("fd00::2")
+        };
+        assert!(
+            f.db.add_service(id, ip, "api.weave.local", Some(&http))
+                .is_ok()
+        );
+        assert!(
+            f.db.add_service(id, ip, "api.weave.local", Some(&web))
+                .unwrap()
+        );
+    }
+    f.db.add("s3", ip("10.1.0.3"), "api.weave.local").unwrap();
+    assert_eq!(
+        ask(&mut f, "_http._tcp.api.weave.local.", RecordType::SRV),
+        nxdomain
+    );
+    assert_eq!(
+        ask(&mut f, "_web._tcp.api.weave.local.", RecordType::SRV).1,
+        1
+    );
+}
+
+#[test]
+fn srv_answers_truncate_and_leave_out_additionals() {
+    let mut f = fixture();
+    // 40 ports: 40 SRV records of 20 bytes do not fit 512 bytes.
+    for i in 0..40u16 {
+        let s = crate::ServicePort::parse("_x._tcp", &(1000 + i).to_string()).unwrap();
+        let ip = IpAddr::from([10, 2, 0, i as u8]);
+        f.db.add_service(&format!("t{i}"), ip, "many.weave.local", Some(&s))
+            .unwrap();
+    }
+    let q = query("_x._tcp.many.weave.local.", RecordType::SRV, None);
+    let n = match f.ask(&q, Transport::Udp) {
+        Outcome::Reply(n) => n,
+        other => panic!("{other:?}"),
+    };
+    assert!(n <= 512);
+    let m = Message::from_vec(&f.out[..n]).unwrap();
+    assert!(m.metadata.truncation);
+    assert!(m.additionals.is_empty());
+    assert!(!m.answers.is_empty());
+    // Over TCP everything fits.
+    let m = f.answer(&q, Transport::Tcp);
+    assert!(!m.metadata.truncation);
+    assert_eq!((m.answers.len(), m.additionals.len()), (40, 40));
+    // One port, many addresses: the SRV record fits, the additionals are cut.
+    for i in 0..100u8 {
+        let s = crate::ServicePort::parse("_y._tcp", "9").unwrap();
+        f.db.add_service(
+            &format!("u{i}"),
+            IpAddr::from([10, 3, 0, i]),
+            "wide.weave.local",
+            Some(&s),
+        )
+        .unwrap();
+    }
+    let q = query("_y._tcp.wide.weave.local.", RecordType::SRV, Some(1232));
+    let n = match f.ask(&q, Transport::Udp) {
+        Outcome::Reply(n) => n,
+        other => panic!("{other:?}"),
+    };
+    assert!(n <= 1232);
+    let m = Message::from_vec(&f.out[..n]).unwrap();
+    assert!(!m.metadata.truncation);
+    assert_eq!(m.answers.len(), 1);
+    assert!(
+        m.additionals.len() > 10 && m.additionals.len() < 100,
+        "{}",
+        m.additionals.len()
+    );
+    assert!(m.edns.is_some(), "the OPT record is kept");
+}
+
+/// A query with EDNS: `version`, flags (DO is 0x8000) and options as given.
+fn query_edns(name: &str, rtype: RecordType, version: u8, flags: u16, options: &[u8]) -> Vec<u8> {
+    let mut p = query(name, rtype, None);
+    p[11] = 1;
+    let f = flags.to_be_bytes();
+    let len = (options.len() as u16).to_be_bytes();
+    p.extend_from_slice(&[0, 0, 41, 0x04, 0xd0, 0, version, f[0], f[1], len[0], len[1]]);
+    p.extend_from_slice(options);
+    p
+}
+
+/// The response's OPT record: (extended rcode byte, version, flags, rdata length).
+fn opt_of(reply: &[u8]) -> (u8, u8, u16, u16) {
+    let opt = &reply[reply.len() - 11..];
+    assert_eq!(&opt[..3], &[0, 0, 41], "the OPT record comes last");
+    (
+        opt[5],
+        opt[6],
+        u16::from_be_bytes([opt[7], opt[8]]),
+        u16::from_be_bytes([opt[9], opt[10]]),
+    )
+}
+
+#[test]
+fn the_do_bit_is_echoed_and_other_flags_are_not() {
+    let mut f = srv_fixture();
+    let names = [
+        ("web.weave.local.", RecordType::A),
+        ("nope.weave.local.", RecordType::A),
+        ("web.weave.local.", RecordType::MX),
+        ("weave.local.", RecordType::SOA),
+        ("_http._tcp.api.weave.local.", RecordType::SRV),
+        ("1.0.0.10.in-addr.arpa.", RecordType::PTR),
+    ];
+    for (name, rtype) in names {
+        for (flags, options, want_flags) in [
+            (0x8000u16, &[][..], 0x8000u16),
+            (0x0000, &[][..], 0),
+            (0x0080, &[][..], 0),
+            (0x8080, &[0, 100, 0, 2, 1, 2][..], 0x8000),
+            // A client subnet option: the hickory-proto path.
+            (0x8000, &[0, 8, 0, 4, 0, 1, 0, 0][..], 0x8000),
+        ] {
+            let p = query_edns(name, rtype, 0, flags, options);
+            let Outcome::Reply(n) = f.ask(&p, Transport::Udp) else {
+                panic!("{name}: no reply")
+            };
+            let (ext, version, got, rdlen) = opt_of(&f.out[..n]);
+            assert_eq!(
+                (ext, version, got, rdlen),
+                (0, 0, want_flags, 0),
+                "{name} {flags:#x}"
+            );
+        }
+        // Version 1: BADVERS, with the DO bit echoed (RFC 8906 §8.2.9).
+        for (flags, options, want_flags) in [
+            (0x8000u16, &[][..], 0x8000u16),
+            (0x0080, &[][..], 0),
+            (0x0000, &[0, 100, 0, 0][..], 0),
+        ] {
+            let p = query_edns(name, rtype, 1, flags, options);
+            let Outcome::Reply(n) = f.ask(&p, Transport::Udp) else {
+                panic!("{name}: no reply")
+            };
+            let reply = &f.out[..n];
+            assert_eq!(reply[3] & 0x0f, 0, "BADVERS is 16: low bits 0");
+            assert_eq!(opt_of(reply), (1, 0, want_flags, 0), "{name} {flags:#x}");
+        }
+    }
 }

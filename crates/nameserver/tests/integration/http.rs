@@ -279,6 +279,7 @@ fn deletes_touch_only_own_entries_and_name_the_owners_otherwise() {
         origin: "peer-b".into(),
         version: 1,
         tombstone: false,
+        service: None,
     };
     s.db().apply(theirs.clone()).unwrap();
     s.db()

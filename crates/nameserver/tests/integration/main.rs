@@ -6,5 +6,7 @@
 mod dns;
 mod forward;
 mod http;
+mod rfc8906;
+mod srv;
 mod support;
 mod udp;

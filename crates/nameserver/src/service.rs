@@ -1,0 +1,242 @@
+//! The service and port an entry may carry, answered as SRV records.
+//!
+//! An entry registered with a [`ServicePort`] (say `_http._tcp`, port 80) under
+//! `web.weave.local.` makes the name server answer `SRV` for
+//! `_http._tcp.web.weave.local.`: priority 0, weight 1, that port, target
+//! `web.weave.local.`, with the target's addresses in the additional section.
+//!
+//! A service is two labels, RFC 2782 and RFC 6335 style: `_name._tcp` or `_name._udp`,
+//! where `name` is 1 to 15 letters, digits and hyphens (not starting or ending with a
+//! hyphen). It is kept lower-case, without a trailing dot.
+
+use std::fmt;
+use std::num::NonZeroU16;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// Longest service name label (RFC 6335 §5.1), without the underscore.
+pub const MAX_SERVICE_NAME: usize = 15;
+
+/// The service an entry offers and its port: answered as SRV at `<service>.<fqdn>`.
+///
+/// ```
+/// use dwara_nameserver::ServicePort;
+///
+/// let s = ServicePort::parse("_HTTP._tcp", "80").unwrap();
+/// assert_eq!((s.service(), s.port()), ("_http._tcp", 80));
+/// assert!(ServicePort::parse("http", "80").is_err());
+/// assert!(ServicePort::parse("_http._tcp", "0").is_err());
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(try_from = "RawServicePort", into = "RawServicePort")]
+pub struct ServicePort {
+    service: String,
+    port: NonZeroU16,
+}
+
+/// The serde form: `{"service": "_http._tcp", "port": 80}` (flattened into an entry).
+#[derive(Serialize, Deserialize)]
+struct RawServicePort {
+    service: String,
+    port: u16,
+}
+
+impl TryFrom<RawServicePort> for ServicePort {
+    type Error = Error;
+
+    fn try_from(raw: RawServicePort) -> Result<Self> {
+        let port = NonZeroU16::new(raw.port).ok_or(Error::InvalidPort {
+            input: raw.port.to_string(),
+        })?;
+        Self::new(&raw.service, port)
+    }
+}
+
+impl From<ServicePort> for RawServicePort {
+    fn from(s: ServicePort) -> Self {
+        Self {
+            service: s.service,
+            port: s.port.get(),
+        }
+    }
+}
+
+impl ServicePort {
+    /// Checks and normalises (lower-cases) `service`; see the module docs for the form.
+    pub fn new(service: &str, port: NonZeroU16) -> Result<Self> {
+        let bad = |reason: &str| Error::InvalidService {
+            input: service.to_owned(),
+            reason: reason.to_owned(),
+        };
+        let lower = service.to_ascii_lowercase();
+        let Some((name, proto)) = lower.split_once('.') else {
+            return Err(bad("want two labels, _name._tcp or _name._udp"));
+        };
+        let Some(name) = name.strip_prefix('_') else {
+            return Err(bad("the service name must start with an underscore"));
+        };
+        if name.is_empty() || name.len() > MAX_SERVICE_NAME {
+            return Err(bad("the service name must be 1 to 15 characters"));
+        }
+        if !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-') {
+            return Err(bad(
+                "the service name may hold only letters, digits and hyphens",
+            ));
+        }
+        if name.starts_with('-') || name.ends_with('-') {
+            return Err(bad("the service name must not start or end with a hyphen"));
+        }
+        if proto != "_tcp" && proto != "_udp" {
+            return Err(bad("the protocol label must be _tcp or _udp"));
+        }
+        Ok(Self {
+            service: lower,
+            port,
+        })
+    }
+
+    /// Parses the form values of the HTTP API: a service and a port (1–65535).
+    pub fn parse(service: &str, port: &str) -> Result<Self> {
+        let port = parse_port(port)?;
+        Self::new(service.trim(), port)
+    }
+
+    /// The default service of a port when none is named: `_<port>._<protocol>`
+    /// (e.g. `_80._tcp`), so a port alone is still answered as SRV.
+    pub fn unnamed(port: NonZeroU16, protocol: Protocol) -> Self {
+        Self {
+            service: format!("_{port}.{}", protocol.label()),
+            port,
+        }
+    }
+
+    /// The service, lower-case (`_http._tcp`).
+    pub fn service(&self) -> &str {
+        &self.service
+    }
+
+    /// The port.
+    pub fn port(&self) -> u16 {
+        self.port.get()
+    }
+
+    /// The service's two labels in wire form (`\x05_http\x04_tcp`, no root label).
+    pub(crate) fn wire_labels(&self) -> Box<[u8]> {
+        let mut out = Vec::with_capacity(self.service.len() + 1);
+        for label in self.service.split('.') {
+            // Checked in `new`: two labels of at most 16 bytes.
+            out.push(label.len() as u8);
+            out.extend_from_slice(label.as_bytes());
+        }
+        out.into_boxed_slice()
+    }
+}
+
+impl fmt::Display for ServicePort {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} port {}", self.service, self.port)
+    }
+}
+
+/// The transport of an unnamed service ([`ServicePort::unnamed`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    /// `_tcp`.
+    Tcp,
+    /// `_udp`.
+    Udp,
+}
+
+impl Protocol {
+    fn label(self) -> &'static str {
+        match self {
+            Self::Tcp => "_tcp",
+            Self::Udp => "_udp",
+        }
+    }
+}
+
+/// Parses a port, 1–65535.
+pub fn parse_port(input: &str) -> Result<NonZeroU16> {
+    input
+        .trim()
+        .parse::<NonZeroU16>()
+        .map_err(|_| Error::InvalidPort {
+            input: input.to_owned(),
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn services_are_checked_and_folded() {
+        let p = NonZeroU16::new(80).unwrap();
+        let s = ServicePort::new("_Http._TCP", p).unwrap();
+        assert_eq!(s.service(), "_http._tcp");
+        assert_eq!(&*s.wire_labels(), b"\x05_http\x04_tcp");
+        assert!(ServicePort::new("_dns-sd._udp", p).is_ok());
+        assert!(ServicePort::new("_80._tcp", p).is_ok());
+        for bad in [
+            "",
+            "_http",
+            "http._tcp",
+            "_._tcp",
+            "_http._sctp",
+            "_http._tcp.",
+            "_http._tcp.x",
+            "_-http._tcp",
+            "_http-._tcp",
+            "_ht tp._tcp",
+            "_sixteen-chars-xx._tcp",
+            "_ünï._tcp",
+        ] {
+            assert!(
+                matches!(ServicePort::new(bad, p), Err(Error::InvalidService { .. })),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn ports_are_1_to_65535() {
+        assert_eq!(parse_port("80").unwrap().get(), 80);
+        assert_eq!(parse_port(" 65535 ").unwrap().get(), 65535);
+        for bad in ["0", "65536", "-1", "", "http", "8o"] {
+            assert!(
+                matches!(parse_port(bad), Err(Error::InvalidPort { .. })),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn unnamed_services_carry_port_and_transport() {
+        let s = ServicePort::unnamed(NonZeroU16::new(53).unwrap(), Protocol::Udp);
+        assert_eq!(s.service(), "_53._udp");
+        assert_eq!(
+            ServicePort::new(s.service(), NonZeroU16::MIN)
+                .unwrap()
+                .service(),
+            "_53._udp"
+        );
+    }
+
+    #[test]
+    fn serde_form_is_checked() {
+        let s: ServicePort =
+            serde_json::from_str(r#"{"service":"_http._tcp","port":8080}"#).unwrap();
+        assert_eq!(s.port(), 8080);
+        assert_eq!(
+            serde_json::to_string(&s).unwrap(),
+            r#"{"service":"_http._tcp","port":8080}"#
+        );
+        assert!(
+            serde_json::from_str::<ServicePort>(r#"{"service":"_http._tcp","port":0}"#).is_err()
+        );
+        assert!(serde_json::from_str::<ServicePort>(r#"{"service":"http","port":80}"#).is_err());
+    }
+}
