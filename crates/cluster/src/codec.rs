@@ -13,18 +13,31 @@
 //! envelope = 0x01 plain                        (0x02 was a value sealed by builds
 //!                                               before sealed datagrams: rejected)
 //! plain    = bucket | record
-//! bucket   = 0x02                               format version
+//! bucket   = 0x02 | 0x03                        format version (3: items may carry a
+//!                                               service; 2: they may not)
 //!            varint   bucket version            (LEB128, at most 10 bytes)
 //!            varint   item count                (at least 1)
-//!            item…                              strictly ascending (id, address, name)
+//!            item…                              strictly ascending (id, address,
+//!                                               name, service)
 //! record   = 0x01                               format version (one entry; older builds)
 //!            varint   entry version
-//!            item
-//! item     = u8       flags                     bit 0: address is IPv6; others must be 0
+//!            item                               (no service)
+//! item     = u8       flags                     bit 0: address is IPv6; bit 1 (format
+//!                                               3 only): a service follows; others 0
 //!            4 | 16   address bytes
 //!            varint   id length, id bytes       (UTF-8, 1..=256 bytes)
 //!            varint   fqdn length, fqdn bytes   (UTF-8, 1..=255 bytes)
+//!           [u16      port                      (big-endian, 1..=65535)
+//!            varint   service length, service   (`_name._tcp|_udp`, checked as the
+//!                                                name server checks it)]
 //! ```
+//!
+//! Format history: 1 (one entry per key), 2 (buckets), 3 (buckets whose entries may
+//! carry a service and port, answered as SRV). A node writes format 2 for a bucket
+//! none of whose entries has a service, so nodes of builds before format 3 keep
+//! reading every bucket until services are used; they reject a format 3 bucket
+//! (counted as malformed), so upgrade every node before registering ports. This
+//! build reads all three.
 //!
 //! The version is the chitchat version the key was set at; a receiver rejects a value
 //! whose version is not its key's. An entry leaves a bucket by the bucket being set
@@ -40,21 +53,29 @@
 //! are parsers of untrusted bytes: they never panic and reject trailing bytes.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::num::NonZeroU16;
 
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use dwara_nameserver::ServicePort;
 
 /// The format version of a single-entry record (what builds before buckets publish).
 pub const RECORD_FORMAT: u8 = 1;
-/// The format version of a bucket.
+/// The format version of a bucket without services (what builds before services
+/// read).
 pub const BUCKET_FORMAT: u8 = 2;
+/// The format version of a bucket whose items may carry a service.
+pub const BUCKET_FORMAT_SERVICES: u8 = 3;
 /// Longest container id a record carries.
 pub const MAX_ID_LEN: usize = 256;
 /// Longest name a record carries (the DNS limit in text form).
 pub const MAX_FQDN_LEN: usize = 255;
+/// Longest service an item carries (`_` + 15 + `._tcp`).
+pub const MAX_SERVICE_LEN: usize = dwara_nameserver::MAX_SERVICE_NAME + 6;
 
 const ENVELOPE_OPEN: u8 = 0x01;
 const FLAG_V6: u8 = 0x01;
+const FLAG_SERVICE: u8 = 0x02;
 
 /// One entry as published: what a record carries (the origin is the publisher).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -69,8 +90,8 @@ pub struct Record {
     pub version: u64,
 }
 
-/// One entry's identity: what a bucket holds per entry. Ordered by id, address, name
-/// (the order items are encoded in).
+/// One entry as a bucket holds it: its identity (id, address, name) and its service.
+/// Ordered by id, address, name, service (the order items are encoded in).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Item {
     /// The container id.
@@ -79,6 +100,8 @@ pub struct Item {
     pub ip: IpAddr,
     /// The name, lower-case, fully qualified.
     pub fqdn: String,
+    /// The service and port the entry is answered with as SRV, if any.
+    pub service: Option<ServicePort>,
 }
 
 impl Item {
@@ -88,11 +111,20 @@ impl Item {
             IpAddr::V4(_) => 4,
             IpAddr::V6(_) => 16,
         };
+        let service = self.service.as_ref().map_or(0, |s| {
+            2 + varint_len(s.service().len() as u64) + s.service().len()
+        });
         1 + addr
             + varint_len(self.id.len() as u64)
             + self.id.len()
             + varint_len(self.fqdn.len() as u64)
             + self.fqdn.len()
+            + service
+    }
+
+    /// The entry's identity, (id, address, name): what stays when its service changes.
+    pub fn identity(&self) -> (&str, IpAddr, &str) {
+        (&self.id, self.ip, &self.fqdn)
     }
 }
 
@@ -113,6 +145,7 @@ impl From<Record> for Bucket {
                 id: r.id,
                 ip: r.ip,
                 fqdn: r.fqdn,
+                service: None,
             }],
         }
     }
@@ -163,7 +196,15 @@ pub fn encode_record(record: &Record) -> Vec<u8> {
     let mut out = Vec::with_capacity(32 + record.id.len() + record.fqdn.len());
     out.push(RECORD_FORMAT);
     put_varint(&mut out, record.version);
-    put_item(&mut out, &record.ip, &record.id, &record.fqdn);
+    put_item(
+        &mut out,
+        &Item {
+            id: record.id.clone(),
+            ip: record.ip,
+            fqdn: record.fqdn.clone(),
+            service: None,
+        },
+    );
     out
 }
 
@@ -171,7 +212,7 @@ pub fn encode_record(record: &Record) -> Vec<u8> {
 pub fn decode_record(bytes: &[u8]) -> Result<Record, DecodeError> {
     let mut r = Reader { bytes, pos: 0 };
     let version = r.header(RECORD_FORMAT)?;
-    let Item { id, ip, fqdn } = r.item()?;
+    let Item { id, ip, fqdn, .. } = r.item(RECORD_FORMAT)?;
     r.end()?;
     Ok(Record {
         id,
@@ -181,16 +222,21 @@ pub fn decode_record(bytes: &[u8]) -> Result<Record, DecodeError> {
     })
 }
 
-/// Encodes a bucket (no envelope). Its items must be strictly ascending and at least
-/// one, as [`decode_bucket`] requires.
+/// Encodes a bucket (no envelope): format 2 when no item has a service, else 3. Its
+/// items must be strictly ascending and at least one, as [`decode_bucket`] requires.
 pub fn encode_bucket(bucket: &Bucket) -> Vec<u8> {
     let items: usize = bucket.items.iter().map(Item::encoded_len).sum();
     let mut out = Vec::with_capacity(BUCKET_OVERHEAD + items);
-    out.push(BUCKET_FORMAT);
+    let services = bucket.items.iter().any(|i| i.service.is_some());
+    out.push(if services {
+        BUCKET_FORMAT_SERVICES
+    } else {
+        BUCKET_FORMAT
+    });
     put_varint(&mut out, bucket.version);
     put_varint(&mut out, bucket.items.len() as u64);
     for item in &bucket.items {
-        put_item(&mut out, &item.ip, &item.id, &item.fqdn);
+        put_item(&mut out, item);
     }
     out
 }
@@ -198,7 +244,11 @@ pub fn encode_bucket(bucket: &Bucket) -> Vec<u8> {
 /// Decodes a bucket produced by [`encode_bucket`]. Never panics on any input.
 pub fn decode_bucket(bytes: &[u8]) -> Result<Bucket, DecodeError> {
     let mut r = Reader { bytes, pos: 0 };
-    let version = r.header(BUCKET_FORMAT)?;
+    let format = match bytes.first() {
+        Some(&BUCKET_FORMAT_SERVICES) => BUCKET_FORMAT_SERVICES,
+        _ => BUCKET_FORMAT,
+    };
+    let version = r.header(format)?;
     let count = r.varint()?;
     if count == 0 {
         return Err(DecodeError::BadOrder);
@@ -211,7 +261,7 @@ pub fn decode_bucket(bytes: &[u8]) -> Result<Bucket, DecodeError> {
     }
     let mut items: Vec<Item> = Vec::with_capacity(count);
     for _ in 0..count {
-        let item = r.item()?;
+        let item = r.item(format)?;
         if items.last().is_some_and(|last| *last >= item) {
             return Err(DecodeError::BadOrder);
         }
@@ -277,21 +327,31 @@ pub fn value_len(plain_len: usize) -> usize {
     ((1 + plain_len) * 4).div_ceil(3)
 }
 
-fn put_item(out: &mut Vec<u8>, ip: &IpAddr, id: &str, fqdn: &str) {
-    match ip {
+fn put_item(out: &mut Vec<u8>, item: &Item) {
+    let service = if item.service.is_some() {
+        FLAG_SERVICE
+    } else {
+        0
+    };
+    match item.ip {
         IpAddr::V4(v4) => {
-            out.push(0);
+            out.push(service);
             out.extend_from_slice(&v4.octets());
         }
         IpAddr::V6(v6) => {
-            out.push(FLAG_V6);
+            out.push(FLAG_V6 | service);
             out.extend_from_slice(&v6.octets());
         }
     }
-    put_varint(out, id.len() as u64);
-    out.extend_from_slice(id.as_bytes());
-    put_varint(out, fqdn.len() as u64);
-    out.extend_from_slice(fqdn.as_bytes());
+    put_varint(out, item.id.len() as u64);
+    out.extend_from_slice(item.id.as_bytes());
+    put_varint(out, item.fqdn.len() as u64);
+    out.extend_from_slice(item.fqdn.as_bytes());
+    if let Some(s) = &item.service {
+        out.extend_from_slice(&s.port().to_be_bytes());
+        put_varint(out, s.service().len() as u64);
+        out.extend_from_slice(s.service().as_bytes());
+    }
 }
 
 fn varint_len(v: u64) -> usize {
@@ -365,9 +425,15 @@ impl Reader<'_> {
         self.varint()
     }
 
-    fn item(&mut self) -> Result<Item, DecodeError> {
+    /// One item of a value of `format` (only format 3 items may carry a service).
+    fn item(&mut self, format: u8) -> Result<Item, DecodeError> {
         let flags = self.u8()?;
-        if flags & !FLAG_V6 != 0 {
+        let known = if format == BUCKET_FORMAT_SERVICES {
+            FLAG_V6 | FLAG_SERVICE
+        } else {
+            FLAG_V6
+        };
+        if flags & !known != 0 {
             return Err(DecodeError::UnknownFlags(flags));
         }
         let ip = if flags & FLAG_V6 != 0 {
@@ -377,7 +443,26 @@ impl Reader<'_> {
         };
         let id = self.string("id", MAX_ID_LEN)?;
         let fqdn = self.string("fqdn", MAX_FQDN_LEN)?;
-        Ok(Item { id, ip, fqdn })
+        let service = if flags & FLAG_SERVICE != 0 {
+            let port = u16::from_be_bytes(self.array::<2>()?);
+            let port = NonZeroU16::new(port).ok_or(DecodeError::BadField("port"))?;
+            let name = self.string("service", MAX_SERVICE_LEN)?;
+            // Only the checked, normalised form: what encodes back byte for byte.
+            let service =
+                ServicePort::new(&name, port).map_err(|_| DecodeError::BadField("service"))?;
+            if service.service() != name {
+                return Err(DecodeError::BadField("service"));
+            }
+            Some(service)
+        } else {
+            None
+        };
+        Ok(Item {
+            id,
+            ip,
+            fqdn,
+            service,
+        })
     }
 
     fn end(&self) -> Result<(), DecodeError> {

@@ -42,7 +42,7 @@ use chitchat::{
     Chitchat, ChitchatConfig, ChitchatHandle, ChitchatId, FailureDetectorConfig, ListenerHandle,
     ProtocolVersion, spawn_chitchat,
 };
-use dwara_nameserver::{Change, ChangeKind, Db, Entry};
+use dwara_nameserver::{Change, ChangeKind, Db, Entry, ServicePort};
 use tokio::sync::{Notify, broadcast};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -364,6 +364,15 @@ fn item_of(e: &Entry) -> Item {
         id: e.id.clone(),
         ip: e.ip,
         fqdn: e.fqdn.clone(),
+        service: e.service.clone(),
+    }
+}
+
+/// `item` without its service: the key of an entry whatever its service.
+fn identity_of(item: &Item) -> Item {
+    Item {
+        service: None,
+        ..item.clone()
     }
 }
 
@@ -376,7 +385,7 @@ fn live_entry(item: &Item, origin: &str, version: u64) -> Entry {
         origin: origin.to_owned(),
         version,
         tombstone: false,
-        service: None,
+        service: item.service.clone(),
     }
 }
 
@@ -433,15 +442,22 @@ impl Own {
         }
     }
 
+    /// The bucket of an entry, by its identity: a change of service keeps it there.
     fn index(&self, item: &Item) -> u64 {
         use std::hash::BuildHasher;
         let mask = (1u64 << self.bits) - 1;
-        self.hasher.hash_one(item) & mask
+        self.hasher.hash_one(item.identity()) & mask
     }
 
-    /// Adds a live entry. Returns whether it was new.
+    /// Adds a live entry, replacing one of the same identity with another service.
+    /// Returns whether it was new.
     fn insert(&mut self, item: Item) -> bool {
         let index = self.index(&item);
+        for old in self.same_identity(&item) {
+            if old != item {
+                self.remove(&old);
+            }
+        }
         let bucket = self.buckets.entry(index).or_insert_with(|| OwnBucket {
             bytes: BUCKET_OVERHEAD,
             ..OwnBucket::default()
@@ -456,7 +472,29 @@ impl Own {
         true
     }
 
-    /// Removes an entry. Returns whether it was there.
+    /// The published items with `item`'s identity (at most one, but for its service).
+    fn same_identity(&self, item: &Item) -> Vec<Item> {
+        self.buckets
+            .get(&self.index(item))
+            .map_or_else(Vec::new, |b| {
+                b.items
+                    .range(identity_of(item)..)
+                    .take_while(|i| i.identity() == item.identity())
+                    .cloned()
+                    .collect()
+            })
+    }
+
+    /// Removes the entry with `item`'s identity, whatever its service.
+    fn remove_identity(&mut self, item: &Item) -> bool {
+        let mut removed = false;
+        for old in self.same_identity(item) {
+            removed |= self.remove(&old);
+        }
+        removed
+    }
+
+    /// Removes an entry (with that service). Returns whether it was there.
     fn remove(&mut self, item: &Item) -> bool {
         let index = self.index(item);
         let Some(bucket) = self.buckets.get_mut(&index) else {
@@ -533,43 +571,65 @@ struct Remote {
 /// (it ends with [`META_KEY`]), and stays live, untouched, if a key takes it up again
 /// before then.
 #[derive(Debug, Default)]
+///
+/// Entries are counted by identity ([`identity_of`]); the service last applied rides
+/// along, so an entry whose service changed (its key set again with the new item,
+/// or, while buckets move, two keys briefly holding it with different services) is
+/// applied again with the service of the item acquired last.
 struct Holdings {
-    held: HashMap<Item, u32>,
-    /// Released entries and the version they were last released at.
-    pending: HashMap<Item, u64>,
+    /// Keys holding each entry, and the service applied.
+    held: HashMap<Item, (u32, Option<ServicePort>)>,
+    /// Released entries, the version they were last released at, and the service
+    /// applied.
+    pending: HashMap<Item, (u64, Option<ServicePort>)>,
 }
 
 impl Holdings {
-    /// One more key holds `item`; when none did, it is applied live at `version`.
-    /// False when it could not be applied.
+    /// One more key holds `item`; when none did, or with another service, it is
+    /// applied live at `version`. False when it could not be applied.
     fn acquire(&mut self, to: &Target<'_>, item: &Item, version: u64) -> bool {
-        if let Some(n) = self.held.get_mut(item) {
+        let id = identity_of(item);
+        if let Some((n, service)) = self.held.get_mut(&id) {
             *n += 1;
+            if *service != item.service && to.apply(live_entry(item, to.node_id, version)) {
+                service.clone_from(&item.service);
+            }
             return true;
         }
-        if self.pending.remove(item).is_none() && !to.apply(live_entry(item, to.node_id, version)) {
-            return false;
+        match self.pending.remove(&id) {
+            // Released and taken up again unchanged: still live, untouched.
+            Some((_, service)) if service == item.service => {}
+            previous => {
+                if !to.apply(live_entry(item, to.node_id, version)) {
+                    if let Some(p) = previous {
+                        self.pending.insert(id, p);
+                    }
+                    return false;
+                }
+            }
         }
-        self.held.insert(item.clone(), 1);
+        self.held.insert(id, (1, item.service.clone()));
         true
     }
 
     /// One key less holds `item`; after the last it is pending, released at `version`.
     fn release(&mut self, item: &Item, version: u64) {
-        let Some(n) = self.held.get_mut(item) else {
+        let id = identity_of(item);
+        let Some((n, service)) = self.held.get_mut(&id) else {
             return;
         };
         *n -= 1;
         if *n == 0 {
-            self.held.remove(item);
-            let at = self.pending.entry(item.clone()).or_insert(version);
-            *at = (*at).max(version);
+            let service = service.take();
+            self.held.remove(&id);
+            let at = self.pending.entry(id).or_insert((version, service));
+            at.0 = at.0.max(version);
         }
     }
 
     /// The receiver's copy of the node is complete: every pending entry is gone.
     fn settle(&mut self, to: &Target<'_>) {
-        for (item, version) in self.pending.drain() {
+        for (item, (version, _)) in self.pending.drain() {
             to.apply(tombstone_entry(&item, to.node_id, version));
         }
     }
@@ -749,7 +809,7 @@ impl Engine {
             let item = item_of(&change.entry);
             match change.kind {
                 ChangeKind::Added => self.own.insert(item),
-                _ => self.own.remove(&item),
+                _ => self.own.remove_identity(&item),
             };
         }
         let now = tokio::time::Instant::now();

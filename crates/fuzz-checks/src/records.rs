@@ -7,9 +7,9 @@ use std::sync::OnceLock;
 
 use bollard::models::ContainerInspectResponse;
 use dwara_cluster::codec::{
-    BUCKET_FORMAT, BUCKET_OVERHEAD, Bucket, Item, MAX_FQDN_LEN, MAX_ID_LEN, RECORD_FORMAT, Record,
-    decode_bucket, decode_bucket_value, decode_plain, decode_record, decode_value, encode_bucket,
-    encode_bucket_value, encode_record, encode_value, value_len,
+    BUCKET_FORMAT, BUCKET_FORMAT_SERVICES, BUCKET_OVERHEAD, Bucket, Item, MAX_FQDN_LEN, MAX_ID_LEN,
+    RECORD_FORMAT, Record, decode_bucket, decode_bucket_value, decode_plain, decode_record,
+    decode_value, encode_bucket, encode_bucket_value, encode_record, encode_value, value_len,
 };
 use dwara_docker::{NameSource, NameSources, desired_records};
 use dwara_nameserver::Domain;
@@ -92,7 +92,9 @@ pub fn cluster_bucket(data: &[u8]) {
         (Some(&RECORD_FORMAT), plain) => {
             assert_eq!(plain, decode_record(data).map(Bucket::from));
         }
-        (Some(&BUCKET_FORMAT), plain) => assert_eq!(plain, decode_bucket(data)),
+        (Some(&BUCKET_FORMAT) | Some(&BUCKET_FORMAT_SERVICES), plain) => {
+            assert_eq!(plain, decode_bucket(data));
+        }
         (_, plain) => assert!(plain.is_err(), "{plain:?}"),
     }
     // Items from the bytes: id, name, id, name, … between 0xff bytes.
@@ -110,10 +112,14 @@ pub fn cluster_bucket(data: &[u8]) {
         } else {
             IpAddr::from([0xfd00, 0, 0, 0, 0, 0, 0, u16::from(n)])
         };
+        // An id that is a valid service gives the item that service, on port n + 1.
+        let service =
+            dwara_nameserver::ServicePort::parse(id, &(u16::from(n) + 1).to_string()).ok();
         items.insert(Item {
             id: id.to_owned(),
             ip,
             fqdn: fqdn.to_owned(),
+            service,
         });
     }
     if items.is_empty() {
@@ -147,8 +153,19 @@ fn check_bucket(b: &Bucket) {
     for item in &b.items {
         assert!((1..=MAX_ID_LEN).contains(&item.id.len()));
         assert!((1..=MAX_FQDN_LEN).contains(&item.fqdn.len()));
+        if let Some(s) = &item.service {
+            // Only the checked, normalised form decodes.
+            let again = dwara_nameserver::ServicePort::parse(s.service(), &s.port().to_string());
+            assert_eq!(again.as_ref().ok(), Some(s));
+        }
     }
     let plain = encode_bucket(b);
+    let services = b.items.iter().any(|i| i.service.is_some());
+    assert_eq!(
+        plain[0] == BUCKET_FORMAT_SERVICES,
+        services,
+        "format 3 iff a service"
+    );
     assert_eq!(decode_bucket(&plain).as_ref(), Ok(b));
     let v = encode_bucket_value(b);
     assert_eq!(v.len(), value_len(plain.len()));

@@ -124,6 +124,75 @@ fn item(id: &str, ip: &str, fqdn: &str) -> Item {
         id: id.into(),
         ip: ip.parse().unwrap(),
         fqdn: fqdn.into(),
+        service: None,
+    }
+}
+
+fn with_service(mut i: Item, service: &str, port: &str) -> Item {
+    i.service = Some(ServicePort::parse(service, port).unwrap());
+    i
+}
+
+#[test]
+fn buckets_with_services_are_format_3() {
+    let b = Bucket {
+        version: 300,
+        items: vec![with_service(
+            item("c0ffee", "10.1.2.3", "web.weave.local."),
+            "_http._tcp",
+            "8080",
+        )],
+    };
+    let bytes = encode_bucket(&b);
+    let mut want = vec![3, 0xac, 0x02, 1, 0x02, 10, 1, 2, 3, 6];
+    want.extend_from_slice(b"c0ffee");
+    want.push(16);
+    want.extend_from_slice(b"web.weave.local.");
+    want.extend_from_slice(&[0x1f, 0x90, 10]);
+    want.extend_from_slice(b"_http._tcp");
+    assert_eq!(bytes, want);
+    assert_eq!(decode_bucket(&bytes), Ok(b.clone()));
+    assert_eq!(decode_plain(&bytes), Ok(b.clone()));
+    assert_eq!(b.items[0].encoded_len() + 4, bytes.len());
+    // A bucket without services stays format 2, which older builds read.
+    let mut plain = b.clone();
+    plain.items[0].service = None;
+    assert_eq!(encode_bucket(&plain)[0], BUCKET_FORMAT);
+    // Mixed: format 3, the plain item without the flag.
+    let mixed = Bucket {
+        version: 1,
+        items: vec![
+            item("a", "10.0.0.1", "a.weave.local."),
+            with_service(item("a", "fd00::1", "a.weave.local."), "_dns._udp", "53"),
+        ],
+    };
+    assert_eq!(decode_bucket(&encode_bucket(&mixed)), Ok(mixed));
+    // The service flag in a format 2 bucket is unknown.
+    let mut two = bytes.clone();
+    two[0] = 2;
+    assert_eq!(decode_bucket(&two), Err(DecodeError::UnknownFlags(0x02)));
+    // Port 0, an unchecked or unnormalised service: rejected.
+    for (at, byte, field) in [
+        (bytes.len() - 13, 0, "port"),
+        (bytes.len() - 12, 0, "port"),
+        (bytes.len() - 10, b'h', "service"),
+        (bytes.len() - 9, b'H', "service"),
+        (bytes.len() - 1, b'x', "service"),
+    ] {
+        let mut bad = bytes.clone();
+        bad[at] = byte;
+        if field == "port" {
+            bad[bytes.len() - 13] = 0;
+            bad[bytes.len() - 12] = 0;
+        }
+        assert_eq!(
+            decode_bucket(&bad),
+            Err(DecodeError::BadField(field)),
+            "{at}"
+        );
+    }
+    for cut in 0..bytes.len() {
+        assert!(decode_bucket(&bytes[..cut]).is_err(), "cut at {cut}");
     }
 }
 
@@ -208,7 +277,12 @@ fn bucket_values_read_buckets_and_single_records() {
 }
 
 fn bucket() -> impl Strategy<Value = Bucket> {
-    let item = record().prop_map(|r| Bucket::from(r).items.remove(0));
+    let service = proptest::option::of(("_[a-z0-9]{1,15}\\._(tcp|udp)", 1u16..));
+    let item = (record(), service).prop_map(|(r, s)| {
+        let mut item = Bucket::from(r).items.remove(0);
+        item.service = s.map(|(name, port)| ServicePort::parse(&name, &port.to_string()).unwrap());
+        item
+    });
     (proptest::collection::btree_set(item, 1..40), any::<u64>()).prop_map(|(items, version)| {
         Bucket {
             version,

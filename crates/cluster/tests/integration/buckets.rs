@@ -175,6 +175,7 @@ fn item(name: &str, i: u32) -> Item {
         id: name.to_owned(),
         ip: ip(i),
         fqdn: format!("{name}.weave.local."),
+        service: None,
     }
 }
 
@@ -363,4 +364,102 @@ async fn transport_cut(t: &ChannelTransport, nodes: &[Node], heal: bool) {
     } else {
         t.remove_link(nodes[0].addr, nodes[1].addr).await;
     }
+}
+
+fn with_service(mut item: Item, service: &str, port: u16) -> Item {
+    item.service = Some(dwara_nameserver::ServicePort::parse(service, &port.to_string()).unwrap());
+    item
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_entrys_service_follows_its_bucket_also_while_two_keys_hold_it() {
+    test_support::init_tracing();
+    let t = ChannelTransport::default();
+    let node = start(&t, "a", chan_addr(0), &[], None).await;
+    let raw = Raw::start(&t, chan_addr(1), chan_addr(0).to_string()).await;
+    let endpoints = || node.db.lookup_service("_http._tcp.web.weave.local");
+    let shown = |marker: u32| {
+        node.db.lookup(&format!("marker{marker}.weave.local")) == vec![ip(200 + marker)]
+    };
+    let web = |port| with_service(item("web", 1), "_http._tcp", port);
+    let ep = |port| vec![std::net::SocketAddr::new(ip(1), port)];
+
+    raw.write(0, vec![Op::Bucket("b0.0".into(), vec![web(80)])])
+        .await;
+    assert!(wait_until(WAIT, || async { shown(0) }).await);
+    assert_eq!(endpoints(), ep(80));
+    // The same key set again with another port: replaced, not added.
+    raw.write(1, vec![Op::Bucket("b0.0".into(), vec![web(8080)])])
+        .await;
+    assert!(wait_until(WAIT, || async { shown(1) }).await);
+    assert_eq!(endpoints(), ep(8080));
+    // Moving to another key (as when buckets split) with yet another port, the old
+    // key set without it afterwards, and back to the first port: each change shows.
+    raw.write(2, vec![Op::Bucket("b1.1".into(), vec![web(81)])])
+        .await;
+    assert!(wait_until(WAIT, || async { shown(2) }).await);
+    assert_eq!(endpoints(), ep(81));
+    raw.write(3, vec![Op::Delete("b0.0".into())]).await;
+    assert!(wait_until(WAIT, || async { shown(3) }).await);
+    assert_eq!(endpoints(), ep(81));
+    raw.write(4, vec![Op::Bucket("b1.1".into(), vec![web(80)])])
+        .await;
+    assert!(wait_until(WAIT, || async { shown(4) }).await);
+    assert_eq!(endpoints(), ep(80));
+    // Without a service: no SRV, the address stays.
+    raw.write(5, vec![Op::Bucket("b1.1".into(), vec![item("web", 1)])])
+        .await;
+    assert!(wait_until(WAIT, || async { shown(5) }).await);
+    assert!(endpoints().is_empty());
+    assert_eq!(node.db.lookup("web.weave.local"), vec![ip(1)]);
+    let live = node
+        .db
+        .entries()
+        .into_iter()
+        .filter(|e| e.id == "web")
+        .count();
+    assert_eq!(live, 1, "one entry throughout");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn services_replicate_and_a_changed_port_replaces_the_old_one() {
+    let (_t, nodes) = channel_cluster(2, None).await;
+    assert!(all_live(&nodes).await);
+    let http =
+        |port: u16| dwara_nameserver::ServicePort::parse("_http._tcp", &port.to_string()).unwrap();
+    for i in 0..50 {
+        nodes[0]
+            .db
+            .add_service(
+                &id(i),
+                ip(i),
+                "web.weave.local",
+                Some(&http(8000 + i as u16)),
+            )
+            .unwrap();
+    }
+    let srv = |n: usize| {
+        let mut v = nodes[n].db.lookup_service("_http._tcp.web.weave.local");
+        v.sort();
+        v
+    };
+    assert!(
+        wait_until(WAIT, || async { srv(1).len() == 50 }).await,
+        "{:?}",
+        srv(1)
+    );
+    assert_eq!(srv(1), srv(0));
+    nodes[0]
+        .db
+        .add_service(&id(7), ip(7), "web.weave.local", Some(&http(9999)))
+        .unwrap();
+    assert!(
+        wait_until(WAIT, || async { srv(1) == srv(0) }).await,
+        "{:?}",
+        srv(1)
+    );
+    assert!(srv(1).contains(&std::net::SocketAddr::new(ip(7), 9999)));
+    assert_eq!(srv(1).len(), 50);
+    nodes[0].db.remove_all(&id(7));
+    assert!(wait_until(WAIT, || async { srv(1).len() == 49 }).await);
 }

@@ -183,6 +183,27 @@ impl Node {
         }
     }
 
+    /// The SRV records and additional addresses of `name` (sorted), when the node
+    /// answers NOERROR; empty for NXDOMAIN.
+    pub(crate) fn srv(&self, name: &str) -> Option<(Vec<String>, Vec<String>)> {
+        let out = command_in(self.spec.netns.as_deref(), "dig")
+            .arg(format!("@{}", self.dns.ip()))
+            .args(["-p", &self.dns.port().to_string()])
+            .args(["+tries=1", "+time=1", "+nocookie", name, "SRV"])
+            .output()
+            .unwrap();
+        let a = parse(&String::from_utf8_lossy(&out.stdout))?;
+        match a.status.as_str() {
+            "NOERROR" => {
+                let mut extra: Vec<String> = a.additional.iter().map(|r| r.data.clone()).collect();
+                extra.sort();
+                Some((a.data("SRV"), extra))
+            }
+            "NXDOMAIN" => Some((Vec::new(), Vec::new())),
+            _ => None,
+        }
+    }
+
     /// One HTTP request to the node's API: (status, body).
     pub(crate) fn http(&self, method: &str, path: &str, body: Option<&str>) -> (u16, String) {
         if self.spec.netns.is_none() {
@@ -421,6 +442,115 @@ fn three_processes_replicate_fail_over_restart_and_delete() {
     assert_eq!(n1.http("DELETE", "/name/c1", None).0, 204);
     await_answer(&[&n1, &n2, &n3], "web1.weave.local", &[]);
     assert_eq!(n2.addrs("web2.weave.local").unwrap(), ["10.32.2.1"]);
+}
+
+/// Awaits every node answering SRV for `name` with `srv` records and `extra` addresses.
+fn await_srv(nodes: &[&Node], name: &str, srv: &[&str], extra: &[&str]) -> Duration {
+    let started = Instant::now();
+    for n in nodes {
+        await_that(
+            &format!("{} answers SRV {name} with {srv:?} {extra:?}", n.id()),
+            CONVERGE,
+            || n.srv(name).is_some_and(|(s, e)| s == srv && e == extra),
+        );
+    }
+    started.elapsed()
+}
+
+#[test]
+fn srv_records_with_ports_are_answered_by_every_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = keygen(dir.path(), "cluster.key");
+    let mut specs: Vec<Spec> = loopback_cluster(41, &["s1", "s2", "s3"])
+        .into_iter()
+        .map(|s| s.key_file(&key))
+        .collect();
+    specs[2].extra.push("--data-dir".into());
+    specs[2]
+        .extra
+        .push(dir.path().join("s3-data").display().to_string());
+    let mut it = specs.into_iter().map(Node::start);
+    let (s1, s2, mut s3) = (it.next().unwrap(), it.next().unwrap(), it.next().unwrap());
+    let put = |n: &Node, id: &str, ip: &str, form: &str| {
+        let (status, body) = n.http("PUT", &format!("/name/{id}/{ip}"), Some(form));
+        assert_eq!(status, 204, "{}: {body}", n.id());
+    };
+    put(
+        &s1,
+        "c1",
+        "10.33.0.1",
+        "fqdn=api.weave.local&port=8080&service=_http._tcp",
+    );
+    put(
+        &s2,
+        "c2",
+        "10.33.0.2",
+        "fqdn=api.weave.local&port=8080&service=_http._tcp",
+    );
+    put(
+        &s3,
+        "c3",
+        "fd00::33:3",
+        "fqdn=api.weave.local&port=8080&service=_http._tcp",
+    );
+    put(
+        &s3,
+        "c4",
+        "10.33.0.4",
+        "fqdn=dns.weave.local&port=53&service=_dns._udp",
+    );
+    let all = [&s1, &s2, &s3];
+    let took = await_srv(
+        &all,
+        "_http._tcp.api.weave.local",
+        &["0 1 8080 api.weave.local."],
+        &["10.33.0.1", "10.33.0.2", "fd00::33:3"],
+    );
+    eprintln!("SRV with three nodes' entries on every node after {took:?}");
+    await_srv(
+        &all,
+        "_dns._udp.dns.weave.local",
+        &["0 1 53 dns.weave.local."],
+        &["10.33.0.4"],
+    );
+    // A new port replaces the old one everywhere.
+    put(
+        &s1,
+        "c1",
+        "10.33.0.1",
+        "fqdn=api.weave.local&port=9090&service=_http._tcp",
+    );
+    await_srv(
+        &all,
+        "_http._tcp.api.weave.local",
+        &["0 1 8080 api.weave.local.", "0 1 9090 api.weave.local."],
+        &["10.33.0.1", "10.33.0.2", "fd00::33:3"],
+    );
+    // The node with a data dir restarts from its store: its services come back.
+    let spec = s3.kill();
+    await_srv(&[&s1, &s2], "_dns._udp.dns.weave.local", &[], &[]);
+    s3 = Node::start(spec);
+    let all = [&s1, &s2, &s3];
+    await_srv(
+        &all,
+        "_dns._udp.dns.weave.local",
+        &["0 1 53 dns.weave.local."],
+        &["10.33.0.4"],
+    );
+    await_srv(
+        &all,
+        "_http._tcp.api.weave.local",
+        &["0 1 8080 api.weave.local.", "0 1 9090 api.weave.local."],
+        &["10.33.0.1", "10.33.0.2", "fd00::33:3"],
+    );
+    // Deleted on its owner: gone everywhere, the rest stays.
+    assert_eq!(s2.http("DELETE", "/name/c2", None).0, 204);
+    await_srv(
+        &all,
+        "_http._tcp.api.weave.local",
+        &["0 1 8080 api.weave.local.", "0 1 9090 api.weave.local."],
+        &["10.33.0.1", "fd00::33:3"],
+    );
 }
 
 #[test]
