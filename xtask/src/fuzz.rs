@@ -34,6 +34,7 @@ const TARGETS: &[&str] = &[
     "cluster_value",
     "cluster_bucket",
     "cluster_datagram",
+    "cluster_keyfile",
     "store_record",
     "docker_event",
 ];

@@ -1,5 +1,5 @@
 //! How a cluster node is set up: [`ClusterConfig`], the failure detector's settings
-//! and the cluster key.
+//! and the cluster key file.
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -10,6 +10,7 @@ use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
 use rand::RngCore;
 
+use crate::datagram::Keyring;
 use crate::error::{ClusterError, Result};
 
 /// The default cluster id.
@@ -48,27 +49,68 @@ impl ClusterKey {
         STANDARD.encode(self.0)
     }
 
-    /// Reads a key file: standard base64 of 32 bytes, surrounding whitespace ignored.
-    /// Logs a warning when the file is readable by group or others.
-    pub fn from_file(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|source| ClusterError::KeyFileRead {
-            path: path.to_owned(),
-            source,
-        })?;
-        warn_if_readable_by_others(path);
-        let bytes = STANDARD
-            .decode(text.trim())
-            .map_err(|source| ClusterError::KeyFileBase64 {
-                path: path.to_owned(),
-                source,
-            })?;
+    /// A key from standard base64 of 32 bytes.
+    pub fn from_base64(text: &str) -> std::result::Result<Self, KeyParseError> {
+        let bytes = STANDARD.decode(text).map_err(KeyParseError::Base64)?;
         let len = bytes.len();
-        let bytes: [u8; KEY_LEN] = bytes.try_into().map_err(|_| ClusterError::KeyFileLength {
-            path: path.to_owned(),
-            len,
-        })?;
+        let bytes: [u8; KEY_LEN] = bytes.try_into().map_err(|_| KeyParseError::Length(len))?;
         Ok(Self(bytes))
     }
+}
+
+/// Why a line of a key file is not a key.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum KeyParseError {
+    /// Not standard base64.
+    #[error("not base64")]
+    Base64(#[source] base64::DecodeError),
+    /// Decodes to another length than [`KEY_LEN`].
+    #[error("decodes to {0} bytes, a cluster key is 32")]
+    Length(usize),
+}
+
+/// The most keys a key file may hold: every datagram that does not open is tried
+/// against each.
+pub const MAX_KEYS: usize = 16;
+
+/// Parses the text of a key file into a keyring: one key per line (standard base64
+/// of 32 bytes, as `dwara keygen` prints), the first sealing and all opening;
+/// surrounding whitespace, blank lines and lines starting with `#` are ignored.
+/// Errors name `path` and the line. Never panics.
+pub fn parse_key_file(text: &str, path: &Path) -> Result<Keyring> {
+    let mut keys = Vec::new();
+    for (index, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let key = ClusterKey::from_base64(line).map_err(|source| ClusterError::KeyFile {
+            path: path.to_owned(),
+            line: index + 1,
+            source,
+        })?;
+        if keys.len() == MAX_KEYS {
+            return Err(ClusterError::KeyFileTooMany {
+                path: path.to_owned(),
+            });
+        }
+        keys.push(key);
+    }
+    let mut keys = keys.into_iter();
+    let first = keys.next().ok_or_else(|| ClusterError::KeyFileEmpty {
+        path: path.to_owned(),
+    })?;
+    Ok(Keyring::new(first, keys.collect()))
+}
+
+/// Reads and parses a key file ([`parse_key_file`]).
+pub fn read_key_file(path: &Path) -> Result<Keyring> {
+    let text = std::fs::read_to_string(path).map_err(|source| ClusterError::KeyFileRead {
+        path: path.to_owned(),
+        source,
+    })?;
+    parse_key_file(&text, path)
 }
 
 impl fmt::Debug for ClusterKey {
@@ -77,8 +119,9 @@ impl fmt::Debug for ClusterKey {
     }
 }
 
+/// Logs a warning when the key file is readable by group or others.
 #[cfg(unix)]
-fn warn_if_readable_by_others(path: &Path) {
+pub(crate) fn warn_if_readable_by_others(path: &Path) {
     use std::os::unix::fs::PermissionsExt;
     if let Ok(meta) = std::fs::metadata(path)
         && meta.permissions().mode() & 0o077 != 0
@@ -91,8 +134,9 @@ fn warn_if_readable_by_others(path: &Path) {
     }
 }
 
+/// Logs a warning when the key file is readable by group or others.
 #[cfg(not(unix))]
-fn warn_if_readable_by_others(_path: &Path) {}
+pub(crate) fn warn_if_readable_by_others(_path: &Path) {}
 
 /// A new random cluster key as base64, for `dwara keygen`.
 pub fn generate_key() -> String {
@@ -106,19 +150,20 @@ pub enum KeySource {
     /// No key: the cluster runs open (anyone reaching the gossip port can add names).
     #[default]
     Open,
-    /// A key file (`--gossip-key-file`).
+    /// A key file (`--gossip-key-file`, [`parse_key_file`]), read again on
+    /// [`crate::KeyReloader::reload`].
     File(PathBuf),
     /// A key already in memory.
     Key(ClusterKey),
 }
 
 impl KeySource {
-    /// Loads the key, if any.
-    pub fn load(&self) -> Result<Option<ClusterKey>> {
+    /// Loads the keyring, if any.
+    pub fn load(&self) -> Result<Option<Keyring>> {
         match self {
             KeySource::Open => Ok(None),
-            KeySource::File(path) => ClusterKey::from_file(path).map(Some),
-            KeySource::Key(key) => Ok(Some(key.clone())),
+            KeySource::File(path) => read_key_file(path).map(Some),
+            KeySource::Key(key) => Ok(Some(Keyring::new(key.clone(), Vec::new()))),
         }
     }
 }
@@ -251,15 +296,41 @@ mod tests {
     fn generated_key_round_trips_through_a_file() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("key");
-        std::fs::write(&path, format!("{}\n", generate_key())).unwrap();
-        let key = ClusterKey::from_file(&path).unwrap();
-        let again = ClusterKey::from_file(&path).unwrap();
-        assert_eq!(key, again);
-        assert_ne!(key, ClusterKey::generate());
+        let text = generate_key();
+        std::fs::write(&path, format!("{text}\n")).unwrap();
+        let ring = read_key_file(&path).unwrap();
+        assert_eq!(ring.keys(), [ClusterKey::from_base64(&text).unwrap()]);
+        assert_eq!(ring.ids(), read_key_file(&path).unwrap().ids());
+        assert_ne!(ring.keys()[0], ClusterKey::generate());
     }
 
     #[test]
-    fn key_file_errors_name_the_file() {
+    fn a_key_file_holds_keys_one_per_line_first_seals() {
+        let (a, b) = (ClusterKey::generate(), ClusterKey::generate());
+        let text = format!(
+            "# new key, seals\n  {}  \n\n# old key, still opens\n{}\n",
+            a.to_base64(),
+            b.to_base64()
+        );
+        let ring = parse_key_file(&text, Path::new("k")).unwrap();
+        assert_eq!(ring.keys(), [a.clone(), b.clone()]);
+        let ids = ring.ids();
+        assert_eq!(ids.len(), 2);
+        assert_ne!(ids[0], ids[1]);
+        assert_eq!(ids[0].len(), 8);
+        let many = format!("{}\n", a.to_base64()).repeat(MAX_KEYS);
+        assert_eq!(
+            parse_key_file(&many, Path::new("k")).unwrap().keys().len(),
+            MAX_KEYS
+        );
+        assert!(matches!(
+            parse_key_file(&format!("{many}{}", b.to_base64()), Path::new("k")),
+            Err(ClusterError::KeyFileTooMany { .. })
+        ));
+    }
+
+    #[test]
+    fn key_file_errors_name_the_file_and_line() {
         let dir = tempfile::tempdir().unwrap();
         let missing = dir.path().join("missing");
         let mut config = ClusterConfig::new("a", addr());
@@ -276,16 +347,41 @@ mod tests {
         config.key = KeySource::File(short);
         assert!(matches!(
             config.validate(),
-            Err(ClusterError::KeyFileLength { len: 16, .. })
+            Err(ClusterError::KeyFile {
+                line: 1,
+                source: KeyParseError::Length(16),
+                ..
+            })
         ));
 
         let junk = dir.path().join("junk");
-        std::fs::write(&junk, "not base64 !!").unwrap();
-        config.key = KeySource::File(junk);
-        assert!(matches!(
-            config.validate(),
-            Err(ClusterError::KeyFileBase64 { .. })
-        ));
+        let good = generate_key();
+        std::fs::write(&junk, format!("{good}\n# fine\nnot base64 !!\n")).unwrap();
+        config.key = KeySource::File(junk.clone());
+        let err = config.validate();
+        assert!(
+            matches!(
+                err,
+                Err(ClusterError::KeyFile {
+                    line: 3,
+                    source: KeyParseError::Base64(_),
+                    ..
+                })
+            ),
+            "{err:?}"
+        );
+        assert!(
+            err.err()
+                .map(|e| e.to_string())
+                .is_some_and(|e| e.contains("line 3") && e.contains(&junk.display().to_string()))
+        );
+
+        for empty in ["", "\n\n", "# only a comment\n"] {
+            assert!(matches!(
+                parse_key_file(empty, Path::new("k")),
+                Err(ClusterError::KeyFileEmpty { .. })
+            ));
+        }
     }
 
     #[test]

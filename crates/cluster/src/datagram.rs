@@ -97,6 +97,25 @@ impl Keyring {
         &self.keys
     }
 
+    /// A short public id of each key, the sealing one first, for logs: 8 hex digits
+    /// of a tag computed under the key (it tells keys apart, never the key).
+    pub fn ids(&self) -> Vec<String> {
+        self.ciphers
+            .iter()
+            .map(|cipher| {
+                let mut empty = [0u8; 0];
+                match cipher.encrypt_in_place_detached(
+                    XNonce::from_slice(&[0u8; NONCE_LEN]),
+                    b"dwara-key-id",
+                    &mut empty,
+                ) {
+                    Ok(tag) => tag[..4].iter().map(|b| format!("{b:02x}")).collect(),
+                    Err(_) => String::from("?"),
+                }
+            })
+            .collect()
+    }
+
     fn sealing(&self) -> &XChaCha20Poly1305 {
         // `new` always puts one key first.
         &self.ciphers[0]

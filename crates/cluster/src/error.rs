@@ -15,24 +15,28 @@ pub enum ClusterError {
         #[source]
         source: std::io::Error,
     },
-    /// The key file is not base64.
-    #[error("cluster key file {path} is not base64 (make one with `dwara keygen`)")]
-    KeyFileBase64 {
+    /// A line of the key file is not a key.
+    #[error("cluster key file {path}, line {line}: {source} (make a key with `dwara keygen`)")]
+    KeyFile {
         /// The key file.
         path: PathBuf,
+        /// The line (from 1).
+        line: usize,
         /// Why.
         #[source]
-        source: base64::DecodeError,
+        source: crate::config::KeyParseError,
     },
-    /// The key file decodes to the wrong number of bytes.
-    #[error(
-        "cluster key file {path} holds {len} bytes, a cluster key is 32 (make one with `dwara keygen`)"
-    )]
-    KeyFileLength {
+    /// The key file holds no key.
+    #[error("cluster key file {path} holds no key (make one with `dwara keygen`)")]
+    KeyFileEmpty {
         /// The key file.
         path: PathBuf,
-        /// How many bytes it decoded to.
-        len: usize,
+    },
+    /// The key file holds more keys than a keyring takes.
+    #[error("cluster key file {path} holds more than {max} keys", max = crate::config::MAX_KEYS)]
+    KeyFileTooMany {
+        /// The key file.
+        path: PathBuf,
     },
     /// A setting is out of range.
     #[error("invalid cluster setting {setting}: {reason}")]

@@ -26,6 +26,12 @@
 //!   by one (see [`codec`]). Without a key gossip runs open: anyone reaching the
 //!   gossip port can join and change names, and the log says so.
 //!
+//! A key file ([`parse_key_file`]) may hold several keys: the first seals, all open.
+//! [`Cluster::key_reloader`] reads it again (the binary does on SIGHUP and `POST
+//! /reload`), and a file that does not parse leaves the keyring as it was, so a
+//! cluster changes its key without downtime: add the new key everywhere, make it
+//! first everywhere, remove the old one.
+//!
 //! The wire encoding is described in [`codec`].
 //!
 //! ```no_run
@@ -60,7 +66,8 @@ mod transport;
 pub use chitchat::transport::{ChannelTransport, Transport, UdpTransport};
 pub use config::{
     ClusterConfig, ClusterKey, DEFAULT_CLUSTER_ID, DEFAULT_GOSSIP_INTERVAL,
-    DEFAULT_TOMBSTONE_GRACE, FailureDetectorSettings, KEY_LEN, KeySource, generate_key,
+    DEFAULT_TOMBSTONE_GRACE, FailureDetectorSettings, KEY_LEN, KeyParseError, KeySource, MAX_KEYS,
+    generate_key, parse_key_file, read_key_file,
 };
 pub use error::{ClusterError, Result};
 pub use invalid::{
@@ -69,4 +76,4 @@ pub use invalid::{
 };
 pub use node::{BUCKET_BYTES, Cluster};
 pub use peers::{PeerInfo, PeerState};
-pub use transport::{CODEC_WAIT, SealedTransport};
+pub use transport::{CODEC_WAIT, KeyReloader, SealedTransport};

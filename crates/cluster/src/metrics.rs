@@ -12,6 +12,12 @@ pub(crate) struct StateLabel {
     pub(crate) state: &'static str,
 }
 
+/// Label of the key-reload counter.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub(crate) struct ResultLabel {
+    pub(crate) result: &'static str,
+}
+
 /// Label of the rejected-values counter.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 pub(crate) struct ReasonLabel {
@@ -34,6 +40,8 @@ pub(crate) struct Metrics {
     pub(crate) sealed_datagrams: Counter,
     pub(crate) opened_datagrams: Counter,
     pub(crate) split_messages: Counter,
+    pub(crate) gossip_keys: Gauge,
+    pub(crate) key_reloads: Family<ResultLabel, Counter>,
 }
 
 impl Metrics {
@@ -107,6 +115,16 @@ impl Metrics {
             "dwara_cluster_split_messages",
             "Gossip messages sent as two sealed datagrams because one would be over the UDP limit",
             self.split_messages.clone(),
+        );
+        registry.register(
+            "dwara_cluster_gossip_keys",
+            "Keys in the gossip keyring (the first seals, all open; 0 without a key)",
+            self.gossip_keys.clone(),
+        );
+        registry.register(
+            "dwara_cluster_key_reloads",
+            "Key file reloads (SIGHUP, POST /reload) by result (ok, error: the previous keyring stays)",
+            self.key_reloads.clone(),
         );
         registry.register(
             "dwara_cluster_resyncs",

@@ -49,12 +49,12 @@ use tokio_util::sync::CancellationToken;
 
 use crate::codec::{BUCKET_OVERHEAD, Bucket, Item, decode_bucket_value, encode_bucket_value};
 use crate::config::{ClusterConfig, KeySource};
-use crate::datagram::{Keyring, Rejection};
+use crate::datagram::Rejection;
 use crate::error::{ClusterError, Result};
 use crate::metrics::{Metrics, StateLabel};
 use crate::pace::Pacer;
 use crate::peers::{PeerInfo, PeerState};
-use crate::transport::{Seal, SealedTransport};
+use crate::transport::{KeyReloader, Seal, SealedTransport};
 
 /// Prefix of the keys that carry buckets of entries.
 const BUCKET_PREFIX: &str = "b";
@@ -137,16 +137,22 @@ impl Cluster {
     pub async fn start(config: ClusterConfig, db: Arc<Db>) -> Result<Cluster> {
         config.validate()?;
         let metrics = Metrics::default();
+        if let KeySource::File(path) = &config.key {
+            crate::config::warn_if_readable_by_others(path);
+        }
         match config.key.load()? {
-            Some(key) => {
+            Some(keyring) => {
+                let ids = keyring.ids();
                 let seal = Arc::new(Seal::new(
                     config.cluster_id.clone(),
-                    Keyring::new(key, Vec::new()),
+                    keyring,
+                    config.key.clone(),
                     &metrics,
                 ));
                 tracing::info!(
                     node_id = %config.node_id,
-                    "cluster key loaded: every gossip datagram is sealed (XChaCha20-Poly1305), nodes without the key are not heard"
+                    keys = ?ids,
+                    "cluster key loaded: every gossip datagram is sealed (XChaCha20-Poly1305) with the first key and opened with any, nodes without a key are not heard"
                 );
                 let transport = SealedTransport::with_seal(seal.clone());
                 Self::start_inner(config, db, &transport, metrics, Some(seal)).await
@@ -318,6 +324,12 @@ impl Cluster {
     /// `outside_domain`).
     pub fn rejected_values(&self, reason: &'static str) -> u64 {
         self.shared.metrics.rejected(reason)
+    }
+
+    /// What re-reads the key file (SIGHUP, `POST /reload`), when the key comes from
+    /// one.
+    pub fn key_reloader(&self) -> Option<KeyReloader> {
+        self.shared.seal.clone().and_then(KeyReloader::new)
     }
 
     /// How many gossip datagrams were rejected for `why` (always 0 without a key).

@@ -30,9 +30,11 @@ use chitchat::transport::{RecvOutcome, SendOutcome, Socket, Transport, UdpSocket
 use parking_lot::RwLock;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 
+use crate::config::KeySource;
 use crate::datagram::{Keyring, MAX_DATAGRAM, Opener, Rejection, Sealer};
-use crate::metrics::{Metrics, ReasonLabel};
+use crate::metrics::{Metrics, ReasonLabel, ResultLabel};
 
 /// How long a message may take through the codec socket over loopback before it is
 /// given up (chitchat drops a message it cannot decode without a word).
@@ -44,27 +46,75 @@ pub const CODEC_WAIT: Duration = Duration::from_secs(1);
 pub(crate) struct Seal {
     cluster_id: String,
     keyring: RwLock<Arc<Keyring>>,
+    /// Where the keyring is read again from on reload.
+    source: KeySource,
     pub(crate) rejected: Family<ReasonLabel, Counter>,
     pub(crate) sealed: Counter,
     pub(crate) opened: Counter,
     pub(crate) split: Counter,
+    keys: Gauge,
+    reloads: Family<ResultLabel, Counter>,
 }
 
 impl Seal {
     /// A seal counting into `metrics`' datagram counters.
-    pub(crate) fn new(cluster_id: String, keyring: Keyring, metrics: &Metrics) -> Self {
+    pub(crate) fn new(
+        cluster_id: String,
+        keyring: Keyring,
+        source: KeySource,
+        metrics: &Metrics,
+    ) -> Self {
+        let keys = metrics.gossip_keys.clone();
+        keys.set(i64::try_from(keyring.keys().len()).unwrap_or(i64::MAX));
         Self {
             cluster_id,
             keyring: RwLock::new(Arc::new(keyring)),
+            source,
             rejected: metrics.rejected_datagrams.clone(),
             sealed: metrics.sealed_datagrams.clone(),
             opened: metrics.opened_datagrams.clone(),
             split: metrics.split_messages.clone(),
+            keys,
+            reloads: metrics.key_reloads.clone(),
         }
     }
 
     pub(crate) fn keyring(&self) -> Arc<Keyring> {
         self.keyring.read().clone()
+    }
+
+    /// Reads the key file again and swaps the keyring; on error the previous one
+    /// stays. Logs and counts either way.
+    fn reload(&self, path: &std::path::Path) -> crate::Result<Vec<String>> {
+        crate::config::warn_if_readable_by_others(path);
+        match crate::config::read_key_file(path) {
+            Ok(ring) => {
+                let ids = ring.ids();
+                self.keys.set(i64::try_from(ids.len()).unwrap_or(i64::MAX));
+                *self.keyring.write() = Arc::new(ring);
+                self.reloads
+                    .get_or_create(&ResultLabel { result: "ok" })
+                    .inc();
+                tracing::info!(
+                    path = %path.display(),
+                    keys = ?ids,
+                    "gossip keyring reloaded: the first key seals, every key opens"
+                );
+                Ok(ids)
+            }
+            Err(err) => {
+                self.reloads
+                    .get_or_create(&ResultLabel { result: "error" })
+                    .inc();
+                tracing::warn!(
+                    error = %err,
+                    path = %path.display(),
+                    keys = ?self.keyring().ids(),
+                    "gossip key file not reloaded; the previous keyring stays"
+                );
+                Err(err)
+            }
+        }
     }
 
     pub(crate) fn reject(&self, why: Rejection) {
@@ -84,6 +134,38 @@ impl Seal {
     }
 }
 
+/// Reads a node's key file again ([`crate::Cluster::key_reloader`]); cheap to clone.
+#[derive(Debug, Clone)]
+pub struct KeyReloader {
+    seal: Arc<Seal>,
+    path: std::path::PathBuf,
+}
+
+impl KeyReloader {
+    pub(crate) fn new(seal: Arc<Seal>) -> Option<Self> {
+        match &seal.source {
+            KeySource::File(path) => Some(Self {
+                path: path.clone(),
+                seal: seal.clone(),
+            }),
+            _ => None,
+        }
+    }
+
+    /// Reads the key file again: on success the new keyring seals and opens from the
+    /// next datagram on, and the key ids (first seals) are returned; on error
+    /// (unreadable, a bad line, no key) the previous keyring stays. Both are logged
+    /// and counted (`dwara_cluster_key_reloads_total{result}`).
+    pub fn reload(&self) -> crate::Result<Vec<String>> {
+        self.seal.reload(&self.path)
+    }
+
+    /// The key ids of the keyring in use, the sealing one first.
+    pub fn key_ids(&self) -> Vec<String> {
+        self.seal.keyring().ids()
+    }
+}
+
 /// chitchat's transport with every datagram sealed under a keyring (what
 /// [`crate::Cluster::start`] uses with a key; public for benchmarks and simulations).
 #[derive(Debug, Clone)]
@@ -95,7 +177,13 @@ impl SealedTransport {
     /// A transport sealing for `cluster_id` under `keyring`, with counters of its own.
     pub fn new(cluster_id: impl Into<String>, keyring: Keyring) -> Self {
         let metrics = Metrics::default();
-        Self::with_seal(Arc::new(Seal::new(cluster_id.into(), keyring, &metrics)))
+        let source = KeySource::Key(keyring.keys()[0].clone());
+        Self::with_seal(Arc::new(Seal::new(
+            cluster_id.into(),
+            keyring,
+            source,
+            &metrics,
+        )))
     }
 
     pub(crate) fn with_seal(seal: Arc<Seal>) -> Self {
@@ -357,9 +445,11 @@ mod tests {
     #[tokio::test]
     async fn messages_up_to_the_udp_limit_arrive_whole() {
         let metrics = Metrics::default();
+        let key = ClusterKey::generate();
         let seal = Arc::new(Seal::new(
             "c".repeat(8),
-            Keyring::new(ClusterKey::generate(), Vec::new()),
+            Keyring::new(key.clone(), Vec::new()),
+            KeySource::Key(key),
             &metrics,
         ));
         let transport = SealedTransport::with_seal(seal.clone());

@@ -32,7 +32,7 @@ pub(crate) struct ClusterArgs {
     /// Milliseconds between periodic gossip rounds; changes are pushed at once [default: 100]
     #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..))]
     gossip_interval_ms: Option<u64>,
-    /// File with the base64 cluster key (`dwara keygen`); without it the cluster runs open
+    /// File of cluster keys, one base64 key per line (`dwara keygen`): the first seals gossip, all open it; re-read on SIGHUP and POST /reload. Without it the cluster runs open
     #[arg(long, value_name = "PATH")]
     gossip_key_file: Option<PathBuf>,
 }
@@ -98,11 +98,8 @@ impl ClusterArgs {
             Some(path) => KeySource::File(path),
             None => KeySource::Open,
         };
-        // Read the key file once (and warn about its mode once): the cluster gets the
-        // key itself.
-        if let Some(key) = config.key.load()? {
-            config.key = KeySource::Key(key);
-        }
+        // Validation reads the key file; the cluster keeps its path to read it again
+        // on SIGHUP and `POST /reload`.
         config.validate()?;
         Ok(Some(config))
     }

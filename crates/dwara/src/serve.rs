@@ -22,8 +22,10 @@
 //! TCP and gossip and runs discovery.
 //!
 //! SIGHUP and `POST /reload` re-read the file and apply its upstreams (a reload
-//! either fully applies or changes nothing; `l4_workers` takes effect at a start); SIGTERM and ctrl-c stop accepting, stop
-//! discovery and drain connections up to `--drain-timeout`.
+//! either fully applies or changes nothing; `l4_workers` takes effect at a start),
+//! and re-read the gossip key file (one that does not parse leaves the keyring as it
+//! was); SIGTERM and ctrl-c stop accepting, stop discovery and drain connections up
+//! to `--drain-timeout`.
 
 use std::num::NonZeroUsize;
 use std::path::PathBuf;
@@ -37,7 +39,7 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use clap::Args;
-use dwara_cluster::Cluster;
+use dwara_cluster::{Cluster, KeyReloader};
 use dwara_docker::{DockerUpdater, Started};
 use dwara_nameserver::NameServer;
 use dwara_proxy::Dataplane;
@@ -75,20 +77,64 @@ pub(crate) struct ServeArgs {
     pub(crate) docker: DockerArgs,
 }
 
-/// Re-reads the config file and applies its upstreams.
+/// Re-reads the config file and applies its upstreams, and re-reads the gossip key
+/// file.
 struct Reloader {
     path: Option<PathBuf>,
+    keys: Option<KeyReloader>,
     dataplane: Arc<Dataplane>,
     /// `--l4-workers`, which wins over the file's `l4_workers`.
     l4_workers_flag: bool,
 }
 
+/// What a reload applied.
+#[derive(Debug, serde::Serialize)]
+struct Reloaded {
+    /// The upstreams' generation, with a config file.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    generation: Option<u64>,
+    /// The gossip keyring's key ids (the first seals), with a key file.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    gossip_keys: Option<Vec<String>>,
+}
+
 impl Reloader {
-    /// On any error the running generation stays and the error is logged and returned.
-    async fn reload(&self) -> anyhow::Result<u64> {
-        let Some(path) = &self.path else {
-            anyhow::bail!("no --config file to reload");
+    /// Reloads the config file and the key file, each on its own: what fails keeps
+    /// running as it was, is logged, and makes the whole reload an error.
+    async fn reload(&self) -> anyhow::Result<Reloaded> {
+        if self.path.is_none() && self.keys.is_none() {
+            anyhow::bail!("nothing to reload: no --config file and no --gossip-key-file");
+        }
+        let mut errors = Vec::new();
+        let gossip_keys = match self.keys.as_ref().map(KeyReloader::reload) {
+            Some(Ok(ids)) => Some(ids),
+            Some(Err(e)) => {
+                errors.push(crate::one_line(&anyhow::Error::from(e)));
+                None
+            }
+            None => None,
         };
+        let generation = match &self.path {
+            Some(path) => match self.reload_config(path).await {
+                Ok(n) => Some(n),
+                Err(e) => {
+                    errors.push(crate::one_line(&e));
+                    None
+                }
+            },
+            None => None,
+        };
+        if !errors.is_empty() {
+            anyhow::bail!("{}", errors.join("; "));
+        }
+        Ok(Reloaded {
+            generation,
+            gossip_keys,
+        })
+    }
+
+    /// On any error the running generation stays and the error is logged and returned.
+    async fn reload_config(&self, path: &std::path::Path) -> anyhow::Result<u64> {
         let result = match crate::load_config(path) {
             Ok(config) => {
                 let running = self.dataplane.l4_workers();
@@ -120,9 +166,7 @@ impl Reloader {
 
 async fn reload(State(reloader): State<Arc<Reloader>>) -> Response {
     match reloader.reload().await {
-        Ok(generation) => {
-            axum::Json(serde_json::json!({ "generation": generation })).into_response()
-        }
+        Ok(reloaded) => axum::Json(reloaded).into_response(),
         Err(e) => (
             StatusCode::BAD_REQUEST,
             axum::Json(serde_json::json!({ "error": crate::one_line(&e) })),
@@ -311,6 +355,10 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
     dataplane.register_metrics(&mut registry);
     let reloader = Arc::new(Reloader {
         path: args.config.clone(),
+        keys: name_half
+            .as_ref()
+            .and_then(|h| h.cluster.as_ref())
+            .and_then(Cluster::key_reloader),
         dataplane: dataplane.clone(),
         l4_workers_flag: args.l4_workers.is_some(),
     });
@@ -354,7 +402,7 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
     loop {
         tokio::select! {
             _ = hup.recv() => {
-                info!("SIGHUP: reloading the configuration");
+                info!("SIGHUP: reloading the configuration and the gossip key file");
                 let _ = reloader.reload().await;
             }
             () = &mut shutdown => break,

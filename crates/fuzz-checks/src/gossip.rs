@@ -1,7 +1,10 @@
-//! The sealed gossip datagram opener ([`dwara_cluster::datagram`]).
+//! The sealed gossip datagram opener ([`dwara_cluster::datagram`]) and the gossip key
+//! file parser.
 
-use dwara_cluster::ClusterKey;
+use std::path::Path;
+
 use dwara_cluster::datagram::{Keyring, MAX_DATAGRAM, MAX_PLAIN, Opener, Rejection, Sealer};
+use dwara_cluster::{ClusterKey, MAX_KEYS, parse_key_file};
 
 const CLUSTER: &str = "fuzz";
 
@@ -54,5 +57,24 @@ pub fn cluster_datagram(data: &[u8]) {
     assert_eq!(whole.as_deref(), Some(message));
     for part in &parts {
         assert_eq!(opener.open(&ring, CLUSTER, part), Err(Rejection::Replay));
+    }
+}
+
+/// Any bytes as the text of a gossip key file: parsing never panics; a keyring that
+/// parses holds 1 to [`MAX_KEYS`] keys, and those keys written back one per line
+/// parse to the same keyring, in the same order.
+pub fn cluster_keyfile(data: &[u8]) {
+    let text = String::from_utf8_lossy(data);
+    let path = Path::new("fuzz.keys");
+    if let Ok(ring) = parse_key_file(&text, path) {
+        assert!((1..=MAX_KEYS).contains(&ring.keys().len()));
+        let again: String = ring
+            .keys()
+            .iter()
+            .map(|k| format!("{}\n", k.to_base64()))
+            .collect();
+        let back = parse_key_file(&again, path).unwrap();
+        assert_eq!(back.keys(), ring.keys());
+        assert_eq!(back.ids(), ring.ids());
     }
 }

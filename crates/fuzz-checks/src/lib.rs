@@ -17,6 +17,7 @@
 //! | `cluster_value` | a cluster value and record | decode never panics, encode → decode round-trips |
 //! | `cluster_bucket` | a cluster bucket, plain and as a value | decode never panics, items ordered and bounded, encode → decode round-trips at the planned size |
 //! | `cluster_datagram` | bytes as a gossip datagram, and as a message to seal | never opens, never panics; sealed parts fit UDP, open once, not when altered or under another key |
+//! | `cluster_keyfile` | text as a gossip key file | no panic; 1 to 16 keys that round-trip, in order |
 //! | `store_record` | a store key | decode never panics, encode → decode round-trips |
 //! | `docker_event` | JSON as a container inspect answer | only names under the domain, only its addresses |
 //! | `config_yaml`, `resolv_conf`, `http_form` | text | no panic, bounded results |
@@ -41,7 +42,7 @@ mod tcp;
 
 pub use answers::dns_answers;
 pub use dns::{dns_differential, dns_udp};
-pub use gossip::cluster_datagram;
+pub use gossip::{cluster_datagram, cluster_keyfile};
 pub use http::http_path;
 pub use records::{cluster_bucket, cluster_value, docker_event, store_record};
 pub use tcp::dns_tcp;

@@ -89,3 +89,8 @@ fn docker_event_regressions() {
 fn cluster_datagram_regressions() {
     replay("cluster_datagram", dwara_fuzz_checks::cluster_datagram);
 }
+
+#[test]
+fn cluster_keyfile_regressions() {
+    replay("cluster_keyfile", dwara_fuzz_checks::cluster_keyfile);
+}

@@ -869,3 +869,181 @@ fn hosts_on_a_bridge_partition_and_heal() {
     drop(nodes);
     drop(ns);
 }
+
+/// Writes a key file holding `keys` (base64 lines), mode 600, with a comment line.
+fn write_keys(path: &Path, keys: &[&str]) {
+    let mut text = String::from("# dwara gossip keys: the first seals, all open\n");
+    for k in keys {
+        text.push_str(k);
+        text.push('\n');
+    }
+    std::fs::write(path, text).unwrap();
+    let mut perms = std::fs::metadata(path).unwrap().permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o600);
+    std::fs::set_permissions(path, perms).unwrap();
+}
+
+/// dig's A records of `name` at `dns`, `None` when there is no NOERROR answer.
+fn dig_a(dns: SocketAddr, name: &str) -> Option<Vec<String>> {
+    let out = Command::new("dig")
+        .arg(format!("@{}", dns.ip()))
+        .args(["-p", &dns.port().to_string()])
+        .args(["+tries=1", "+time=2", "+nocookie", name, "A"])
+        .output()
+        .ok()?;
+    let a = parse(&String::from_utf8_lossy(&out.stdout))?;
+    (a.status == "NOERROR").then(|| a.data("A"))
+}
+
+#[test]
+fn gossip_keys_rotate_without_downtime() {
+    let dir = tempfile::tempdir().unwrap();
+    let old = std::fs::read_to_string(keygen(dir.path(), "old.key")).unwrap();
+    let new = std::fs::read_to_string(keygen(dir.path(), "new.key")).unwrap();
+    let (old, new) = (old.trim(), new.trim());
+    // One key file per node, so each step is taken node by node.
+    let files: Vec<PathBuf> = (1..=3)
+        .map(|i| dir.path().join(format!("n{i}.keys")))
+        .collect();
+    for f in &files {
+        write_keys(f, &[old]);
+    }
+    let specs = loopback_cluster(31, &["n1", "n2", "n3"]);
+    let nodes: Vec<Node> = specs
+        .into_iter()
+        .zip(&files)
+        .map(|(s, f)| Node::start(s.key_file(f)))
+        .collect();
+    let names = ["r1.weave.local", "r2.weave.local", "r3.weave.local"];
+    for (i, (n, name)) in nodes.iter().zip(names).enumerate() {
+        n.add(&format!("c{i}"), &format!("10.40.0.{}", i + 1), name);
+    }
+    let refs: Vec<&Node> = nodes.iter().collect();
+    for (i, name) in names.iter().enumerate() {
+        await_answer(&refs, name, &[&format!("10.40.0.{}", i + 1)]);
+    }
+
+    // Lookups of every name on every node, without a pause (one thread per node),
+    // through every step.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let lookups: Vec<_> = nodes
+        .iter()
+        .map(|n| {
+            let (stop, at, id) = (stop.clone(), n.dns, n.id().to_owned());
+            std::thread::spawn(move || {
+                let (mut done, mut failed) = (0u64, Vec::new());
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    for (i, name) in names.iter().enumerate() {
+                        let want = vec![format!("10.40.0.{}", i + 1)];
+                        let got = dig_a(at, name);
+                        if got.as_ref() != Some(&want) {
+                            failed.push(format!("{id}: {name} -> {got:?}"));
+                        }
+                        done += 1;
+                    }
+                }
+                (done, failed)
+            })
+        })
+        .collect();
+
+    let reloads = |n: &Node, result: &str| {
+        n.metric(&format!(
+            "dwara_cluster_key_reloads_total{{result=\"{result}\"}}"
+        ))
+    };
+    let rejected = |n: &Node| {
+        ["malformed", "bad_seal", "replay", "undecodable"]
+            .iter()
+            .map(|r| {
+                n.metric(&format!(
+                    "dwara_cluster_rejected_datagrams_total{{reason=\"{r}\"}}"
+                ))
+            })
+            .sum::<f64>()
+    };
+    // Each node reloads after its file changed: SIGHUP on n1 and n3, POST /reload on n2.
+    let step = |keys: &[&str], what: &str| {
+        for (i, (n, f)) in nodes.iter().zip(&files).enumerate() {
+            let before = reloads(n, "ok");
+            write_keys(f, keys);
+            if i == 1 {
+                let (code, body) = n.http("POST", "/reload", None);
+                assert_eq!(code, 200, "{what}: {body}");
+                assert!(body.contains("gossip_keys"), "{body}");
+            } else {
+                n.signal("HUP");
+            }
+            await_that(
+                &format!("{what}: {} reloaded its keys", n.id()),
+                CONVERGE,
+                || reloads(n, "ok") > before,
+            );
+            assert_eq!(n.metric("dwara_cluster_gossip_keys"), keys.len() as f64);
+            // Between nodes the cluster runs with mixed keyrings: nobody is cut off.
+            for m in &nodes {
+                let peers = m.peers();
+                assert!(
+                    peers.len() == 2 && peers.iter().all(|p| p.1 == "live"),
+                    "{what}, after {}: {} sees {peers:?}",
+                    n.id(),
+                    m.id()
+                );
+                assert_eq!(rejected(m), 0.0, "{what}: {} rejected datagrams", m.id());
+            }
+        }
+    };
+    step(&[old, new], "step 1, add the new key everywhere");
+    step(&[new, old], "step 2, make it first everywhere");
+    // Names registered in the middle travel too.
+    nodes[0].add("c9", "10.40.0.9", "mid.weave.local");
+    await_answer(&refs, "mid.weave.local", &["10.40.0.9"]);
+    step(&[new], "step 3, remove the old key");
+
+    // A file that does not parse keeps the keyring, and says why.
+    let before = reloads(&nodes[0], "error");
+    std::fs::write(&files[0], "not a key\n").unwrap();
+    nodes[0].signal("HUP");
+    await_that("the bad file is counted", CONVERGE, || {
+        reloads(&nodes[0], "error") > before
+    });
+    let (code, body) = nodes[0].http("POST", "/reload", None);
+    assert_eq!(code, 400, "{body}");
+    assert!(body.contains("line 1"), "{body}");
+    assert_eq!(nodes[0].metric("dwara_cluster_gossip_keys"), 1.0);
+    nodes[0].add("c10", "10.40.0.10", "late.weave.local");
+    await_answer(&refs, "late.weave.local", &["10.40.0.10"]);
+
+    // A node with only the old key is not heard any more.
+    let mut stale = loopback_cluster(34, &["stale"]).remove(0);
+    stale.peers = nodes.iter().map(|n| n.spec.gossip).collect();
+    let stale_file = dir.path().join("stale.keys");
+    write_keys(&stale_file, &[old]);
+    let stale = Node::start(stale.key_file(&stale_file));
+    await_that("the old key is rejected", CONVERGE, || {
+        nodes
+            .iter()
+            .all(|n| n.metric("dwara_cluster_rejected_datagrams_total{reason=\"bad_seal\"}") >= 1.0)
+    });
+    assert!(
+        nodes
+            .iter()
+            .all(|n| n.peers().iter().all(|p| p.0 != "stale"))
+    );
+    assert!(stale.peers().is_empty(), "{:?}", stale.peers());
+
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (mut done, mut failed) = (0, Vec::new());
+    for thread in lookups {
+        let (d, f) = thread.join().unwrap();
+        done += d;
+        failed.extend(f);
+    }
+    assert!(
+        failed.is_empty(),
+        "{} of {done} lookups failed: {failed:?}",
+        failed.len()
+    );
+    assert!(done >= 9, "only {done} lookups");
+    eprintln!("{done} lookups during the rotation, none failed");
+}
