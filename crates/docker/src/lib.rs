@@ -18,6 +18,11 @@
 //! full container id. Only records this updater made are ever removed by it: entries
 //! registered by hand over HTTP are left alone.
 //!
+//! Ports ([`service_of`]): the label `dwara.port=P` registers every name of the
+//! container with port P, answered as SRV; `dwara.service=_name._tcp` names the
+//! service, else it is `_<P>._<proto>` (`_udp` when P is exposed as UDP only). A bad
+//! value is logged and counted, and the names are registered without a service.
+//!
 //! Oldest Docker API version the calls need: [`ApiVersion::OLDEST`] (1.24).
 //!
 //! # Example
@@ -61,5 +66,5 @@ pub use config::{
 };
 pub use error::{Error, Result};
 #[doc(hidden)]
-pub use names::desired_records;
+pub use names::{PORT_LABEL, SERVICE_LABEL, desired_records, service_of};
 pub use updater::{DockerOff, DockerUpdater, Repair, Started};

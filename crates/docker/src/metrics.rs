@@ -26,6 +26,7 @@ pub(crate) struct Metrics {
     pub(crate) reconnects: Counter,
     pub(crate) reconciles: Counter,
     pub(crate) repairs: Family<ChangeLabel, Counter>,
+    pub(crate) bad_labels: Counter,
 }
 
 impl Metrics {
@@ -54,6 +55,11 @@ impl Metrics {
             "dwara_docker_reconcile_repairs",
             "Records a reconciliation added or removed",
             self.repairs.clone(),
+        );
+        registry.register(
+            "dwara_docker_bad_labels",
+            "Container inspections that found a dwara.port or dwara.service label not valid (the names are registered without a service)",
+            self.bad_labels.clone(),
         );
     }
 

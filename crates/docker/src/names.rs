@@ -1,11 +1,17 @@
 //! What a container should have registered: (address, name) pairs derived from its
-//! inspect answer, the configured name sources and network, and whether it lives.
+//! inspect answer, the configured name sources and network, and whether it lives;
+//! and the service and port its labels give every one of them.
+//!
+//! Labels: `dwara.port=80` registers the container's names with port 80, answered as
+//! SRV; `dwara.service=_http._tcp` names the service. Without `dwara.service` the
+//! service is `_<port>._<proto>`, the protocol from the port's exposure in the
+//! container's config (`80/udp` exposed and `80/tcp` not: `_udp`; else `_tcp`).
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 
 use bollard::models::{ContainerInspectResponse, ContainerStateStatusEnum, EndpointSettings};
-use dwara_nameserver::Domain;
+use dwara_nameserver::{Domain, Error as NameError, Protocol, ServicePort, parse_port};
 
 use crate::config::{NameSource, NameSources};
 use crate::time::{Nanos, parse_rfc3339};
@@ -121,6 +127,44 @@ pub(crate) fn desired(
         out.extend(all_ips.iter().map(|ip| (*ip, name.clone())));
     }
     out
+}
+
+/// The label giving a container's port.
+pub const PORT_LABEL: &str = "dwara.port";
+/// The label naming a container's service.
+pub const SERVICE_LABEL: &str = "dwara.service";
+
+/// The service and port the container's labels ask for: `None` without
+/// `dwara.port`; an error naming the bad label value otherwise.
+pub fn service_of(c: &ContainerInspectResponse) -> Result<Option<ServicePort>, NameError> {
+    let config = c.config.as_ref();
+    let labels = config.and_then(|c| c.labels.as_ref());
+    let label = |key: &str| labels.and_then(|l| l.get(key)).map(String::as_str);
+    let Some(port) = label(PORT_LABEL) else {
+        return match label(SERVICE_LABEL) {
+            Some(service) => Err(NameError::ServiceWithoutPort {
+                service: service.to_owned(),
+            }),
+            None => Ok(None),
+        };
+    };
+    let port = parse_port(port)?;
+    match label(SERVICE_LABEL) {
+        Some(service) => ServicePort::new(service.trim(), port).map(Some),
+        None => {
+            let exposed = |proto: &str| {
+                config
+                    .and_then(|c| c.exposed_ports.as_ref())
+                    .is_some_and(|e| e.iter().any(|p| *p == format!("{port}/{proto}")))
+            };
+            let protocol = if exposed("udp") && !exposed("tcp") {
+                Protocol::Udp
+            } else {
+                Protocol::Tcp
+            };
+            Ok(Some(ServicePort::unnamed(port, protocol)))
+        }
+    }
 }
 
 /// [`desired`] from public parts, for the fuzz target in `dwara-fuzz-checks`: the

@@ -30,8 +30,9 @@ use crate::client::connect;
 use crate::config::{ApiVersion, DockerConfig, DockerMode};
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
-use crate::names::{Naming, Record, desired};
+use crate::names::{Naming, Record, desired, service_of};
 use crate::time::{Nanos, now, since_param};
+use dwara_nameserver::ServicePort;
 
 /// How many containers are inspected at once.
 const CONCURRENCY: usize = 16;
@@ -437,18 +438,28 @@ impl Shared {
                     }
                     _ => {}
                 }
-                desired(&c, &self.naming, died_at)
+                let service = match service_of(&c) {
+                    Ok(s) => s,
+                    Err(e) => {
+                        self.metrics.bad_labels.inc();
+                        tracing::warn!(container = %id, error = %e,
+                            "bad dwara.port/dwara.service label; names registered without a service");
+                        None
+                    }
+                };
+                (desired(&c, &self.naming, died_at), service)
             }
             Err(BollardError::DockerResponseServerError {
                 status_code: 404, ..
-            }) => BTreeSet::new(),
+            }) => (BTreeSet::new(), None),
             Err(e) => return Err(e),
         };
-        Ok(self.apply(id, want))
+        Ok(self.apply(id, want.0, want.1.as_ref()))
     }
 
-    /// Makes this updater's records of `id` exactly `want`.
-    fn apply(&self, id: &str, want: BTreeSet<Record>) -> Repair {
+    /// Makes this updater's records of `id` exactly `want`, with `service` (a
+    /// container's labels, so its service, never change).
+    fn apply(&self, id: &str, want: BTreeSet<Record>, service: Option<&ServicePort>) -> Repair {
         let mut repair = Repair::default();
         let mut ours = self.ours.lock();
         let have = ours.remove(id).unwrap_or_default();
@@ -458,10 +469,11 @@ impl Shared {
         }
         let mut kept: BTreeSet<Record> = have.intersection(&want).cloned().collect();
         for (ip, fqdn) in want.difference(&have) {
-            match self.db.add(id, *ip, fqdn) {
+            match self.db.add_service(id, *ip, fqdn, service) {
                 Ok(true) => {
                     repair.added += 1;
-                    tracing::info!(container = %id, %ip, %fqdn, "registered");
+                    let service = service.map(ToString::to_string);
+                    tracing::info!(container = %id, %ip, %fqdn, service, "registered");
                     kept.insert((*ip, fqdn.clone()));
                 }
                 // Already live: someone else's record (by hand), not ours to remove.

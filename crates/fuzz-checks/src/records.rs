@@ -245,7 +245,8 @@ fn listed_ips(c: &ContainerInspectResponse, network: Option<&str>) -> BTreeSet<I
 }
 
 /// The first byte picks the name sources (bits 0–2), a network filter (bit 3) and
-/// a `die` time (bits 4–6); the rest is JSON for a container inspect answer.
+/// a `die` time (bits 4–6); the rest is JSON for a container inspect answer. Its
+/// `dwara.port` / `dwara.service` labels give a checked service or an error.
 /// Every record's name is a normalised name strictly below the domain, every
 /// address is one the selected networks list, and the mapping is a pure function
 /// of the container (the same after a JSON round trip).
@@ -283,6 +284,17 @@ pub fn docker_event(data: &[u8]) {
         5 => Some(-62_135_596_800_000_000_000), // Docker's zero time, year 1.
         _ => Some(i128::from(i64::MAX)),
     };
+    // The labels give a service only in the checked form, with the labelled port.
+    if let Ok(Some(s)) = dwara_docker::service_of(&c) {
+        let labels = c.config.as_ref().and_then(|c| c.labels.as_ref());
+        let port = labels.and_then(|l| l.get(dwara_docker::PORT_LABEL));
+        assert_eq!(
+            port.map(|p| p.trim().parse::<u16>().ok()),
+            Some(Some(s.port()))
+        );
+        let again = dwara_nameserver::ServicePort::parse(s.service(), &s.port().to_string());
+        assert_eq!(again.ok().as_ref(), Some(&s));
+    }
     let records = desired_records(&c, domain, &sources, network, died_at);
     let ips = listed_ips(&c, network);
     for (ip, name) in &records {

@@ -183,3 +183,66 @@ fn empty_or_broken_addresses_are_skipped() {
     // An unparsable start time does not block registration.
     assert!(is_live(&c, Some(0)));
 }
+
+fn labelled(labels: serde_json::Value, exposed: serde_json::Value) -> ContainerInspectResponse {
+    inspect(serde_json::json!({
+        "Id": ID,
+        "Config": { "Hostname": "web", "Labels": labels, "ExposedPorts": exposed },
+    }))
+}
+
+#[test]
+fn labels_give_the_service_and_port() {
+    let service = |labels, exposed| {
+        service_of(&labelled(labels, exposed))
+            .map(|s| s.map(|s| (s.service().to_owned(), s.port())))
+            .map_err(|e| e.to_string())
+    };
+    let none = serde_json::Value::Null;
+    let want = |s: &str, p| Ok::<_, String>(Some((s.to_owned(), p)));
+    assert_eq!(service(serde_json::json!({}), none.clone()), Ok(None));
+    assert_eq!(service(none.clone(), none.clone()), Ok(None));
+    assert_eq!(
+        service(
+            serde_json::json!({"dwara.port": "80", "dwara.service": "_HTTP._tcp"}),
+            none.clone()
+        ),
+        want("_http._tcp", 80)
+    );
+    // The default service: `_<port>._<proto>`, the protocol from the exposure.
+    assert_eq!(
+        service(serde_json::json!({"dwara.port": "80"}), none.clone()),
+        want("_80._tcp", 80)
+    );
+    assert_eq!(
+        service(
+            serde_json::json!({"dwara.port": "53"}),
+            serde_json::json!({"53/udp": {}})
+        ),
+        want("_53._udp", 53)
+    );
+    assert_eq!(
+        service(
+            serde_json::json!({"dwara.port": "53"}),
+            serde_json::json!({"53/udp": {}, "53/tcp": {}})
+        ),
+        want("_53._tcp", 53)
+    );
+    assert_eq!(
+        service(
+            serde_json::json!({"dwara.port": "53"}),
+            serde_json::json!({"54/udp": {}})
+        ),
+        want("_53._tcp", 53)
+    );
+    for labels in [
+        serde_json::json!({"dwara.port": "0"}),
+        serde_json::json!({"dwara.port": "http"}),
+        serde_json::json!({"dwara.port": "70000"}),
+        serde_json::json!({"dwara.port": "80", "dwara.service": "http"}),
+        serde_json::json!({"dwara.service": "_http._tcp"}),
+    ] {
+        let got = service(labels.clone(), none.clone());
+        assert!(got.is_err(), "{labels}: {got:?}");
+    }
+}

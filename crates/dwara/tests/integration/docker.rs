@@ -921,3 +921,102 @@ fn measure_reconcile_with_200_running() {
         answered,
     );
 }
+
+#[test]
+fn labels_register_ports_answered_as_srv() {
+    let Some(e) = engine("srv") else { return };
+    let s = DockerServe::start(&["--docker", "on"]);
+    let host = |n: &str| e.name(n);
+    let web = e.run(
+        "web",
+        &[
+            "--hostname",
+            &host("web"),
+            "--domainname",
+            DOMAIN,
+            "--label",
+            "dwara.port=8080",
+            "--label",
+            "dwara.service=_http._tcp",
+        ],
+    );
+    let dns = e.run(
+        "dns",
+        &[
+            "--hostname",
+            &host("dns"),
+            "--domainname",
+            DOMAIN,
+            "--label",
+            "dwara.port=53",
+            "--expose",
+            "53/udp",
+        ],
+    );
+    let bad = e.run(
+        "bad",
+        &[
+            "--hostname",
+            &host("bad"),
+            "--domainname",
+            DOMAIN,
+            "--label",
+            "dwara.port=0",
+        ],
+    );
+    let srv = |name: &str| {
+        let a = s.dig().query(name, "SRV").unwrap();
+        let mut extra: Vec<String> = a.additional.iter().map(|r| r.data.clone()).collect();
+        extra.sort();
+        (a.status.clone(), a.data("SRV"), extra)
+    };
+    let web_srv = format!("_http._tcp.{}.{DOMAIN}", host("web"));
+    let want = (
+        "NOERROR".to_owned(),
+        vec![format!("0 1 8080 {}.{DOMAIN}.", host("web"))],
+        ipv4s(&web),
+    );
+    let up = poll(PATIENCE, || srv(&web_srv) == want);
+    assert!(
+        up.is_some(),
+        "{web_srv}: {:?}, want {want:?}",
+        srv(&web_srv)
+    );
+    // No dwara.service: `_<port>._<proto>`, udp from the exposure.
+    let dns_srv = format!("_53._udp.{}.{DOMAIN}", host("dns"));
+    let want = (
+        "NOERROR".to_owned(),
+        vec![format!("0 1 53 {}.{DOMAIN}.", host("dns"))],
+        ipv4s(&dns),
+    );
+    assert!(
+        poll(PATIENCE, || srv(&dns_srv) == want).is_some(),
+        "{:?}",
+        srv(&dns_srv)
+    );
+    // A bad label: the names are registered without a service, and it is counted.
+    let bad_fqdn = format!("{}.{DOMAIN}", host("bad"));
+    assert!(poll(PATIENCE, || s.a(&bad_fqdn) == Ok(ipv4s(&bad))).is_some());
+    assert_eq!(srv(&format!("_0._tcp.{bad_fqdn}")).0, "NXDOMAIN");
+    assert_eq!(srv(&format!("_tcp.{bad_fqdn}")).0, "NXDOMAIN");
+    assert!(s.metric("dwara_docker_bad_labels_total") >= 1.0);
+    // The HTTP view shows the endpoints; a stopped container's SRV goes with it.
+    let (status, body) =
+        test_support::http::request(s.0.http, "GET", &format!("/name/{web_srv}"), None);
+    assert_eq!(status, 200, "{body}");
+    let eps: Vec<String> = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        eps,
+        ipv4s(&web)
+            .iter()
+            .map(|ip| format!("{ip}:8080"))
+            .collect::<Vec<_>>()
+    );
+    docker_ok(&["stop", "-t", "0", &web]);
+    assert!(
+        poll(PATIENCE, || srv(&web_srv).0 == "NXDOMAIN").is_some(),
+        "{:?}",
+        srv(&web_srv)
+    );
+    assert_eq!(srv(&dns_srv).1.len(), 1, "the other container's SRV stays");
+}
