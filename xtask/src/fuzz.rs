@@ -37,6 +37,8 @@ const TARGETS: &[&str] = &[
     "cluster_keyfile",
     "store_record",
     "docker_event",
+    "allow_list",
+    "http_auth",
 ];
 
 /// How the fuzzers run, from the command line.

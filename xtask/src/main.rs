@@ -17,6 +17,9 @@
 //! - `cargo xtask perf push [--rounds R] [--docker]` times an endpoint into and out of
 //!   an upstream's rotation, fed by push from the name server in the same process vs
 //!   polling it over DNS.
+//! - `cargo xtask perf guard [--qps N] [--seconds S] [--legit-qps N]`: a forged-source
+//!   flood against the DNS rate limit (reply vs request bytes, limit off and on) and
+//!   what a legitimate dnsperf client sees meanwhile, in network namespaces.
 //! - `cargo xtask fuzz [TARGET...] [--seconds N] [--idle]` runs the cargo-fuzz targets (nightly).
 //! - `cargo xtask image [--tag T] [--debug] [--no-save]` builds the container image
 //!   (`FROM scratch`, the static binary) and saves it as a tar for `docker load`.
@@ -32,6 +35,7 @@ mod image;
 mod perf_cluster;
 mod perf_cluster_faults;
 mod perf_dns;
+mod perf_guard;
 mod perf_l4;
 mod perf_push;
 mod perf_store;
@@ -82,7 +86,12 @@ fn main() -> anyhow::Result<()> {
             Some((what, rest)) if what == "cluster" => perf_cluster::run(rest),
             Some((what, rest)) if what == "l4" => perf_l4::run(rest),
             Some((what, rest)) if what == "push" => perf_push::run(rest),
-            _ => bail!("usage: cargo xtask perf dns|store|cluster|l4|push [OPTIONS]"),
+            Some((what, rest)) if what == "guard" => {
+                tools::ensure()?;
+                perf_guard::run(rest)
+            }
+            Some((what, rest)) if what == "guard-flood" => perf_guard::flood_main(rest),
+            _ => bail!("usage: cargo xtask perf dns|store|cluster|l4|push|guard [OPTIONS]"),
         },
         _ => {
             println!("usage: cargo xtask <ci|tools|bench|fuzz|image|perf dns|store|cluster|l4>");

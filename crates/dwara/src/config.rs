@@ -151,6 +151,25 @@ pub struct NameServerSection {
     pub http_max_connections: Option<u64>,
     /// Largest HTTP request body in bytes (`--http-max-body`).
     pub http_max_body: Option<u64>,
+    /// DNS clients allowed besides loopback: CIDR prefixes and/or `local` (the
+    /// subnets of this host's interfaces) (`--dns-allow`; default `[local]`).
+    #[serde(default)]
+    pub dns_allow: Vec<String>,
+    /// Clients outside `dns_allow` still get the local domain's answers
+    /// (`--dns-allow-local-any`).
+    pub dns_allow_local_any: Option<bool>,
+    /// DNS/UDP replies per second to one client /24 (IPv6 /56), loopback exempt;
+    /// 0: no limit (`--dns-rate-limit`).
+    pub dns_rate_limit: Option<u32>,
+    /// Every Nth rate-limited query gets an empty truncated reply; 0: none
+    /// (`--dns-rate-limit-slip`).
+    pub dns_rate_limit_slip: Option<u32>,
+    /// File holding the bearer token the HTTP API's writes need (`--http-token-file`).
+    pub http_token_file: Option<PathBuf>,
+    /// Reads need the token too (`--http-token-reads`).
+    pub http_token_reads: Option<bool>,
+    /// Serve the HTTP API on a non-loopback address without a token (`--http-insecure`).
+    pub http_insecure: Option<bool>,
 }
 
 /// The ranges of the `nameserver:` limits, the same as their flags'.
@@ -162,6 +181,9 @@ const NAMESERVER_LIMITS: [(&str, u64, u64); 6] = [
     ("http_max_connections", 1, 1_000_000),
     ("http_max_body", 1, 1 << 30),
 ];
+
+/// The largest `dns_rate_limit_slip` (and `--dns-rate-limit-slip`).
+pub const MAX_SLIP: u32 = 100;
 
 impl NameServerSection {
     fn limit(&self, key: &str) -> Option<u64> {
@@ -216,6 +238,29 @@ impl Config {
                     section: "nameserver",
                     key: "tombstone_grace_s",
                     message: "must be at least 1 second".into(),
+                });
+            }
+            for entry in &ns.dns_allow {
+                entry.parse::<dwara_nameserver::AllowEntry>().map_err(|e| {
+                    ConfigError::Section {
+                        section: "nameserver",
+                        key: "dns_allow",
+                        message: e.to_string(),
+                    }
+                })?;
+            }
+            if let Some(slip) = ns.dns_rate_limit_slip.filter(|s| *s > MAX_SLIP) {
+                return Err(ConfigError::Section {
+                    section: "nameserver",
+                    key: "dns_rate_limit_slip",
+                    message: format!("must be 0..={MAX_SLIP}, got {slip}"),
+                });
+            }
+            if ns.http_token_reads == Some(true) && ns.http_token_file.is_none() {
+                return Err(ConfigError::Section {
+                    section: "nameserver",
+                    key: "http_token_reads",
+                    message: "needs http_token_file".into(),
                 });
             }
             for (key, min, max) in NAMESERVER_LIMITS {
@@ -334,6 +379,27 @@ upstreams:
     }
 
     #[test]
+    fn the_guard_keys_parse() {
+        let c = Config::parse(
+            "nameserver:
+  dns_allow: [local, 10.0.0.0/8, 'fd00::/8']
+  dns_allow_local_any: true
+  dns_rate_limit: 500
+  dns_rate_limit_slip: 3
+  http_token_file: /etc/dwara/token
+  http_token_reads: true
+  http_insecure: false
+",
+        )
+        .unwrap();
+        let ns = c.nameserver.unwrap();
+        assert_eq!(ns.dns_allow, ["local", "10.0.0.0/8", "fd00::/8"]);
+        assert_eq!(ns.dns_rate_limit, Some(500));
+        assert_eq!(ns.dns_rate_limit_slip, Some(3));
+        assert_eq!(ns.http_token_reads, Some(true));
+    }
+
+    #[test]
     fn errors_name_the_key() {
         let up =
             |block: &str| format!("upstreams:\n  - name: api\n    listen: 127.0.0.1:9000\n{block}");
@@ -423,6 +489,22 @@ upstreams:
             (
                 "nameserver:\n  http_max_connections: 0\n".to_owned(),
                 "nameserver.http_max_connections: must be 1..=1000000, got 0",
+            ),
+            (
+                "nameserver:\n  dns_allow: [local, 10.0.0.0/33]\n".to_owned(),
+                "nameserver.dns_allow: invalid CIDR \"10.0.0.0/33\": an IPv4 prefix length is at most 32",
+            ),
+            (
+                "nameserver:\n  dns_allow: 10.0.0.0/8\n".to_owned(),
+                "dns_allow",
+            ),
+            (
+                "nameserver:\n  dns_rate_limit_slip: 101\n".to_owned(),
+                "nameserver.dns_rate_limit_slip: must be 0..=100, got 101",
+            ),
+            (
+                "nameserver:\n  http_token_reads: true\n".to_owned(),
+                "nameserver.http_token_reads: needs http_token_file",
             ),
             ("upstream: []\n".to_owned(), "upstream"),
             (

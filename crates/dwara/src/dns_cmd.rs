@@ -8,16 +8,41 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::{Args, Subcommand};
+use dwara::auth::Token;
 use reqwest::{Method, StatusCode, Url};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
-/// Where the API is.
+/// Where the API is, and the token it wants.
 #[derive(Debug, Args)]
 pub(crate) struct ApiArgs {
     /// Base URL of the name server's HTTP API.
     #[arg(long, default_value = "http://127.0.0.1:6784")]
     api: String,
+    /// File holding the API's bearer token (the server's --http-token-file)
+    /// [default: the DWARA_TOKEN environment variable, else no token]
+    #[arg(long, value_name = "FILE")]
+    token_file: Option<std::path::PathBuf>,
+}
+
+/// The environment variable `dwara dns` takes the token from without --token-file.
+const TOKEN_ENV: &str = "DWARA_TOKEN";
+
+impl ApiArgs {
+    /// The `Authorization` header value: from --token-file, else `DWARA_TOKEN`.
+    fn authorization(&self) -> anyhow::Result<Option<String>> {
+        if let Some(path) = &self.token_file {
+            return Ok(Some(Token::load(path)?.header_value()));
+        }
+        match std::env::var_os(TOKEN_ENV) {
+            None => Ok(None),
+            Some(v) => {
+                let token = Token::parse(v.as_encoded_bytes())
+                    .map_err(|e| anyhow::anyhow!("{TOKEN_ENV}: {e}"))?;
+                Ok(Some(token.header_value()))
+            }
+        }
+    }
 }
 
 /// `dwara dns` subcommands.
@@ -77,17 +102,17 @@ pub(crate) async fn run(cmd: DnsCommand) -> anyhow::Result<()> {
             let mut form = vec![("fqdn", fqdn.as_str())];
             form.extend(port.as_deref().map(|p| ("port", p)));
             form.extend(service.as_deref().map(|s| ("service", s)));
-            expect_ok(request(Method::PUT, url, Some(&form)).await?)?;
+            expect_ok(request(Method::PUT, url, Some(&form), &api).await?)?;
         }
         DnsCommand::Rm { id, ip, api } => {
             let url = match ip {
                 Some(ip) => api.url(&["name", &id, &ip.to_string()])?,
                 None => api.url(&["name", &id])?,
             };
-            expect_ok(request(Method::DELETE, url, None).await?)?;
+            expect_ok(request(Method::DELETE, url, None, &api).await?)?;
         }
         DnsCommand::Lookup { fqdn, api } => {
-            let resp = request(Method::GET, api.url(&["name", &fqdn])?, None).await?;
+            let resp = request(Method::GET, api.url(&["name", &fqdn])?, None, &api).await?;
             if resp.status == StatusCode::NOT_FOUND {
                 bail!("{fqdn}: no records");
             }
@@ -134,12 +159,14 @@ fn expect_ok(resp: Response) -> anyhow::Result<String> {
     }
 }
 
-/// One request; `form` goes in a form body.
+/// One request; `form` goes in a form body; the token, if any, in `Authorization`.
 async fn request(
     method: Method,
     url: Url,
     form: Option<&[(&str, &str)]>,
+    api: &ApiArgs,
 ) -> anyhow::Result<Response> {
+    let authorization = api.authorization()?;
     let client = reqwest::Client::builder()
         .connect_timeout(CONNECT_TIMEOUT)
         .timeout(REQUEST_TIMEOUT)
@@ -149,6 +176,9 @@ async fn request(
     let mut req = client.request(method.clone(), url.clone());
     if let Some(form) = form {
         req = req.form(form);
+    }
+    if let Some(value) = authorization {
+        req = req.header(reqwest::header::AUTHORIZATION, value);
     }
     let what = format!("{method} {url}");
     let resp = req.send().await.map_err(|e| {
@@ -184,7 +214,10 @@ mod tests {
 
     #[test]
     fn urls_encode_each_segment() {
-        let api = |s: &str| ApiArgs { api: s.to_owned() };
+        let api = |s: &str| ApiArgs {
+            api: s.to_owned(),
+            token_file: None,
+        };
         assert_eq!(
             api("http://127.0.0.1:6784")
                 .url(&["name", "a b/c", "10.0.0.1"])

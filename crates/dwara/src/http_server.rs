@@ -16,6 +16,10 @@
 //!   so a connection buffers at most `max_body` bytes of body and hyper's 64 KiB
 //!   read buffer.
 //!
+//! With `--http-token-file` a request the token covers (every write, or every
+//! request with `--http-token-reads`) is answered 401 without the token, before
+//! its body is read (see `dwara::auth`).
+//!
 //! Shutdown stops accepting and lets the requests in flight finish (at most 5 s).
 
 use std::net::SocketAddr;
@@ -34,6 +38,8 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::sync::Semaphore;
+
+use dwara::auth::{Auth, require_token};
 
 /// The default of `--http-read-timeout`.
 pub(crate) const DEFAULT_READ_TIMEOUT: Duration = Duration::from_secs(10);
@@ -128,15 +134,20 @@ pub(crate) struct HttpServer {
 }
 
 impl HttpServer {
-    /// Binds `addr` and serves `router` under `limits`.
+    /// Binds `addr` and serves `router` under `limits`, behind `auth` when given
+    /// (checked first, before a body is read).
     pub(crate) async fn serve(
         addr: SocketAddr,
         router: Router,
         limits: HttpLimits,
+        auth: Option<Arc<Auth>>,
     ) -> anyhow::Result<(Self, SocketAddr)> {
         let listener = bind(addr).with_context(|| format!("cannot listen on {addr} (HTTP)"))?;
         let local = listener.local_addr()?;
-        let router = router.layer(middleware::from_fn_with_state(limits, bounded_body));
+        let mut router = router.layer(middleware::from_fn_with_state(limits, bounded_body));
+        if let Some(auth) = auth {
+            router = router.layer(middleware::from_fn_with_state(auth, require_token));
+        }
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(accept_loop(listener, router, limits, stopped));
         tracing::debug!(

@@ -2,8 +2,11 @@
 //! own, without a process around it.
 //!
 //! - [`config`]: the YAML configuration file, strict parsing and key-path errors.
+//! - [`auth`]: the HTTP API's bearer token (`--http-token-file`): the token file,
+//!   the `Authorization` header and the middleware that answers 401.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod auth;
 pub mod config;

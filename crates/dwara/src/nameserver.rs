@@ -5,13 +5,15 @@
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
+use dwara::auth::{Auth, Protect, Token};
 use dwara_nameserver::{
-    DEFAULT_DNS_LISTEN, DEFAULT_HTTP_LISTEN, DEFAULT_TOMBSTONE_GRACE, Domain, Fallback,
-    NameServerConfig,
+    AllowEntry, DEFAULT_DNS_LISTEN, DEFAULT_HTTP_LISTEN, DEFAULT_TOMBSTONE_GRACE, Domain, Fallback,
+    LocalNames, NameServerConfig,
 };
 
 use crate::http_server::HttpLimits;
@@ -75,6 +77,41 @@ pub(crate) struct NameServerArgs {
     /// [default: none, registrations live in memory only]
     #[arg(long, value_name = "DIR")]
     data_dir: Option<PathBuf>,
+    /// DNS clients allowed besides loopback: a CIDR prefix, or `local` for the
+    /// subnets of this host's interfaces, followed as they change (repeatable).
+    /// Others get REFUSED and nothing is forwarded for them [default: local]
+    #[arg(long = "dns-allow", value_name = "CIDR|local", value_parser = parse_allow)]
+    dns_allow: Vec<AllowEntry>,
+    /// Clients outside --dns-allow still get answers for the local domain (and its
+    /// reverse names); forwarding stays refused to them
+    #[arg(long)]
+    dns_allow_local_any: bool,
+    /// DNS/UDP replies per second to one client /24 (IPv6 /56); over it a query
+    /// gets no reply, or every --dns-rate-limit-slip'th an empty truncated one (the
+    /// client retries over TCP, never limited). Loopback is exempt; 0 turns it off
+    /// [default: 2000]
+    #[arg(long, value_name = "QPS")]
+    dns_rate_limit: Option<u32>,
+    /// Every Nth rate-limited query gets an empty truncated reply (TC); 0: none
+    /// [default: 2]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(0..=i64::from(dwara::config::MAX_SLIP)))]
+    dns_rate_limit_slip: Option<u32>,
+    /// File holding the bearer token that every HTTP API write (PUT, DELETE,
+    /// POST /reload) needs in `Authorization: Bearer <token>` [default: none]
+    #[arg(long, value_name = "FILE")]
+    http_token_file: Option<PathBuf>,
+    /// Every HTTP request needs the token, reads and /metrics included
+    #[arg(long, requires = "http_token_file")]
+    http_token_reads: bool,
+    /// Serve the HTTP API on a non-loopback address without --http-token-file
+    /// (anyone who reaches it can add and delete names)
+    #[arg(long)]
+    http_insecure: bool,
+}
+
+fn parse_allow(s: &str) -> Result<AllowEntry, String> {
+    s.parse()
+        .map_err(|e: dwara_nameserver::Error| e.to_string())
 }
 
 /// Counts are range-checked by clap and the config validation; a `usize` narrower
@@ -97,6 +134,41 @@ impl NameServerArgs {
         self.http_listen
             .or_else(|| section.and_then(|s| s.http_listen))
             .unwrap_or(DEFAULT_HTTP_LISTEN)
+    }
+
+    /// The HTTP API's authentication (flags, then config file): `None` without a
+    /// token file. Errors when the token file is unusable, or when `listen` is not
+    /// loopback and there is neither a token nor `--http-insecure`.
+    pub(crate) fn http_auth(
+        &self,
+        section: Option<&NameServerSection>,
+        listen: SocketAddr,
+    ) -> anyhow::Result<Option<Arc<Auth>>> {
+        let file = self
+            .http_token_file
+            .clone()
+            .or_else(|| section.and_then(|s| s.http_token_file.clone()));
+        let reads = self.http_token_reads || section.and_then(|s| s.http_token_reads) == Some(true);
+        let insecure = self.http_insecure || section.and_then(|s| s.http_insecure) == Some(true);
+        let Some(file) = file else {
+            if !listen.ip().to_canonical().is_loopback() && !insecure {
+                anyhow::bail!(
+                    "refusing to serve the HTTP API on {listen} without --http-token-file: anyone who reaches that address could add and delete names (give --http-token-file FILE, or --http-insecure to accept that)"
+                );
+            }
+            if insecure && !listen.ip().to_canonical().is_loopback() {
+                tracing::warn!(%listen, "--http-insecure: the HTTP API takes writes from anyone who reaches it");
+            }
+            return Ok(None);
+        };
+        let token = Token::load(&file)?;
+        let protect = if reads {
+            Protect::Everything
+        } else {
+            Protect::Writes
+        };
+        tracing::info!(path = %file.display(), ?protect, "HTTP API requests need the bearer token");
+        Ok(Some(Auth::new(token, protect)))
     }
 
     /// The HTTP listener's limits: flags, then config file, then the defaults.
@@ -166,6 +238,24 @@ impl NameServerArgs {
             .or(file.tombstone_grace_s)
             .map_or(DEFAULT_TOMBSTONE_GRACE, Duration::from_secs);
         config.data_dir = self.data_dir.clone().or_else(|| file.data_dir.clone());
+        config.dns.access.allow = if self.dns_allow.is_empty() {
+            file.dns_allow
+                .iter()
+                .map(|e| e.parse())
+                .collect::<Result<_, _>>()
+                .context("nameserver.dns_allow")?
+        } else {
+            self.dns_allow.clone()
+        };
+        if self.dns_allow_local_any || file.dns_allow_local_any == Some(true) {
+            config.dns.access.local_names = LocalNames::Anyone;
+        }
+        if let Some(qps) = self.dns_rate_limit.or(file.dns_rate_limit) {
+            config.dns.access.rate_limit.qps = qps;
+        }
+        if let Some(slip) = self.dns_rate_limit_slip.or(file.dns_rate_limit_slip) {
+            config.dns.access.rate_limit.slip = slip;
+        }
         config.fallback = if !self.fallback.is_empty() {
             Fallback::Servers(self.fallback.clone())
         } else if let Some(path) = &self.resolv_conf {

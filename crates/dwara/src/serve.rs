@@ -330,6 +330,13 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
         None => Config::default(),
     };
     let mut registry = Registry::default();
+    // Checked before anything starts: a refusal is one line and nothing listens.
+    let section = config.nameserver.as_ref();
+    let http_listen = args.nameserver.http_listen(section);
+    let auth = args.nameserver.http_auth(section, http_listen)?;
+    if let Some(auth) = &auth {
+        registry.register_collector(Box::new(auth.collector()));
+    }
 
     let l4_workers = args.l4_workers.or(config.l4_workers);
     let dataplane = match l4_workers.and_then(|n| NonZeroUsize::new(usize::from(n))) {
@@ -338,7 +345,6 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
     };
 
     // The name server first: upstreams in its domain follow its database by push.
-    let section = config.nameserver.as_ref();
     let mut name_half = None;
     if args.config.is_none() || section.is_some() {
         let half = NameHalf::start(&args, &config, &mut registry).await?;
@@ -374,9 +380,10 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
         .route("/metrics", get(metrics).with_state(Arc::new(registry)))
         .fallback(|| async { (StatusCode::NOT_FOUND, "no such endpoint\n") });
     let (admin, http) = HttpServer::serve(
-        args.nameserver.http_listen(section),
+        http_listen,
         router,
         args.nameserver.http_limits(section),
+        auth,
     )
     .await?;
     // One line that says what runs; the components log their details at debug.

@@ -21,6 +21,8 @@
 //! | `store_record` | a store key | decode never panics, encode → decode round-trips |
 //! | `docker_event` | JSON as a container inspect answer | only names under the domain, only its addresses |
 //! | `config_yaml`, `resolv_conf`, `http_form` | text | no panic, bounded results |
+//! | `allow_list` | text as a DNS allow list | entries print back to themselves, one per word; errors are one line |
+//! | `http_auth` | bytes as a token file and an `Authorization` value | an accepted token matches itself and survives its header |
 //!
 //! ```
 //! // A query for web.weave.local A, checked against the model zone.
@@ -169,5 +171,52 @@ pub fn http_form(data: &[u8]) {
             value.len(),
             data.len()
         );
+    }
+}
+
+/// Any text as a DNS allow list (`--dns-allow`, `dns_allow:`): no panic; every
+/// entry parsed prints back to text that parses to the same entry, there are no
+/// more entries than words, a prefix holds its own network address, and an error
+/// is one line.
+pub fn allow_list(data: &[u8]) {
+    use dwara_nameserver::{AllowEntry, Cidr, parse_allow_list};
+    let text = String::from_utf8_lossy(data);
+    let _ = text.parse::<Cidr>();
+    match parse_allow_list(&text) {
+        Ok(entries) => {
+            let words = text
+                .split(|c: char| c == ',' || c.is_whitespace())
+                .filter(|w| !w.is_empty())
+                .count();
+            assert_eq!(entries.len(), words);
+            for e in entries {
+                let again: AllowEntry = e.to_string().parse().expect("printed entry parses");
+                assert_eq!(again, e);
+                if let AllowEntry::Cidr(c) = e {
+                    assert!(c.contains(c.addr()), "{c} does not hold its address");
+                }
+            }
+        }
+        Err(e) => assert!(!e.to_string().contains('\n')),
+    }
+}
+
+/// Any bytes as an HTTP token file and as an `Authorization` header value: no
+/// panic; an accepted token matches itself, its header carries it back, and a
+/// bearer token found in a header is a non-empty word of printable ASCII.
+pub fn http_auth(data: &[u8]) {
+    use dwara::auth::{Token, bearer};
+    if let Ok(token) = Token::parse(data) {
+        let trimmed = data.trim_ascii();
+        assert!(token.matches(trimmed));
+        let header = token.header_value();
+        assert_eq!(bearer(header.as_bytes()), Some(trimmed));
+        assert!(!token.matches(&trimmed[1..]));
+    }
+    if let Some(found) = bearer(data) {
+        assert!(!found.is_empty() && found.iter().all(u8::is_ascii_graphic));
+        if let Ok(token) = Token::parse(found) {
+            assert!(token.matches(found));
+        }
     }
 }

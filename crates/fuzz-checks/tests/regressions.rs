@@ -94,3 +94,13 @@ fn cluster_datagram_regressions() {
 fn cluster_keyfile_regressions() {
     replay("cluster_keyfile", dwara_fuzz_checks::cluster_keyfile);
 }
+
+#[test]
+fn allow_list_regressions() {
+    replay("allow_list", dwara_fuzz_checks::allow_list);
+}
+
+#[test]
+fn http_auth_regressions() {
+    replay("http_auth", dwara_fuzz_checks::http_auth);
+}

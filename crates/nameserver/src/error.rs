@@ -29,6 +29,14 @@ pub enum Error {
         /// The text as given.
         input: String,
     },
+    /// A client prefix of the allow list could not be parsed.
+    #[error("invalid CIDR {input:?}: {reason}")]
+    InvalidCidr {
+        /// The text as given (at most 64 characters of it).
+        input: String,
+        /// Why it was rejected.
+        reason: String,
+    },
     /// A service name is not of the form `_name._tcp` or `_name._udp`.
     #[error("invalid service {input:?}: {reason}")]
     InvalidService {

@@ -652,5 +652,32 @@ pub(crate) fn servfail(packet: &[u8], out: &mut [u8]) -> Option<usize> {
     }
 }
 
+/// A REFUSED response to `packet` (question and OPT echoed when the fast parser
+/// takes it, else a bare header) and the query type for metrics. `None` for what
+/// gets no answer at all (no header, or a response).
+pub(crate) fn refused(packet: &[u8], out: &mut [u8]) -> Option<(usize, Option<u16>)> {
+    let mut lower = [0u8; 256];
+    match wire::parse(packet, &mut lower) {
+        Parse::Fast(q) => Some((write_error(&q, out, rcode::REFUSED.into()), Some(q.qtype))),
+        Parse::Slow => write_bare_error(packet, out, rcode::REFUSED).map(|n| (n, None)),
+        Parse::Drop => None,
+    }
+}
+
+/// An empty truncated response to `packet` (TC=1, NOERROR, its question and OPT,
+/// no records): never larger than the query, and it sends a real client to TCP.
+/// `None` when the fast parser does not take the packet (those get no reply).
+pub(crate) fn truncated(packet: &[u8], out: &mut [u8]) -> Option<usize> {
+    let mut lower = [0u8; 256];
+    match wire::parse(packet, &mut lower) {
+        Parse::Fast(q) => {
+            let len = write_error(&q, out, rcode::NOERROR.into());
+            out[2] |= 0x02;
+            Some(len)
+        }
+        Parse::Slow | Parse::Drop => None,
+    }
+}
+
 #[cfg(test)]
 mod tests;

@@ -12,6 +12,12 @@
 //!   A DNS/TCP connection is bounded in number (512), in silence between messages
 //!   (10 s), in the time one message may take from its first byte (10 s) and in
 //!   lifetime (120 s, then closed at a message boundary): see [`DnsServerConfig`].
+//!   Who may ask and how fast is [`AccessConfig`]: an allow list of client
+//!   prefixes ([`AllowEntry`]; by default loopback and the subnets of this host's
+//!   interfaces, followed as they change) outside which queries get `REFUSED` and
+//!   are never forwarded, and a response rate limit per client /24 (IPv6 /56) for
+//!   UDP ([`RateLimit`]) that answers a flood with nothing or, every `slip`th
+//!   query, an empty truncated reply, so forged sources gain no amplification.
 //! - [`Forwarder`]: forwarding to fallback servers, following resolv.conf if asked.
 //! - [`http`]: the HTTP API as an axum [`axum::Router`] (the binary serves it).
 //! - [`NameServerCollector`]: the metrics, as a `prometheus-client` collector.
@@ -41,15 +47,18 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod access;
 mod answers;
 mod db;
 mod durable;
 mod error;
 mod forward;
+mod guard;
 mod handler;
 pub mod http;
 mod metrics;
 mod name;
+mod rate_limit;
 mod resolv;
 mod server;
 pub(crate) mod service;
@@ -60,11 +69,14 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use access::{AllowEntry, Cidr, RESCAN_EVERY, parse_allow_list};
 pub use db::{Change, ChangeKind, DEFAULT_ORIGIN, Db, DbConfig, Entry};
 pub use error::{Error, Result};
 pub use forward::{Forwarder, ForwarderConfig};
+pub use guard::{AccessConfig, LocalNames};
 pub use metrics::{Metrics, NameServerCollector};
 pub use name::{Domain, reverse_name};
+pub use rate_limit::{DEFAULT_BUCKETS, DEFAULT_RATE_LIMIT_QPS, DEFAULT_SLIP, RateLimit};
 pub use resolv::{is_own_address, load_resolv_conf, parse_resolv_conf, spawn_resolv_conf_watcher};
 pub use server::{
     DEFAULT_MAX_TCP_CONNECTIONS, DEFAULT_TCP_IDLE_TIMEOUT, DEFAULT_TCP_MAX_LIFETIME, DnsServer,
@@ -281,6 +293,12 @@ impl NameServer {
     /// The DNS address (UDP and TCP).
     pub fn dns_addr(&self) -> SocketAddr {
         self.dns.local_addr()
+    }
+
+    /// The DNS clients allowed right now besides loopback (see
+    /// [`DnsServer::allowed`]).
+    pub fn dns_allowed(&self) -> Vec<Cidr> {
+        self.dns.allowed()
     }
 
     /// The HTTP API's routes (see [`http`]), for the caller's listener.

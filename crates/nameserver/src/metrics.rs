@@ -68,7 +68,34 @@ pub(crate) struct Counters {
     dropped: AtomicU64,
     forwarded: AtomicU64,
     forward_failures: AtomicU64,
+    refused: [AtomicU64; REFUSED_REASONS.len()],
+    rate_limited: [AtomicU64; RATE_LIMIT_ACTIONS.len()],
+    udp_request_bytes: AtomicU64,
+    udp_reply_bytes: AtomicU64,
 }
+
+/// Why a query was refused (`dwara_dns_refused{reason}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Refused {
+    /// The client is not on the allow list.
+    ClientNotAllowed = 0,
+    /// The client is not on the allow list and the name would be forwarded
+    /// (`--dns-allow-local-any`).
+    ForwardNotAllowed = 1,
+}
+
+const REFUSED_REASONS: [&str; 2] = ["client_not_allowed", "forward_not_allowed"];
+
+/// What the rate limit did with a query (`dwara_dns_rate_limited{action}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RateLimited {
+    /// An empty truncated reply.
+    Slipped = 0,
+    /// No reply.
+    Dropped = 1,
+}
+
+const RATE_LIMIT_ACTIONS: [&str; 2] = ["slipped", "dropped"];
 
 impl Default for Counters {
     fn default() -> Self {
@@ -77,6 +104,10 @@ impl Default for Counters {
             dropped: AtomicU64::new(0),
             forwarded: AtomicU64::new(0),
             forward_failures: AtomicU64::new(0),
+            refused: std::array::from_fn(|_| AtomicU64::new(0)),
+            rate_limited: std::array::from_fn(|_| AtomicU64::new(0)),
+            udp_request_bytes: AtomicU64::new(0),
+            udp_reply_bytes: AtomicU64::new(0),
         }
     }
 }
@@ -103,6 +134,30 @@ impl Counters {
     pub(crate) fn forward_failed(&self) {
         self.forward_failures.fetch_add(1, Relaxed);
     }
+
+    /// Counts one refused query.
+    #[inline]
+    pub(crate) fn refused(&self, reason: Refused) {
+        self.refused[reason as usize].fetch_add(1, Relaxed);
+    }
+
+    /// Counts one rate-limited query.
+    #[inline]
+    pub(crate) fn rate_limited(&self, action: RateLimited) {
+        self.rate_limited[action as usize].fetch_add(1, Relaxed);
+    }
+
+    /// Counts one UDP datagram received.
+    #[inline]
+    pub(crate) fn udp_request(&self, bytes: usize) {
+        self.udp_request_bytes.fetch_add(bytes as u64, Relaxed);
+    }
+
+    /// Counts one UDP reply sent.
+    #[inline]
+    pub(crate) fn udp_reply(&self, bytes: usize) {
+        self.udp_reply_bytes.fetch_add(bytes as u64, Relaxed);
+    }
 }
 
 /// Every counter of one name server.
@@ -111,6 +166,8 @@ pub struct Metrics {
     blocks: Mutex<Vec<Arc<Counters>>>,
     shared: Arc<Counters>,
     http: Mutex<BTreeMap<u16, u64>>,
+    /// Rate-limit buckets evicted while still limiting (the limiter counts here).
+    evictions: Arc<AtomicU64>,
 }
 
 impl Metrics {
@@ -134,6 +191,11 @@ impl Metrics {
     /// Counts one HTTP response by status.
     pub fn record_http(&self, status: u16) {
         *self.http.lock().entry(status).or_default() += 1;
+    }
+
+    /// The counter the rate limiter counts its evictions in.
+    pub(crate) fn rate_limit_evictions(&self) -> &Arc<AtomicU64> {
+        &self.evictions
     }
 
     fn blocks(&self) -> Vec<Arc<Counters>> {
@@ -259,6 +321,45 @@ impl Collector for NameServerCollector {
             "dwara_dns_dropped",
             "DNS packets that got no answer (no header, or not a query)",
             sum(&|b| b.dropped.load(Relaxed)),
+        )?;
+        for (name, help, labels, field) in [
+            (
+                "dwara_dns_refused",
+                "DNS queries answered REFUSED by the allow list, by reason",
+                ("reason", &REFUSED_REASONS[..]),
+                (|b: &Counters, i: usize| b.refused[i].load(Relaxed))
+                    as fn(&Counters, usize) -> u64,
+            ),
+            (
+                "dwara_dns_rate_limited",
+                "DNS/UDP queries over their client prefix's rate limit: given an empty truncated reply (slipped) or none (dropped)",
+                ("action", &RATE_LIMIT_ACTIONS[..]),
+                |b: &Counters, i: usize| b.rate_limited[i].load(Relaxed),
+            ),
+        ] {
+            let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+            for (i, value) in labels.1.iter().enumerate() {
+                let v = sum(&|b| field(b, i));
+                ConstCounter::new(v).encode(family.encode_family(&[(labels.0, *value)])?)?;
+            }
+        }
+        counter(
+            &mut encoder,
+            "dwara_dns_udp_request_bytes",
+            "Bytes of DNS/UDP datagrams received",
+            sum(&|b| b.udp_request_bytes.load(Relaxed)),
+        )?;
+        counter(
+            &mut encoder,
+            "dwara_dns_udp_reply_bytes",
+            "Bytes of DNS/UDP replies sent (forwarded answers included)",
+            sum(&|b| b.udp_reply_bytes.load(Relaxed)),
+        )?;
+        counter(
+            &mut encoder,
+            "dwara_dns_rate_limit_evictions",
+            "Rate-limit buckets evicted from the full table while still limiting their prefix",
+            self.metrics.evictions.load(Relaxed),
         )?;
         let live = ConstGauge::new(i64::try_from(self.db.len()).unwrap_or(i64::MAX));
         live.encode(encoder.encode_descriptor(

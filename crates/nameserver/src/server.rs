@@ -50,9 +50,11 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
+use crate::access::{AllowList, Cidr};
 use crate::db::Db;
 use crate::error::{Error, Result};
 use crate::forward::Forwarder;
+use crate::guard::{AccessConfig, Guard};
 use crate::handler::{Handler, MAX_MESSAGE, Outcome, Transport, servfail};
 use crate::metrics::{Counters, Metrics};
 use crate::wire::FastRng;
@@ -85,6 +87,8 @@ pub struct DnsServerConfig {
     /// (at most 64). 0 or 1: one `recv_from` and one `send_to` per datagram, the
     /// portable path. Default 32 (measured in `docs/PERFORMANCE.md`).
     pub udp_batch: usize,
+    /// Who may ask, and the UDP rate limit (see [`AccessConfig`]).
+    pub access: AccessConfig,
 }
 
 /// The default [`DnsServerConfig::udp_batch`]: a batch only takes datagrams already
@@ -111,6 +115,7 @@ impl DnsServerConfig {
             max_tcp_connections: DEFAULT_MAX_TCP_CONNECTIONS,
             max_forwards_in_flight: 1024,
             udp_batch: DEFAULT_UDP_BATCH,
+            access: AccessConfig::default(),
         }
     }
 }
@@ -122,6 +127,7 @@ pub struct DnsServer {
     stop: Arc<AtomicBool>,
     workers: Vec<std::thread::JoinHandle<()>>,
     tcp: tokio::task::JoinHandle<()>,
+    allow_list: Arc<AllowList>,
 }
 
 /// Sets up replies from the asked address on the sockets of the wildcard `listen`.
@@ -276,6 +282,10 @@ impl DnsServer {
         let tcp = TcpListener::from_std(tcp).map_err(|e| io_err("registering DNS/TCP", e))?;
         let handler = Arc::new(Handler::new(db));
         let stop = Arc::new(AtomicBool::new(false));
+        let guard = Arc::new(
+            Guard::start(&config.access, &metrics, stop.clone())
+                .map_err(|e| io_err("starting the DNS allow-list watcher", e))?,
+        );
         let runtime = tokio::runtime::Handle::current();
         let udp: Vec<Arc<UdpSocket>> = udp.into_iter().map(Arc::new).collect();
         let forwards = Arc::new(Semaphore::new(config.max_forwards_in_flight.max(1)));
@@ -299,6 +309,7 @@ impl DnsServer {
                 batch,
                 pktinfo,
                 handler: handler.clone(),
+                guard: guard.clone(),
                 counters: metrics.worker_block(),
                 shared: metrics.shared().clone(),
                 forwarder: forwarder.clone(),
@@ -312,9 +323,11 @@ impl DnsServer {
                 .map_err(|e| io_err("spawning a DNS/UDP worker", e))?;
             workers.push(worker);
         }
+        let allow_list = guard.allow_list().clone();
         let tcp = tokio::spawn(serve_tcp(
             tcp,
             handler,
+            guard,
             forwarder,
             metrics.shared().clone(),
             config.clone(),
@@ -332,12 +345,19 @@ impl DnsServer {
             stop,
             workers,
             tcp,
+            allow_list,
         })
     }
 
     /// The address served (UDP and TCP).
     pub fn local_addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// The client prefixes allowed right now besides loopback (the interface
+    /// subnets as last read, with `local`).
+    pub fn allowed(&self) -> Vec<Cidr> {
+        self.allow_list.cidrs()
     }
 
     /// Stops both listeners and waits for the UDP workers to finish.
@@ -374,6 +394,7 @@ struct UdpWorker {
     /// each datagram's destination, which its reply is sent from.
     pktinfo: Option<Family>,
     handler: Arc<Handler>,
+    guard: Arc<Guard>,
     counters: Arc<Counters>,
     shared: Arc<Counters>,
     forwarder: Arc<Forwarder>,
@@ -425,16 +446,25 @@ impl UdpWorker {
                 }
             }
             batch.answer(|packet, peer, out| {
-                match self
-                    .handler
-                    .handle(packet, out, Transport::Udp, rng, &self.counters)
-                {
-                    Outcome::Reply(len) => Some(len),
+                self.counters.udp_request(packet.len());
+                // Every received datagram has a sender address.
+                let peer = peer?;
+                match self.guard.handle(
+                    &self.handler,
+                    peer.addr.ip(),
+                    packet,
+                    out,
+                    Transport::Udp,
+                    rng,
+                    &self.counters,
+                ) {
+                    Outcome::Reply(len) => {
+                        self.counters.udp_reply(len);
+                        Some(len)
+                    }
                     Outcome::Drop => None,
                     Outcome::Forward { qtype } => {
-                        if let Some(peer) = peer {
-                            self.forward(packet, peer, qtype, out);
-                        }
+                        self.forward(packet, peer, qtype, out);
                         None
                     }
                 }
@@ -469,11 +499,18 @@ impl UdpWorker {
                 }
             };
             let packet = &buf[..n];
-            match self
-                .handler
-                .handle(packet, &mut out, Transport::Udp, rng, &self.counters)
-            {
+            self.counters.udp_request(n);
+            match self.guard.handle(
+                &self.handler,
+                src.addr.ip(),
+                packet,
+                &mut out,
+                Transport::Udp,
+                rng,
+                &self.counters,
+            ) {
                 Outcome::Reply(len) => {
+                    self.counters.udp_reply(len);
                     let _ = pktinfo::send_to(&self.sock, &out[..len], src);
                 }
                 Outcome::Drop => {}
@@ -487,6 +524,7 @@ impl UdpWorker {
             // Too many in flight: answer at once rather than queue without bound.
             if let Some(len) = servfail(packet, out) {
                 self.counters.record(Some(qtype), 2);
+                self.counters.udp_reply(len);
                 let _ = pktinfo::send_to(&self.sock, &out[..len], src);
             }
             return;
@@ -511,6 +549,7 @@ impl UdpWorker {
                 }
             };
             counters.record(Some(qtype), u16::from(reply.get(3).map_or(2, |b| b & 0x0f)));
+            counters.udp_reply(reply.len());
             // The socket is blocking, but a UDP send only waits when the socket
             // buffer is full, and then only briefly.
             let _ = pktinfo::send_to(&sock, &reply, src);
@@ -521,6 +560,7 @@ impl UdpWorker {
 async fn serve_tcp(
     listener: TcpListener,
     handler: Arc<Handler>,
+    guard: Arc<Guard>,
     forwarder: Arc<Forwarder>,
     counters: Arc<Counters>,
     config: DnsServerConfig,
@@ -543,14 +583,15 @@ async fn serve_tcp(
                     tracing::debug!(%peer, "too many DNS/TCP connections; closing");
                     continue;
                 };
-                let (handler, forwarder, counters) = (handler.clone(), forwarder.clone(), counters.clone());
+                let (handler, guard, forwarder, counters) = (handler.clone(), guard.clone(), forwarder.clone(), counters.clone());
                 let limits = TcpLimits {
                     idle: config.tcp_idle_timeout,
                     lifetime: config.tcp_max_lifetime,
                 };
                 conns.spawn(async move {
                     let _permit = permit;
-                    if let Err(e) = serve_tcp_conn(stream, &handler, &forwarder, &counters, limits).await {
+                    let served = Served { handler: &handler, guard: &guard, forwarder: &forwarder, counters: &counters };
+                    if let Err(e) = serve_tcp_conn(stream, peer, served, limits).await {
                         tracing::trace!(%peer, error = %e, "DNS/TCP connection ended");
                     }
                 });
@@ -610,13 +651,27 @@ async fn read_frame(
     }
 }
 
+/// What one DNS/TCP connection answers with.
+#[derive(Clone, Copy)]
+struct Served<'a> {
+    handler: &'a Handler,
+    guard: &'a Guard,
+    forwarder: &'a Forwarder,
+    counters: &'a Counters,
+}
+
 async fn serve_tcp_conn(
     stream: TcpStream,
-    handler: &Handler,
-    forwarder: &Forwarder,
-    counters: &Counters,
+    peer: SocketAddr,
+    served: Served<'_>,
     limits: TcpLimits,
 ) -> std::io::Result<()> {
+    let Served {
+        handler,
+        guard,
+        forwarder,
+        counters,
+    } = served;
     stream.set_nodelay(true)?;
     let end_of_life = Instant::now() + limits.lifetime;
     // Buffered: a client that sends several messages in one write costs one read.
@@ -630,29 +685,36 @@ async fn serve_tcp_conn(
             NextFrame::Close => return Ok(()),
         };
         let packet = &query[..len];
-        let reply_len =
-            match handler.handle(packet, &mut out[2..], Transport::Tcp, &mut rng, counters) {
-                Outcome::Reply(n) => n,
-                Outcome::Drop => continue,
-                Outcome::Forward { qtype } => {
-                    counters.forwarded();
-                    let n = match forwarder.forward_tcp(packet).await {
-                        Some(reply) if reply.len() <= MAX_MESSAGE => {
-                            out[2..2 + reply.len()].copy_from_slice(&reply);
-                            reply.len()
+        let reply_len = match guard.handle(
+            handler,
+            peer.ip(),
+            packet,
+            &mut out[2..],
+            Transport::Tcp,
+            &mut rng,
+            counters,
+        ) {
+            Outcome::Reply(n) => n,
+            Outcome::Drop => continue,
+            Outcome::Forward { qtype } => {
+                counters.forwarded();
+                let n = match forwarder.forward_tcp(packet).await {
+                    Some(reply) if reply.len() <= MAX_MESSAGE => {
+                        out[2..2 + reply.len()].copy_from_slice(&reply);
+                        reply.len()
+                    }
+                    _ => {
+                        counters.forward_failed();
+                        match servfail(packet, &mut out[2..]) {
+                            Some(n) => n,
+                            None => continue,
                         }
-                        _ => {
-                            counters.forward_failed();
-                            match servfail(packet, &mut out[2..]) {
-                                Some(n) => n,
-                                None => continue,
-                            }
-                        }
-                    };
-                    counters.record(Some(qtype), u16::from(out[5] & 0x0f));
-                    n
-                }
-            };
+                    }
+                };
+                counters.record(Some(qtype), u16::from(out[5] & 0x0f));
+                n
+            }
+        };
         // reply_len ≤ MAX_MESSAGE.
         out[..2].copy_from_slice(&(reply_len as u16).to_be_bytes());
         // A client that does not read its replies must not hold the slot either.

@@ -826,7 +826,8 @@ fn hosts_on_a_bridge_partition_and_heal() {
                 http: SocketAddr::from((Netns::addr(i), 6784)),
                 gossip: gossip(i),
                 peers: (0..3).filter(|j| *j != i).map(gossip).collect(),
-                extra: Vec::new(),
+                // The API is on the bridge address, reached by the test without a token.
+                extra: vec!["--http-insecure".into()],
                 env: Vec::new(),
                 netns: Some(ns.nodes[i].clone()),
             })

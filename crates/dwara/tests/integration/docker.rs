@@ -689,6 +689,7 @@ fn end_to_end_dwara_in_a_container_is_the_dns_server_of_two_busybox_containers()
             "0.0.0.0:53",
             "--http-listen",
             "0.0.0.0:6784",
+            "--http-insecure",
             "--fallback",
             "127.0.0.1:9",
             "--docker",

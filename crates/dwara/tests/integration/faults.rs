@@ -73,7 +73,8 @@ impl Hosts {
             http: SocketAddr::from((Netns::addr(i), 6784)),
             gossip: gossip(i),
             peers: (0..n).filter(|j| *j != i).map(gossip).collect(),
-            extra: Vec::new(),
+            // The API is on the bridge address, reached by the test without a token.
+            extra: vec!["--http-insecure".into()],
             env: Vec::new(),
             netns: Some(self.ns.nodes[i].clone()),
         }

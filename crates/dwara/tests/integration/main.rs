@@ -6,6 +6,7 @@
 mod cluster;
 mod docker;
 mod faults;
+mod guard;
 mod hostile;
 mod hostile_http;
 mod nameserver;
