@@ -23,7 +23,10 @@
 //!            varint   entry version
 //!            item                               (no service)
 //! item     = u8       flags                     bit 0: address is IPv6; bit 1 (format
-//!                                               3 only): a service follows; others 0
+//!                                               3 only): a service follows; bits 2-3
+//!                                               (format 3 only): health (0 unchecked,
+//!                                               1 starting, 2 healthy, 3 unhealthy);
+//!                                               others 0
 //!            4 | 16   address bytes
 //!            varint   id length, id bytes       (UTF-8, 1..=256 bytes)
 //!            varint   fqdn length, fqdn bytes   (UTF-8, 1..=255 bytes)
@@ -31,6 +34,11 @@
 //!            varint   service length, service   (`_name._tcp|_udp`, checked as the
 //!                                                name server checks it)]
 //! ```
+//!
+//! An entry's health is an attribute its owner publishes with it, like its service:
+//! a bucket holding a checked entry is written in format 3 (so builds before health
+//! read every bucket until checks are used), and a receiver applies a health change
+//! as a newer version of the entry.
 //!
 //! Format history: 1 (one entry per key), 2 (buckets), 3 (buckets whose entries may
 //! carry a service and port, answered as SRV). A node writes format 2 for a bucket
@@ -57,7 +65,7 @@ use std::num::NonZeroU16;
 
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use dwara_nameserver::ServicePort;
+use dwara_nameserver::{Health, ServicePort};
 
 /// The format version of a single-entry record (what builds before buckets publish).
 pub const RECORD_FORMAT: u8 = 1;
@@ -76,6 +84,8 @@ pub const MAX_SERVICE_LEN: usize = dwara_nameserver::MAX_SERVICE_NAME + 6;
 const ENVELOPE_OPEN: u8 = 0x01;
 const FLAG_V6: u8 = 0x01;
 const FLAG_SERVICE: u8 = 0x02;
+const HEALTH_SHIFT: u8 = 2;
+const HEALTH_MASK: u8 = 0x0c;
 
 /// One entry as published: what a record carries (the origin is the publisher).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -102,6 +112,8 @@ pub struct Item {
     pub fqdn: String,
     /// The service and port the entry is answered with as SRV, if any.
     pub service: Option<ServicePort>,
+    /// What the owner's check says.
+    pub health: Health,
 }
 
 impl Item {
@@ -146,6 +158,7 @@ impl From<Record> for Bucket {
                 ip: r.ip,
                 fqdn: r.fqdn,
                 service: None,
+                health: Health::Unchecked,
             }],
         }
     }
@@ -203,6 +216,7 @@ pub fn encode_record(record: &Record) -> Vec<u8> {
             ip: record.ip,
             fqdn: record.fqdn.clone(),
             service: None,
+            health: Health::Unchecked,
         },
     );
     out
@@ -227,7 +241,10 @@ pub fn decode_record(bytes: &[u8]) -> Result<Record, DecodeError> {
 pub fn encode_bucket(bucket: &Bucket) -> Vec<u8> {
     let items: usize = bucket.items.iter().map(Item::encoded_len).sum();
     let mut out = Vec::with_capacity(BUCKET_OVERHEAD + items);
-    let services = bucket.items.iter().any(|i| i.service.is_some());
+    let services = bucket
+        .items
+        .iter()
+        .any(|i| i.service.is_some() || i.health != Health::Unchecked);
     out.push(if services {
         BUCKET_FORMAT_SERVICES
     } else {
@@ -332,7 +349,7 @@ fn put_item(out: &mut Vec<u8>, item: &Item) {
         FLAG_SERVICE
     } else {
         0
-    };
+    } | (item.health.code() << HEALTH_SHIFT);
     match item.ip {
         IpAddr::V4(v4) => {
             out.push(service);
@@ -429,13 +446,15 @@ impl Reader<'_> {
     fn item(&mut self, format: u8) -> Result<Item, DecodeError> {
         let flags = self.u8()?;
         let known = if format == BUCKET_FORMAT_SERVICES {
-            FLAG_V6 | FLAG_SERVICE
+            FLAG_V6 | FLAG_SERVICE | HEALTH_MASK
         } else {
             FLAG_V6
         };
         if flags & !known != 0 {
             return Err(DecodeError::UnknownFlags(flags));
         }
+        let health = Health::from_code((flags & HEALTH_MASK) >> HEALTH_SHIFT)
+            .ok_or(DecodeError::UnknownFlags(flags))?;
         let ip = if flags & FLAG_V6 != 0 {
             IpAddr::V6(Ipv6Addr::from(self.array::<16>()?))
         } else {
@@ -462,6 +481,7 @@ impl Reader<'_> {
             ip,
             fqdn,
             service,
+            health,
         })
     }
 

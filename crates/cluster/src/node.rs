@@ -42,7 +42,7 @@ use chitchat::{
     Chitchat, ChitchatConfig, ChitchatHandle, ChitchatId, FailureDetectorConfig, ListenerHandle,
     ProtocolVersion, spawn_chitchat,
 };
-use dwara_nameserver::{Change, ChangeKind, Db, Entry, ServicePort};
+use dwara_nameserver::{Change, ChangeKind, Db, Entry, Health, ServicePort};
 use tokio::sync::{Notify, broadcast};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -377,6 +377,7 @@ fn item_of(e: &Entry) -> Item {
         ip: e.ip,
         fqdn: e.fqdn.clone(),
         service: e.service.clone(),
+        health: e.health,
     }
 }
 
@@ -384,6 +385,7 @@ fn item_of(e: &Entry) -> Item {
 fn identity_of(item: &Item) -> Item {
     Item {
         service: None,
+        health: Health::Unchecked,
         ..item.clone()
     }
 }
@@ -398,6 +400,7 @@ fn live_entry(item: &Item, origin: &str, version: u64) -> Entry {
         version,
         tombstone: false,
         service: item.service.clone(),
+        health: item.health,
     }
 }
 
@@ -589,11 +592,18 @@ struct Remote {
 /// or, while buckets move, two keys briefly holding it with different services) is
 /// applied again with the service of the item acquired last.
 struct Holdings {
-    /// Keys holding each entry, and the service applied.
-    held: HashMap<Item, (u32, Option<ServicePort>)>,
-    /// Released entries, the version they were last released at, and the service
+    /// Keys holding each entry, and the attributes (service, health) applied.
+    held: HashMap<Item, (u32, Attrs)>,
+    /// Released entries, the version they were last released at, and the attributes
     /// applied.
-    pending: HashMap<Item, (u64, Option<ServicePort>)>,
+    pending: HashMap<Item, (u64, Attrs)>,
+}
+
+/// What an item carries besides its identity: service and health.
+type Attrs = (Option<ServicePort>, Health);
+
+fn attrs_of(item: &Item) -> Attrs {
+    (item.service.clone(), item.health)
 }
 
 impl Holdings {
@@ -601,16 +611,17 @@ impl Holdings {
     /// applied live at `version`. False when it could not be applied.
     fn acquire(&mut self, to: &Target<'_>, item: &Item, version: u64) -> bool {
         let id = identity_of(item);
-        if let Some((n, service)) = self.held.get_mut(&id) {
+        let attrs = attrs_of(item);
+        if let Some((n, applied)) = self.held.get_mut(&id) {
             *n += 1;
-            if *service != item.service && to.apply(live_entry(item, to.node_id, version)) {
-                service.clone_from(&item.service);
+            if *applied != attrs && to.apply(live_entry(item, to.node_id, version)) {
+                *applied = attrs;
             }
             return true;
         }
         match self.pending.remove(&id) {
             // Released and taken up again unchanged: still live, untouched.
-            Some((_, service)) if service == item.service => {}
+            Some((_, applied)) if applied == attrs => {}
             previous => {
                 if !to.apply(live_entry(item, to.node_id, version)) {
                     if let Some(p) = previous {
@@ -620,21 +631,22 @@ impl Holdings {
                 }
             }
         }
-        self.held.insert(id, (1, item.service.clone()));
+        self.held.insert(id, (1, attrs));
         true
     }
 
     /// One key less holds `item`; after the last it is pending, released at `version`.
     fn release(&mut self, item: &Item, version: u64) {
         let id = identity_of(item);
-        let Some((n, service)) = self.held.get_mut(&id) else {
+        let Some((n, _)) = self.held.get_mut(&id) else {
             return;
         };
         *n -= 1;
         if *n == 0 {
-            let service = service.take();
-            self.held.remove(&id);
-            let at = self.pending.entry(id).or_insert((version, service));
+            let Some((_, applied)) = self.held.remove(&id) else {
+                return;
+            };
+            let at = self.pending.entry(id).or_insert((version, applied));
             at.0 = at.0.max(version);
         }
     }

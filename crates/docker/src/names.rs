@@ -10,8 +10,10 @@
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 
-use bollard::models::{ContainerInspectResponse, ContainerStateStatusEnum, EndpointSettings};
-use dwara_nameserver::{Domain, Error as NameError, Protocol, ServicePort, parse_port};
+use bollard::models::{
+    ContainerInspectResponse, ContainerStateStatusEnum, EndpointSettings, HealthStatusEnum,
+};
+use dwara_nameserver::{Domain, Error as NameError, Health, Protocol, ServicePort, parse_port};
 
 use crate::config::{NameSource, NameSources};
 use crate::time::{Nanos, parse_rfc3339};
@@ -52,6 +54,22 @@ pub(crate) fn is_live(c: &ContainerInspectResponse, died_at: Option<Nanos>) -> b
     match (died_at, started_at(c)) {
         (Some(died), Some(started)) => started > died,
         _ => true,
+    }
+}
+
+/// What the container's `HEALTHCHECK` says now: [`Health::Unchecked`] without one
+/// (or when the daemon reports none).
+pub(crate) fn health(c: &ContainerInspectResponse) -> Health {
+    let status = c
+        .state
+        .as_ref()
+        .and_then(|s| s.health.as_ref())
+        .and_then(|h| h.status);
+    match status {
+        Some(HealthStatusEnum::STARTING) => Health::Starting,
+        Some(HealthStatusEnum::HEALTHY) => Health::Healthy,
+        Some(HealthStatusEnum::UNHEALTHY) => Health::Unhealthy,
+        Some(HealthStatusEnum::NONE | HealthStatusEnum::EMPTY) | None => Health::Unchecked,
     }
 }
 

@@ -30,9 +30,9 @@ use crate::client::connect;
 use crate::config::{ApiVersion, DockerConfig, DockerMode};
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
-use crate::names::{Naming, Record, desired, service_of};
+use crate::names::{Naming, Record, desired, health, service_of};
 use crate::time::{Nanos, now, since_param};
-use dwara_nameserver::ServicePort;
+use dwara_nameserver::{Health, ServicePort};
 
 /// How many containers are inspected at once.
 const CONCURRENCY: usize = 16;
@@ -301,9 +301,19 @@ impl Shared {
             ),
             (
                 "event".to_owned(),
-                ["start", "die", "destroy", "rename", "connect", "disconnect"]
-                    .map(str::to_owned)
-                    .to_vec(),
+                // `health_status` matches `health_status: healthy` etc. (the
+                // daemon compares that one by prefix).
+                [
+                    "start",
+                    "die",
+                    "destroy",
+                    "rename",
+                    "connect",
+                    "disconnect",
+                    "health_status",
+                ]
+                .map(str::to_owned)
+                .to_vec(),
             ),
         ]);
         let options = EventsOptions {
@@ -377,7 +387,14 @@ impl Shared {
 
     /// The container an event is about, its action and its time.
     fn event_target(&self, event: &EventMessage) -> Option<(String, String, Option<Nanos>)> {
-        let action = event.action.clone()?;
+        // `health_status: healthy` → `health_status`: the state is read by inspect.
+        let action = event
+            .action
+            .as_deref()?
+            .split(':')
+            .next()?
+            .trim()
+            .to_owned();
         let actor = event.actor.as_ref()?;
         let id = match event.typ {
             Some(EventMessageTypeEnum::CONTAINER) => actor.id.clone()?,
@@ -447,19 +464,26 @@ impl Shared {
                         None
                     }
                 };
-                (desired(&c, &self.naming, died_at), service)
+                (desired(&c, &self.naming, died_at), service, health(&c))
             }
             Err(BollardError::DockerResponseServerError {
                 status_code: 404, ..
-            }) => (BTreeSet::new(), None),
+            }) => (BTreeSet::new(), None, Health::Unchecked),
             Err(e) => return Err(e),
         };
-        Ok(self.apply(id, want.0, want.1.as_ref()))
+        Ok(self.apply(id, want.0, want.1.as_ref(), want.2))
     }
 
     /// Makes this updater's records of `id` exactly `want`, with `service` (a
-    /// container's labels, so its service, never change).
-    fn apply(&self, id: &str, want: BTreeSet<Record>, service: Option<&ServicePort>) -> Repair {
+    /// container's labels, so its service, never change), in `health` (what the
+    /// container's `HEALTHCHECK` says; `starting` is not answered yet).
+    fn apply(
+        &self,
+        id: &str,
+        want: BTreeSet<Record>,
+        service: Option<&ServicePort>,
+        health: Health,
+    ) -> Repair {
         let mut repair = Repair::default();
         let mut ours = self.ours.lock();
         let have = ours.remove(id).unwrap_or_default();
@@ -468,12 +492,18 @@ impl Shared {
             tracing::info!(container = %id, %ip, %fqdn, "unregistered");
         }
         let mut kept: BTreeSet<Record> = have.intersection(&want).cloned().collect();
+        let addrs: BTreeSet<IpAddr> = kept.iter().map(|(ip, _)| *ip).collect();
+        for ip in addrs {
+            if self.db.set_health(id, ip, health) > 0 {
+                tracing::info!(container = %id, %ip, %health, "health changed");
+            }
+        }
         for (ip, fqdn) in want.difference(&have) {
-            match self.db.add_service(id, *ip, fqdn, service) {
+            match self.db.add_checked(id, *ip, fqdn, service, health) {
                 Ok(true) => {
                     repair.added += 1;
                     let service = service.map(ToString::to_string);
-                    tracing::info!(container = %id, %ip, %fqdn, service, "registered");
+                    tracing::info!(container = %id, %ip, %fqdn, service, %health, "registered");
                     kept.insert((*ip, fqdn.clone()));
                 }
                 // Already live: someone else's record (by hand), not ours to remove.

@@ -170,6 +170,9 @@ pub struct NameServerSection {
     pub http_token_reads: Option<bool>,
     /// Serve the HTTP API on a non-loopback address without a token (`--http-insecure`).
     pub http_insecure: Option<bool>,
+    /// Whether a name none of whose entries passes its check answers its unhealthy
+    /// ones (`--health-fail-open`).
+    pub health_fail_open: Option<bool>,
 }
 
 /// The ranges of the `nameserver:` limits, the same as their flags'.

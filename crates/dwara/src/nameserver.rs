@@ -13,7 +13,7 @@ use clap::Args;
 use dwara::auth::{Auth, Protect, Token};
 use dwara_nameserver::{
     AllowEntry, DEFAULT_DNS_LISTEN, DEFAULT_HTTP_LISTEN, DEFAULT_TOMBSTONE_GRACE, Domain, Fallback,
-    LocalNames, NameServerConfig,
+    HealthFailMode, LocalNames, NameServerConfig,
 };
 
 use crate::http_server::HttpLimits;
@@ -107,6 +107,10 @@ pub(crate) struct NameServerArgs {
     /// (anyone who reaches it can add and delete names)
     #[arg(long)]
     http_insecure: bool,
+    /// When no live entry of a name passes its health check, answer its unhealthy
+    /// ones (true) or none (false) [default: true]
+    #[arg(long, value_name = "BOOL")]
+    health_fail_open: Option<bool>,
 }
 
 fn parse_allow(s: &str) -> Result<AllowEntry, String> {
@@ -256,6 +260,10 @@ impl NameServerArgs {
         if let Some(slip) = self.dns_rate_limit_slip.or(file.dns_rate_limit_slip) {
             config.dns.access.rate_limit.slip = slip;
         }
+        config.db.health_fail = match self.health_fail_open.or(file.health_fail_open) {
+            Some(false) => HealthFailMode::Closed,
+            Some(true) | None => HealthFailMode::Open,
+        };
         config.fallback = if !self.fallback.is_empty() {
             Fallback::Servers(self.fallback.clone())
         } else if let Some(path) = &self.resolv_conf {

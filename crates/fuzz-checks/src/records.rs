@@ -120,6 +120,7 @@ pub fn cluster_bucket(data: &[u8]) {
             ip,
             fqdn: fqdn.to_owned(),
             service,
+            health: dwara_nameserver::Health::from_code(n % 4).unwrap_or_default(),
         });
     }
     if items.is_empty() {
@@ -160,11 +161,14 @@ fn check_bucket(b: &Bucket) {
         }
     }
     let plain = encode_bucket(b);
-    let services = b.items.iter().any(|i| i.service.is_some());
+    let attributes = b
+        .items
+        .iter()
+        .any(|i| i.service.is_some() || i.health != dwara_nameserver::Health::Unchecked);
     assert_eq!(
         plain[0] == BUCKET_FORMAT_SERVICES,
-        services,
-        "format 3 iff a service"
+        attributes,
+        "format 3 iff a service or a checked entry"
     );
     assert_eq!(decode_bucket(&plain).as_ref(), Ok(b));
     let v = encode_bucket_value(b);

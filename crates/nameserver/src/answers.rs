@@ -51,6 +51,8 @@ pub(crate) struct Rec {
     /// Seconds since the database was created, at the last change.
     pub(crate) changed: u32,
     pub(crate) tombstone: bool,
+    /// What the owner's check says.
+    pub(crate) health: crate::health::Health,
     /// Live, visible, first of its address under this name: goes in answers.
     pub(crate) serve: bool,
     /// The service and port answered as SRV, if any.

@@ -27,6 +27,7 @@ use hickory_proto::rr::Name;
 
 use crate::answers::{NameRef, PtrRef, Rec, Srv, Tables};
 use crate::error::Result;
+use crate::health::{Health, HealthFailMode};
 use crate::name::{Domain, parse_name, wire_lower};
 use crate::service::ServicePort;
 
@@ -42,6 +43,8 @@ pub struct DbConfig {
     pub ttl: u32,
     /// The name of this node, stamped on the entries it makes.
     pub origin: String,
+    /// Whether a name none of whose live entries passes its check answers them all.
+    pub health_fail: HealthFailMode,
 }
 
 impl DbConfig {
@@ -51,6 +54,7 @@ impl DbConfig {
             domain,
             ttl: 1,
             origin: DEFAULT_ORIGIN.to_owned(),
+            health_fail: HealthFailMode::Open,
         }
     }
 }
@@ -74,6 +78,9 @@ pub struct Entry {
     /// its two fields, `service` and `port`, sit beside the others (absent when none).
     #[serde(flatten, default, skip_serializing_if = "Option::is_none")]
     pub service: Option<ServicePort>,
+    /// What the owner's check says (absent in JSON when there is no check).
+    #[serde(default, skip_serializing_if = "Health::is_unchecked")]
+    pub health: Health,
 }
 
 /// What happened to an entry.
@@ -207,8 +214,17 @@ enum Edit<'a> {
         ip: IpAddr,
         service: Option<&'a ServicePort>,
         origin: u32,
+        /// A local add: the health of a new (or revived) entry. A merge: the entry's.
+        health: Health,
         /// `None`: a local add (version bumped as needed); `Some`: a merge.
         remote: Option<(u64, bool)>,
+    },
+    /// Set the health of the live local records of `id` at `ip`.
+    Health {
+        id: &'a str,
+        ip: IpAddr,
+        origin: u32,
+        health: Health,
     },
     /// Tombstone the live local records of `id` (narrowed to `ip`).
     Tombstone {
@@ -273,19 +289,36 @@ impl Db {
     }
 
     /// Registers `ip` under `fqdn` for container `id`, owned by this node, with the
-    /// service and port answered as SRV at `<service>.<fqdn>` when given.
-    ///
-    /// Returns whether anything changed (`false` when that exact entry, service
-    /// included, is already live). Re-adding a live entry with another service (or
-    /// none) replaces it with a higher version; re-adding a removed entry revives its
-    /// tombstone with a higher version. Fails if `fqdn` is not a valid name strictly
-    /// inside the domain.
+    /// service and port answered as SRV at `<service>.<fqdn>` when given: a new (or
+    /// revived) entry is unchecked ([`Db::add_checked`] with [`Health::Unchecked`]).
     pub fn add_service(
         &self,
         id: &str,
         ip: IpAddr,
         fqdn: &str,
         service: Option<&ServicePort>,
+    ) -> Result<bool> {
+        self.add_checked(id, ip, fqdn, service, Health::Unchecked)
+    }
+
+    /// Registers `ip` under `fqdn` for container `id`, owned by this node, with the
+    /// service and port answered as SRV at `<service>.<fqdn>` when given, for an entry
+    /// whose owner checks it: a new (or revived) entry starts in `health` (e.g.
+    /// [`Health::Starting`], so it is not answered before its first verdict); a live
+    /// one keeps its health (see [`Db::set_health`]).
+    ///
+    /// Returns whether anything changed (`false` when that exact entry, service
+    /// included, is already live). Re-adding a live entry with another service (or
+    /// none) replaces it with a higher version; re-adding a removed entry revives its
+    /// tombstone with a higher version. Fails if `fqdn` is not a valid name strictly
+    /// inside the domain.
+    pub fn add_checked(
+        &self,
+        id: &str,
+        ip: IpAddr,
+        fqdn: &str,
+        service: Option<&ServicePort>,
+        health: Health,
     ) -> Result<bool> {
         let wire = self.config.domain.member_wire(fqdn)?;
         let mut w = self.writer.lock();
@@ -298,6 +331,7 @@ impl Db {
                 ip,
                 service,
                 origin: 0,
+                health,
                 remote: None,
             },
         ) > 0)
@@ -323,6 +357,49 @@ impl Db {
             .filter(|n| only.as_deref().is_none_or(|o| &n[..] == o))
             .map(|name| self.edit(&mut w, name, Edit::Tombstone { id, ip, origin: 0 }))
             .sum()
+    }
+
+    /// Sets the health of this node's live entries of container `id` at `ip` (every
+    /// name). Each entry whose health changes gets a new version (so the change is
+    /// replicated) and is answered or not accordingly. Returns how many changed.
+    pub fn set_health(&self, id: &str, ip: IpAddr, health: Health) -> usize {
+        let mut w = self.writer.lock();
+        let Some(names) = w.by_id.get(id).cloned() else {
+            return 0;
+        };
+        let edit = || Edit::Health {
+            id,
+            ip,
+            origin: 0,
+            health,
+        };
+        names
+            .iter()
+            .map(|name| self.edit(&mut w, name, edit()))
+            .sum()
+    }
+
+    /// How many live, visible entries are in each health state, in the order of
+    /// [`Health::ALL`], and how many names fail open (no entry passes, all answered).
+    pub fn health_counts(&self) -> ([usize; 4], usize) {
+        let w = self.writer.lock();
+        let mut counts = [0usize; 4];
+        let mut failing_open = 0;
+        self.tables.names.for_each(|_, recs| {
+            let mut live = 0;
+            let mut passing = 0;
+            let mut served = 0;
+            for r in recs.iter().filter(|r| !r.tombstone && !w.hidden(r.origin)) {
+                counts[usize::from(r.health.code())] += 1;
+                live += 1;
+                passing += usize::from(r.health.passing());
+                served += usize::from(r.serve);
+            }
+            if live > 0 && passing == 0 && served > 0 {
+                failing_open += 1;
+            }
+        });
+        (counts, failing_open)
     }
 
     /// Tombstones every live entry of container `id` owned by this node.
@@ -376,6 +453,7 @@ impl Db {
             ip: entry.ip,
             service: entry.service.as_ref(),
             origin,
+            health: entry.health,
             remote: Some((entry.version, entry.tombstone)),
         };
         Ok(self.edit(&mut w, &name, edit) > 0)
@@ -563,6 +641,7 @@ impl Db {
                     ip,
                     service,
                     origin,
+                    health,
                     remote,
                 } => {
                     let pos = recs
@@ -581,6 +660,11 @@ impl Db {
                         Some(p) => {
                             let r = &mut recs[p];
                             live_delta += isize::from(r.tombstone) - isize::from(tombstone);
+                            // A revived local entry starts over; a merge takes the
+                            // owner's word; a live local one keeps its verdict.
+                            if r.tombstone || remote.is_some() {
+                                r.health = health;
+                            }
                             r.version = version;
                             r.tombstone = tombstone;
                             r.changed = now;
@@ -598,6 +682,7 @@ impl Db {
                                 version,
                                 changed: now,
                                 tombstone,
+                                health,
                                 serve: false,
                                 service: service.map(Srv::new),
                                 srv_serve: false,
@@ -631,6 +716,27 @@ impl Db {
                         events.push((ChangeKind::Removed, r.clone()));
                     }
                 }
+                Edit::Health {
+                    id,
+                    ip,
+                    origin,
+                    health,
+                } => {
+                    for r in recs.iter_mut().filter(|r| {
+                        !r.tombstone
+                            && r.origin == origin
+                            && r.ip == ip
+                            && &*r.id == id
+                            && r.health != health
+                    }) {
+                        r.health = health;
+                        r.version += 1;
+                        r.changed = now;
+                        changed += 1;
+                        touched.push(r.ip);
+                        events.push((ChangeKind::Added, r.clone()));
+                    }
+                }
                 Edit::Forget(pred) => {
                     recs.retain(|r| {
                         if !pred(r) {
@@ -646,10 +752,17 @@ impl Db {
                 }
                 Edit::Refresh => touched.extend(recs.iter().map(|r| r.ip)),
             }
-            // What is served: live, visible, first of its address.
+            // What is served: live, visible, passing its check (or every live one
+            // when none passes and the name fails open), first of its address.
+            let fail_open = self.config.health_fail == HealthFailMode::Open
+                && !recs
+                    .iter()
+                    .any(|r| !r.tombstone && !w.hidden(r.origin) && r.health.passing());
             for i in 0..recs.len() {
                 let r = &recs[i];
-                let servable = !r.tombstone && !w.hidden(r.origin);
+                let servable = !r.tombstone
+                    && !w.hidden(r.origin)
+                    && (r.health.passing() || (fail_open && r.health == Health::Unhealthy));
                 let first = !recs[..i].iter().any(|p| p.serve && p.ip == r.ip);
                 let srv_first = r.service.as_ref().is_some_and(|s| {
                     !recs[..i].iter().any(|p| {
@@ -658,7 +771,13 @@ impl Db {
                             && p.service.as_ref().is_some_and(|ps| ps.labels == s.labels)
                     })
                 });
-                recs[i].serve = servable && first;
+                let serve = servable && first;
+                // A name that starts or stops failing open changes what is served of
+                // records the edit did not touch: their PTR entries follow.
+                if recs[i].serve != serve {
+                    touched.push(recs[i].ip);
+                }
+                recs[i].serve = serve;
                 recs[i].srv_serve = servable && srv_first;
             }
             if recs.is_empty() {
@@ -736,6 +855,7 @@ fn entry_of(w: &Writer, fqdn: &str, r: &Rec) -> Entry {
         version: r.version,
         tombstone: r.tombstone,
         service: r.service.as_ref().map(|s| s.spec.clone()),
+        health: r.health,
     }
 }
 

@@ -208,8 +208,8 @@ impl Metrics {
 }
 
 /// The name server's metrics as a `prometheus-client` collector: DNS queries by
-/// type and response code, forwarding, dropped packets, live entries, HTTP requests
-/// by status. Register it with [`crate::NameServer::register_metrics`].
+/// type and response code, forwarding, dropped packets, live entries and their
+/// health, HTTP requests by status. Register it with [`crate::NameServer::register_metrics`].
 #[derive(Debug)]
 pub struct NameServerCollector {
     metrics: Arc<Metrics>,
@@ -367,6 +367,26 @@ impl Collector for NameServerCollector {
             "Live entries in the records database",
             None,
             live.metric_type(),
+        )?)?;
+        let (by_health, failing_open) = self.db.health_counts();
+        {
+            let mut family = encoder.encode_descriptor(
+                "dwara_records_health",
+                "Live, visible entries by the state of their check (unchecked: no check)",
+                None,
+                MetricType::Gauge,
+            )?;
+            for (h, n) in crate::Health::ALL.iter().zip(by_health) {
+                let v = ConstGauge::new(i64::try_from(n).unwrap_or(i64::MAX));
+                v.encode(family.encode_family(&[("health", h.as_str())])?)?;
+            }
+        }
+        let open = ConstGauge::new(i64::try_from(failing_open).unwrap_or(i64::MAX));
+        open.encode(encoder.encode_descriptor(
+            "dwara_records_names_failing_open",
+            "Names none of whose live entries passes its check, answered with all of them",
+            None,
+            open.metric_type(),
         )?)?;
         let http: Vec<(u16, u64)> = self
             .metrics

@@ -125,6 +125,7 @@ fn item(id: &str, ip: &str, fqdn: &str) -> Item {
         ip: ip.parse().unwrap(),
         fqdn: fqdn.into(),
         service: None,
+        health: Default::default(),
     }
 }
 

@@ -176,6 +176,7 @@ fn item(name: &str, i: u32) -> Item {
         ip: ip(i),
         fqdn: format!("{name}.weave.local."),
         service: None,
+        health: Default::default(),
     }
 }
 

@@ -24,6 +24,7 @@ async fn versions_that_look_like_skewed_clocks_do_not_matter() {
             origin: "n0".into(),
             version: future_ns,
             tombstone: false,
+            health: Default::default(),
             service: None,
         })
         .unwrap();

@@ -127,3 +127,51 @@ async fn peers_route_serves_json() {
             .any(|r| r["node_id"] == "n1" && r["state"] == "live")
     );
 }
+
+/// The owner's health verdicts reach every node: an unhealthy entry leaves the
+/// answers everywhere, a healthy one comes back, and a name none of whose entries
+/// passes fails open everywhere alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_changes_spread_and_every_node_answers_alike() {
+    use dwara_nameserver::Health;
+
+    let (_t, nodes) = channel_cluster(3, None).await;
+    assert!(all_live(&nodes).await, "nodes never all live");
+    let (a, b) = ("10.0.1.1".parse().unwrap(), "10.0.1.2".parse().unwrap());
+    nodes[0]
+        .db
+        .add_checked("c1", a, "web.weave.local", None, Health::Starting)
+        .unwrap();
+    nodes[1].db.add("c2", b, "web.weave.local").unwrap();
+    let answers = |want: &[&str]| {
+        let want: Vec<std::net::IpAddr> = want.iter().map(|s| s.parse().unwrap()).collect();
+        nodes.iter().all(|n| {
+            let mut got = n.db.lookup("web.weave.local");
+            got.sort();
+            got == want
+        })
+    };
+    assert!(
+        wait_until(WAIT, || async { answers(&["10.0.1.2"]) }).await,
+        "a starting entry is answered somewhere"
+    );
+    nodes[0].db.set_health("c1", a, Health::Healthy);
+    assert!(
+        wait_until(WAIT, || async { answers(&["10.0.1.1", "10.0.1.2"]) }).await,
+        "healthy did not spread"
+    );
+    nodes[0].db.set_health("c1", a, Health::Unhealthy);
+    assert!(
+        wait_until(WAIT, || async { answers(&["10.0.1.2"]) }).await,
+        "unhealthy did not spread"
+    );
+    let seen = nodes[2].db.entries();
+    let c1 = seen.iter().find(|e| e.id == "c1").unwrap();
+    assert_eq!(c1.health, Health::Unhealthy);
+    // c2 gone: c1 alone, unhealthy, is answered everywhere (fail open).
+    nodes[1].db.remove_all("c2");
+    assert!(
+        wait_until(WAIT, || async { answers(&["10.0.1.1"]) }).await,
+        "the all-unhealthy name did not fail open everywhere"
+    );
+}

@@ -1021,3 +1021,81 @@ fn labels_register_ports_answered_as_srv() {
     );
     assert_eq!(srv(&dns_srv).1.len(), 1, "the other container's SRV stays");
 }
+
+/// The sorted union of two address lists.
+fn union(a: &[String], b: &[String]) -> Vec<String> {
+    let mut v: Vec<String> = a.iter().chain(b).cloned().collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn a_container_with_a_healthcheck_is_answered_only_while_healthy() {
+    let Some(e) = engine("health") else { return };
+    let s = DockerServe::start(&["--docker", "on"]);
+    let host = e.name("svc");
+    let fqdn = format!("{host}.{DOMAIN}");
+    let on_name = ["--hostname", &host, "--domainname", DOMAIN];
+    // A container without a check keeps the name from failing open.
+    let plain = e.run("plain", &on_name);
+    let check = [
+        "--health-cmd",
+        "test -f /ok",
+        "--health-interval",
+        "1s",
+        "--health-timeout",
+        "1s",
+        "--health-retries",
+        "1",
+    ];
+    let checked = e.run("checked", &[&on_name[..], &check[..]].concat());
+    let (plain_ips, checked_ips) = (ipv4s(&plain), ipv4s(&checked));
+    let both = union(&plain_ips, &checked_ips);
+    // `starting`: registered, not answered.
+    assert!(
+        poll(PATIENCE, || s
+            .metric("dwara_records_health{health=\"starting\"}")
+            == 1.0)
+        .is_some(),
+        "the checked container is not registered as starting"
+    );
+    assert_eq!(s.a(&fqdn), Ok(plain_ips.clone()));
+
+    docker_ok(&["exec", &checked, "touch", "/ok"]);
+    let healthy = poll(PATIENCE, || s.a(&fqdn) == Ok(both.clone()));
+    assert!(
+        healthy.is_some(),
+        "never answered once healthy: {:?}",
+        s.a(&fqdn)
+    );
+    docker_ok(&["exec", &checked, "rm", "/ok"]);
+    let unhealthy = poll(PATIENCE, || s.a(&fqdn) == Ok(plain_ips.clone()));
+    assert!(
+        unhealthy.is_some(),
+        "still answered when unhealthy: {:?}",
+        s.a(&fqdn)
+    );
+    assert_eq!(s.metric("dwara_records_health{health=\"unhealthy\"}"), 1.0);
+    println!(
+        "healthy answered after {healthy:?}, unhealthy gone after {unhealthy:?} (from docker exec, check interval 1 s)"
+    );
+
+    // Only the unhealthy one left: the name fails open and answers it.
+    docker_ok(&["rm", "-f", &plain]);
+    assert!(
+        poll(PATIENCE, || s.a(&fqdn) == Ok(checked_ips.clone())).is_some(),
+        "an all-unhealthy name does not fail open: {:?}",
+        s.a(&fqdn)
+    );
+    assert_eq!(s.metric("dwara_records_names_failing_open"), 1.0);
+    // Healthy again: answered as such.
+    docker_ok(&["exec", &checked, "touch", "/ok"]);
+    assert!(
+        poll(PATIENCE, || s
+            .metric("dwara_records_health{health=\"healthy\"}")
+            == 1.0)
+        .is_some()
+    );
+    assert_eq!(s.metric("dwara_records_names_failing_open"), 0.0);
+    assert_eq!(s.a(&fqdn), Ok(checked_ips));
+}

@@ -114,6 +114,7 @@ fn apply_merges_by_version() {
         version: 3,
         tombstone: false,
         service: None,
+        health: Default::default(),
     };
     assert!(db.apply(e.clone()).unwrap());
     assert!(!db.apply(e.clone()).unwrap(), "same version: no change");
@@ -142,6 +143,7 @@ fn hidden_origins_and_purge() {
         version: 1,
         tombstone: false,
         service: None,
+        health: Default::default(),
     })
     .unwrap();
     assert_eq!(db.lookup("a.weave.local").len(), 2);
@@ -285,4 +287,108 @@ fn services_are_attributes_that_a_new_registration_replaces() {
     e.service = None;
     let json = serde_json::to_value(&e).unwrap();
     assert!(json.get("port").is_none() && json.get("service").is_none());
+}
+
+#[test]
+fn only_passing_entries_are_answered_until_none_passes_then_all_are() {
+    let db = db();
+    db.add_checked(
+        "c1",
+        ip("10.0.0.1"),
+        "web.weave.local",
+        None,
+        Health::Starting,
+    )
+    .unwrap();
+    // The only entry has no verdict yet: not answered (failing open is for
+    // unhealthy entries).
+    assert!(db.lookup("web.weave.local").is_empty());
+    assert_eq!(db.health_counts(), ([0, 1, 0, 0], 0));
+    db.add_checked(
+        "c2",
+        ip("10.0.0.2"),
+        "web.weave.local",
+        None,
+        Health::Starting,
+    )
+    .unwrap();
+    db.add("c3", ip("10.0.0.3"), "web.weave.local").unwrap();
+    assert_eq!(db.lookup("web.weave.local"), vec![ip("10.0.0.3")]);
+
+    let mut watch = db.watch();
+    watch.borrow_and_update();
+    let mut changes = db.subscribe();
+    assert_eq!(db.set_health("c1", ip("10.0.0.1"), Health::Healthy), 1);
+    assert!(watch.has_changed().unwrap());
+    let change = changes.try_recv().unwrap();
+    assert_eq!(
+        (change.kind, change.entry.health, change.entry.version),
+        (ChangeKind::Added, Health::Healthy, 2)
+    );
+    assert_eq!(db.set_health("c1", ip("10.0.0.1"), Health::Healthy), 0);
+    assert_eq!(
+        db.lookup("web.weave.local"),
+        vec![ip("10.0.0.1"), ip("10.0.0.3")]
+    );
+    // A re-add keeps the health the checks gave.
+    assert!(
+        !db.add_checked(
+            "c1",
+            ip("10.0.0.1"),
+            "web.weave.local",
+            None,
+            Health::Starting
+        )
+        .unwrap()
+    );
+    assert_eq!(db.lookup_addr(ip("10.0.0.2")), Vec::<String>::new());
+
+    db.set_health("c1", ip("10.0.0.1"), Health::Unhealthy);
+    db.remove_all("c3");
+    // c1 unhealthy, c2 starting: none passes, the unhealthy one is answered.
+    assert_eq!(db.lookup("web.weave.local"), vec![ip("10.0.0.1")]);
+    assert_eq!(db.health_counts(), ([0, 1, 0, 1], 1));
+    db.set_health("c2", ip("10.0.0.2"), Health::Healthy);
+    assert_eq!(db.lookup("web.weave.local"), vec![ip("10.0.0.2")]);
+    assert_eq!(db.health_counts(), ([0, 0, 1, 1], 0));
+}
+
+#[test]
+fn fail_closed_answers_nothing_when_no_entry_passes_and_merges_carry_health() {
+    let mut config = DbConfig::new(Domain::new("weave.local").unwrap());
+    config.health_fail = HealthFailMode::Closed;
+    let db = Db::new(config);
+    db.add_checked(
+        "c1",
+        ip("10.0.0.1"),
+        "web.weave.local",
+        None,
+        Health::Unhealthy,
+    )
+    .unwrap();
+    assert!(db.lookup("web.weave.local").is_empty());
+    assert!(db.lookup_addr(ip("10.0.0.1")).is_empty());
+    // A peer's entry arrives unhealthy, then healthy at a higher version.
+    let theirs = Entry {
+        id: "p1".into(),
+        ip: ip("10.0.0.9"),
+        fqdn: "web.weave.local.".into(),
+        origin: "peer".into(),
+        version: 3,
+        tombstone: false,
+        service: None,
+        health: Health::Unhealthy,
+    };
+    db.apply(theirs.clone()).unwrap();
+    assert!(db.lookup("web.weave.local").is_empty());
+    db.apply(Entry {
+        version: 4,
+        health: Health::Healthy,
+        ..theirs
+    })
+    .unwrap();
+    assert_eq!(db.lookup("web.weave.local"), vec![ip("10.0.0.9")]);
+    let listed = db.entries();
+    let peer = listed.iter().find(|e| e.id == "p1").unwrap();
+    assert_eq!(peer.health, Health::Healthy);
 }

@@ -342,6 +342,7 @@ fn hidden_and_removed_records_are_not_served() {
         version: 1,
         tombstone: false,
         service: None,
+        health: Default::default(),
     })
     .unwrap();
     let q = query("remote.weave.local.", RecordType::A, None);

@@ -280,6 +280,7 @@ fn deletes_touch_only_own_entries_and_name_the_owners_otherwise() {
         version: 1,
         tombstone: false,
         service: None,
+        health: Default::default(),
     };
     s.db().apply(theirs.clone()).unwrap();
     s.db()
