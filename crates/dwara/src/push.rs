@@ -5,7 +5,8 @@
 //! whose `hostname` is in the domain (and whose `nameservers`, if any, include this
 //! name server's DNS address: an upstream that names other servers asked for
 //! them), it hands out a [`DbSource`]. That source answers from [`Db::lookup`],
-//! which is what a DNS query would be answered from, and its
+//! (or, for SRV, [`Db::lookup_service`]: the entries registered with that service,
+//! at their ports), which is what a DNS query would be answered from, and its
 //! [`DiscoverySource::changes`] is [`Db::watch`], so the refresh loop resolves again
 //! as soon as the database changes (a `PUT`, a `DELETE`, a Docker event, a peer's
 //! gossip, a peer going down), with the loop's usual policy: the `min_endpoints`
@@ -47,10 +48,7 @@ impl DbSources {
                 .nameservers
                 .iter()
                 .any(|ns| is_own_address(*ns, self.dns_addr));
-        // SRV needs ports the database does not hold yet: such upstreams poll.
-        dns.record_type != RecordType::SRV
-            && asks_us
-            && self.db.domain().normalize_member(&dns.hostname).is_ok()
+        asks_us && self.db.domain().normalize_member(&dns.hostname).is_ok()
     }
 }
 
@@ -81,8 +79,18 @@ pub(crate) struct DbSource {
 }
 
 impl DbSource {
-    /// The endpoints the database serves for the name now.
+    /// The endpoints the database serves for the name now: for SRV, the entries
+    /// registered with the service (`<service>.<fqdn>`) at their ports, priority 0
+    /// and weight 1 as the name server answers them.
     fn endpoints(&self) -> EndpointSet {
+        if self.record_type == RecordType::SRV {
+            return self
+                .db
+                .lookup_service(&self.fqdn)
+                .into_iter()
+                .map(|addr| Endpoint::new(addr).with_weight(1).with_priority(0))
+                .collect();
+        }
         let family = |ip: &IpAddr| match self.record_type {
             RecordType::AAAA => ip.is_ipv6(),
             _ => ip.is_ipv4(),
@@ -99,7 +107,10 @@ impl DbSource {
 #[async_trait::async_trait]
 impl DiscoverySource for DbSource {
     fn describe(&self) -> String {
-        format!("db {} {}:{} (push)", self.record_type, self.fqdn, self.port)
+        match self.record_type {
+            RecordType::SRV => format!("db SRV {} (push)", self.fqdn),
+            _ => format!("db {} {}:{} (push)", self.record_type, self.fqdn, self.port),
+        }
     }
 
     async fn resolve(&self) -> Result<Resolution, DiscoveryError> {
@@ -138,6 +149,7 @@ mod tests {
             "{hostname: API.Weave.Local., port: 80, record_type: AAAA}",
             "{hostname: api.weave.local, port: 80, nameservers: [127.0.0.1:1053]}",
             "{hostname: api.weave.local, port: 80, nameservers: [10.9.9.9:53, 127.0.0.1:1053]}",
+            "{hostname: _http._tcp.api.weave.local, record_type: SRV}",
         ];
         for y in yes {
             assert!(s.source("u", &block(y)).is_some(), "{y}");
@@ -146,7 +158,6 @@ mod tests {
             "{hostname: api.example.com, port: 80}",
             "{hostname: weave.local, port: 80}",
             "{hostname: api.weave.local, port: 80, nameservers: [127.0.0.1:53]}",
-            "{hostname: _http._tcp.api.weave.local, record_type: SRV}",
         ];
         for y in no {
             assert!(s.source("u", &block(y)).is_none(), "{y}");
@@ -186,5 +197,33 @@ mod tests {
         db.remove_all("c1");
         assert!(changes.has_changed().unwrap());
         assert!(v4.resolve().await.unwrap().endpoints.is_empty());
+    }
+
+    #[tokio::test]
+    async fn srv_takes_the_ports_of_the_entries_registered_with_the_service() {
+        let (db, s) = sources();
+        let srv = s
+            .source(
+                "u",
+                &block("{hostname: _http._tcp.api.weave.local, record_type: SRV}"),
+            )
+            .unwrap();
+        let http = dwara_nameserver::ServicePort::parse("_http._tcp", "8080").unwrap();
+        db.add_service(
+            "c1",
+            "10.0.0.1".parse().unwrap(),
+            "api.weave.local",
+            Some(&http),
+        )
+        .unwrap();
+        // Without the service: not an SRV endpoint.
+        db.add("c2", "10.0.0.2".parse().unwrap(), "api.weave.local")
+            .unwrap();
+        let got = srv.resolve().await.unwrap().endpoints;
+        assert_eq!(
+            got.iter().map(|e| e.addr.to_string()).collect::<Vec<_>>(),
+            ["10.0.0.1:8080"]
+        );
+        assert_eq!(srv.describe(), "db SRV _http._tcp.api.weave.local. (push)");
     }
 }

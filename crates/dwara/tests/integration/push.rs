@@ -135,3 +135,34 @@ async fn push_keeps_min_endpoints_and_an_empty_database_is_an_answer_not_a_failu
         "the kept set still carries traffic"
     );
 }
+
+#[tokio::test]
+async fn an_srv_upstream_follows_the_ports_of_the_registrations() {
+    let backends = Backends::start(&["127.0.0.2"]).await;
+    let proxy = test_support::free_addr();
+    let dns_listen = test_support::free_addr();
+    let serve = started(&format!(
+        "nameserver:
+  domain: weave.local
+  dns_listen: {dns_listen}
+  fallback: [127.0.0.1:9]
+upstreams:
+  - name: api
+    listen: {proxy}
+    policy: srv
+    dns_discovery:
+      hostname: _echo._tcp.api.weave.local
+      record_type: SRV
+      refresh_interval_s: 86400
+"
+    ))
+    .await;
+    let source = serve.status().await["upstreams"][0]["source"].clone();
+    assert_eq!(source, "db SRV _echo._tcp.api.weave.local. (push)");
+    let port = backends.port;
+    let path = format!("/name/c1/127.0.0.2?fqdn=api.weave.local&port={port}&service=_echo._tcp");
+    let (code, body) = http(serve.http, "PUT", &path).await;
+    assert_eq!(code, 204, "{body}");
+    serve.wait_endpoints(&eps(port, &["127.0.0.2"])).await;
+    assert_eq!(Conn::open(proxy).await.unwrap().backend, "127.0.0.2");
+}
