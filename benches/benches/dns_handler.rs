@@ -1,7 +1,8 @@
 //! `dwara-nameserver` per-packet cost beside baselines measured in the same run.
 //!
 //! What one UDP query costs the server once the packet is in memory: parse, look up,
-//! write the answer (A hit with 1 and 3 addresses, NXDOMAIN, PTR), at 1,000 and
+//! write the answer (A hit with 1 and 3 addresses, NXDOMAIN, PTR, SRV with its three
+//! addresses as additional records, NXDOMAIN for a service name), at 1,000 and
 //! 100,000 registered names. Baselines: hickory-proto decoding the same query and
 //! encoding a response to it (the cheapest a server that goes through the message
 //! model can be), and a bare `HashMap` lookup of the name (the floor).
@@ -15,7 +16,7 @@ use std::hint::black_box;
 use std::net::{IpAddr, Ipv4Addr};
 
 use criterion::{BenchmarkId, Criterion};
-use dwara_nameserver::{Db, DbConfig, Domain, QueryHandler};
+use dwara_nameserver::{Db, DbConfig, Domain, QueryHandler, ServicePort};
 use hickory_proto::op::{Message, MessageType, OpCode};
 use hickory_proto::rr::{RData, Record};
 
@@ -29,16 +30,24 @@ fn query(name: &str, qtype: u16) -> Vec<u8> {
     q
 }
 
-/// `n` names `hostI.weave.local`, every fifth with three addresses.
+/// `n` names `hostI.weave.local`, every fifth with three addresses and the service
+/// `_http._tcp` on port 80.
 fn db(n: usize) -> Db {
     let db = Db::new(DbConfig::new(Domain::new("weave.local").unwrap()));
+    let http = ServicePort::parse("_http._tcp", "80").unwrap();
     let mut next = 0u32;
     for i in 0..n {
+        let service = (i % 5 == 0).then_some(&http);
         for _ in 0..if i % 5 == 0 { 3 } else { 1 } {
             next += 1;
             let ip = IpAddr::V4(Ipv4Addr::from(0x0a00_0000 + next));
-            db.add(&format!("c{i}"), ip, &format!("host{i}.weave.local"))
-                .unwrap();
+            db.add_service(
+                &format!("c{i}"),
+                ip,
+                &format!("host{i}.weave.local"),
+                service,
+            )
+            .unwrap();
         }
     }
     db
@@ -69,6 +78,11 @@ fn bench(c: &mut Criterion) {
             ("a_3_addrs", query("host5.weave.local", 1)),
             ("nxdomain", query("nohost.weave.local", 1)),
             ("ptr", query("2.0.0.10.in-addr.arpa", 12)),
+            (
+                "srv_1_port_3_addrs",
+                query("_http._tcp.host5.weave.local", 33),
+            ),
+            ("srv_nxdomain", query("_http._tcp.host1.weave.local", 33)),
         ];
         for (name, packet) in &cases {
             assert!(handler.answer_udp(packet).is_some(), "{name}");

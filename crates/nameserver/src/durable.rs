@@ -71,17 +71,16 @@ impl Durable {
         }
         let mut skipped = 0;
         for r in &loaded.registrations {
-            let service = r
-                .service
-                .as_ref()
-                .map(|s| {
-                    let port = std::num::NonZeroU16::new(s.port).ok_or(Error::InvalidPort {
-                        input: s.port.to_string(),
-                    })?;
-                    ServicePort::new(&s.name, port)
-                })
-                .transpose();
-            let added = service.and_then(|s| db.add_service(&r.id, r.ip, &r.fqdn, s.as_ref()));
+            let service = match r.service.as_ref().map(stored_service).transpose() {
+                Ok(s) => s,
+                // Not a service this build accepts: the name is still loaded.
+                Err(e) => {
+                    tracing::warn!(id = %r.id, ip = %r.ip, fqdn = %r.fqdn, error = %chain(&e),
+                        "stored service not loaded; the registration is, without it");
+                    None
+                }
+            };
+            let added = db.add_service(&r.id, r.ip, &r.fqdn, service.as_ref());
             if let Err(e) = added {
                 skipped += 1;
                 tracing::warn!(id = %r.id, ip = %r.ip, fqdn = %r.fqdn, error = %chain(&e),
@@ -109,6 +108,14 @@ impl Durable {
     pub(crate) fn stats(&self) -> dwara_store::StoreStats {
         self.store.stats()
     }
+}
+
+/// A stored service as the database takes it (checked again: the store keeps bytes).
+fn stored_service(s: &Service) -> Result<ServicePort> {
+    let port = std::num::NonZeroU16::new(s.port).ok_or(Error::InvalidPort {
+        input: s.port.to_string(),
+    })?;
+    ServicePort::new(&s.name, port)
 }
 
 /// `e` and its causes on one line, `: `-separated.
