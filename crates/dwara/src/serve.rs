@@ -198,6 +198,8 @@ struct NameHalf {
     docker: Option<DockerUpdater>,
     /// Why the Docker updater does not run, for the start-up line.
     docker_off: Option<String>,
+    /// The DNS/UDP response rate limit, for the start-up line.
+    rate_limit: dwara_nameserver::RateLimit,
 }
 
 impl NameHalf {
@@ -220,6 +222,7 @@ impl NameHalf {
         }
         let docker_config = args.docker.config(config.docker.as_ref())?;
 
+        let rate_limit = ns_config.dns.access.rate_limit;
         let nameserver = NameServer::start(ns_config).await?;
         nameserver.register_metrics(registry);
         let db = nameserver.db().clone();
@@ -250,6 +253,7 @@ impl NameHalf {
             cluster,
             docker,
             docker_off,
+            rate_limit,
         })
     }
 
@@ -284,15 +288,29 @@ impl NameHalf {
                 .collect::<Vec<_>>()
                 .join(",")
         };
+        let mut dns_allow: Vec<String> = ns.dns_allowed().iter().map(ToString::to_string).collect();
+        dns_allow.insert(0, "loopback".to_owned());
+        let limit = &self.rate_limit;
+        let rate_limit = if limit.qps == 0 {
+            "off".to_owned()
+        } else {
+            format!(
+                "{} qps per client /24 (IPv6 /56), loopback exempt, slip {}",
+                limit.qps, limit.slip
+            )
+        };
         Summary {
             dns: ns.dns_addr().to_string(),
             domain: ns.db().domain().to_string(),
+            dns_allow: dns_allow.join(","),
+            rate_limit,
             data_dir,
             cluster,
             docker,
             fallback,
         }
     }
+
     fn router(&self) -> Router {
         let router = self.nameserver.router();
         match &self.cluster {
@@ -317,6 +335,8 @@ impl NameHalf {
 struct Summary {
     dns: String,
     domain: String,
+    dns_allow: String,
+    rate_limit: String,
     data_dir: String,
     cluster: String,
     docker: String,
@@ -393,6 +413,8 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
             dns = %s.dns,
             %http,
             domain = %s.domain,
+            dns_allow = %s.dns_allow,
+            rate_limit = %s.rate_limit,
             data_dir = %s.data_dir,
             cluster = %s.cluster,
             docker = %s.docker,

@@ -300,7 +300,7 @@ impl AllowList {
         if **self.rules.load() == rules {
             return false;
         }
-        tracing::info!(
+        tracing::debug!(
             allowed = %rules.cidrs.iter().map(ToString::to_string).collect::<Vec<_>>().join(","),
             "DNS clients allowed (and loopback)"
         );
@@ -357,7 +357,13 @@ pub(crate) fn spawn_interface_watcher(
                         events.drain();
                     }
                     last_scan = Instant::now();
-                    list.refresh();
+                    // The start-up line said what was allowed; a change is news.
+                    if list.refresh() {
+                        tracing::info!(
+                            allowed = %list.cidrs().iter().map(ToString::to_string).collect::<Vec<_>>().join(","),
+                            "the host's interfaces changed: DNS clients allowed (and loopback)"
+                        );
+                    }
                 }
             }
         })

@@ -67,7 +67,7 @@ impl Guard {
         spawn_interface_watcher(allow.clone(), stop)?;
         let limiter = RateLimiter::new(&config.rate_limit, metrics.rate_limit_evictions().clone());
         match &limiter {
-            Some(_) => tracing::info!(
+            Some(_) => tracing::debug!(
                 qps = config.rate_limit.qps,
                 burst = if config.rate_limit.burst == 0 {
                     config.rate_limit.qps
@@ -77,7 +77,7 @@ impl Guard {
                 slip = config.rate_limit.slip,
                 "DNS/UDP replies rate-limited per client /24 (IPv6 /56), loopback exempt"
             ),
-            None => tracing::info!("DNS/UDP rate limit off"),
+            None => tracing::debug!("DNS/UDP rate limit off"),
         }
         Ok(Self {
             allow,

@@ -303,7 +303,10 @@ fn by_default_the_subnets_of_the_hosts_interfaces_are_allowed_as_they_change() {
     let up = Upstream::start(server);
     let ip0 = Netns::addr(0).to_string();
     let s = serve_in(server, &ip0, &[]);
-    assert!(s.logged("DNS clients allowed"));
+    assert!(
+        s.logged("dns_allow=loopback,"),
+        "the start-up line names the allowed clients"
+    );
 
     let a = dig_from(client, None, &ip0, &["same-subnet.up.test"]);
     assert_eq!(a.data("A"), ["192.0.2.55"], "{}", a.raw);

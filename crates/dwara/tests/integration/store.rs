@@ -355,6 +355,8 @@ fn the_start_is_one_line_that_says_what_runs_and_memory_only() {
         "dns=127.0.0.1:",
         "http=127.0.0.1:",
         "domain=weave.local.",
+        "dns_allow=loopback,",
+        "rate_limit=",
         "data_dir=none (registrations live in memory only",
         "cluster=off",
         "docker=Docker updater disabled",
