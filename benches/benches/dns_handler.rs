@@ -5,7 +5,10 @@
 //! addresses as additional records, NXDOMAIN for a service name), at 1,000 and
 //! 100,000 registered names. Baselines: hickory-proto decoding the same query and
 //! encoding a response to it (the cheapest a server that goes through the message
-//! model can be), and a bare `HashMap` lookup of the name (the floor).
+//! model can be), and a bare `HashMap` lookup of the name (the floor). The
+//! `guard_*` cases are the A hit through the allow list and rate limit (a client
+//! outside loopback): allowed by the fourth of four prefixes and within its
+//! bucket; refused; over its bucket's limit (an empty truncated reply).
 //!
 //! Run: `cargo bench -p dwara-benches --bench dns_handler -- --warm-up-time 1 --measurement-time 2`
 
@@ -16,7 +19,9 @@ use std::hint::black_box;
 use std::net::{IpAddr, Ipv4Addr};
 
 use criterion::{BenchmarkId, Criterion};
-use dwara_nameserver::{Db, DbConfig, Domain, QueryHandler, ServicePort};
+use dwara_nameserver::{
+    AccessConfig, Db, DbConfig, Domain, LocalNames, QueryHandler, RateLimit, ServicePort,
+};
 use hickory_proto::op::{Message, MessageType, OpCode};
 use hickory_proto::rr::{RData, Record};
 
@@ -91,6 +96,35 @@ fn bench(c: &mut Criterion) {
             });
         }
         let packet = &cases[0].1;
+        let access = |qps| AccessConfig {
+            allow: ["192.0.2.0/24", "198.51.100.0/24", "fd00::/8", "10.0.0.0/8"]
+                .iter()
+                .map(|c| c.parse().unwrap())
+                .collect(),
+            local_names: LocalNames::AllowedClients,
+            rate_limit: RateLimit {
+                qps,
+                ..RateLimit::default()
+            },
+        };
+        for (name, qps, client) in [
+            ("guard_allowed", u32::MAX, "10.1.2.3"),
+            ("guard_refused", u32::MAX, "203.0.113.7"),
+            ("guard_rate_limited", 1, "10.1.2.3"),
+        ] {
+            let mut handler = QueryHandler::with_access(&db, &access(qps)).unwrap();
+            let client: IpAddr = client.parse().unwrap();
+            assert!(handler.answer_udp_from(client, packet).is_some(), "{name}");
+            group.bench_with_input(BenchmarkId::new(name, n), packet, |b, p| {
+                b.iter(|| {
+                    black_box(
+                        handler
+                            .answer_udp_from(black_box(client), black_box(p))
+                            .map(<[u8]>::len),
+                    )
+                })
+            });
+        }
         group.bench_with_input(
             BenchmarkId::new("baseline_hickory_decode_encode", n),
             packet,

@@ -108,6 +108,17 @@ pub struct QueryHandler {
     rng: wire::FastRng,
     counters: metrics::Counters,
     out: Vec<u8>,
+    /// With [`QueryHandler::with_access`]: the allow list and rate limit, and the
+    /// flag that stops its interface watcher.
+    guard: Option<(guard::Guard, Arc<std::sync::atomic::AtomicBool>)>,
+}
+
+impl Drop for QueryHandler {
+    fn drop(&mut self) {
+        if let Some((_, stop)) = &self.guard {
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
 }
 
 impl QueryHandler {
@@ -118,6 +129,42 @@ impl QueryHandler {
             rng: wire::FastRng::new(),
             counters: metrics::Counters::default(),
             out: vec![0; handler::MAX_MESSAGE],
+            guard: None,
+        }
+    }
+
+    /// A handler that also applies `access` (allow list, rate limit) to the client
+    /// address given with each query, as the server does.
+    pub fn with_access(db: &Db, access: &AccessConfig) -> Result<Self> {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let guard =
+            guard::Guard::start(access, &Metrics::new(), stop.clone()).map_err(|e| Error::Io {
+                context: "starting the DNS allow-list watcher".into(),
+                source: e,
+            })?;
+        let mut me = Self::new(db);
+        me.guard = Some((guard, stop));
+        Ok(me)
+    }
+
+    /// The response to `packet` from `client` as the UDP server would send it (after
+    /// the allow list and rate limit of [`QueryHandler::with_access`], if given),
+    /// or `None` when the server would forward the query or send nothing.
+    pub fn answer_udp_from(&mut self, client: std::net::IpAddr, packet: &[u8]) -> Option<&[u8]> {
+        let Some((guard, _)) = &self.guard else {
+            return self.answer(packet, handler::Transport::Udp);
+        };
+        match guard.handle(
+            &self.handler,
+            client,
+            packet,
+            &mut self.out,
+            handler::Transport::Udp,
+            &mut self.rng,
+            &self.counters,
+        ) {
+            handler::Outcome::Reply(n) => Some(&self.out[..n]),
+            handler::Outcome::Forward { .. } | handler::Outcome::Drop => None,
         }
     }
 
