@@ -1,7 +1,7 @@
 //! The sealed gossip datagram: how a chitchat message travels between key holders.
 //!
 //! With a cluster key every chitchat message is sealed before it leaves the node and
-//! opened on arrival ([`crate::transport`] does the sockets). A message is the bytes
+//! opened on arrival (the crate's `transport` module does the sockets). A message is the bytes
 //! chitchat serialises (at most [`MAX_PLAIN`]); it travels as one datagram, or as
 //! two when sealing would take it past the largest UDP payload ([`MAX_DATAGRAM`]):
 //! chitchat fills a reply up to exactly that size, so the seal's [`OVERHEAD`] cannot
