@@ -30,14 +30,14 @@
 //! Prints the median and the worst time per path and direction, and the ratio
 //! push / poll.
 
-use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::net::{Ipv4Addr, SocketAddr};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, bail};
 
-use crate::perf_util::{free_port, in_scratch_dir, median, release_dwara};
+use crate::perf_util::{await_listening, free_port, in_scratch_dir, median, release_dwara};
 
 const IMAGE: &str = "dwara-test-busybox:latest";
 /// The port of every endpoint (nothing listens: `GET /upstreams` is what is read).
@@ -102,16 +102,7 @@ fn start(dir: &Path, name: &str, yaml: &str, extra: &[&str]) -> anyhow::Result<D
         .spawn()
         .with_context(|| format!("cannot start {}", bin.display()))?;
     let mut d = Dwara { http, child };
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while TcpStream::connect(http).is_err() {
-        if let Some(status) = d.child.try_wait()? {
-            bail!("dwara serve ({name}) exited: {status}");
-        }
-        if Instant::now() > deadline {
-            bail!("dwara serve ({name}) did not listen on {http} within 60 s");
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    await_listening(&mut d.child, http, &format!("dwara serve ({name})"))?;
     Ok(d)
 }
 

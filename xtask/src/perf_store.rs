@@ -18,12 +18,12 @@
 //! Prints the median per variant, the ratio data-dir / memory and the restart time.
 //! Everything listens on 127.0.0.1 only.
 
-use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::perf_util::{free_port, release_dwara};
+use crate::perf_util::{await_listening, free_port, release_dwara};
 use anyhow::{Context, bail};
 
 struct Options {
@@ -90,16 +90,7 @@ fn start(data_dir: Option<&Path>) -> anyhow::Result<Dwara> {
         .spawn()
         .with_context(|| format!("cannot start {}", bin.display()))?;
     let mut d = Dwara { http, child };
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while TcpStream::connect(http).is_err() {
-        if let Some(status) = d.child.try_wait()? {
-            bail!("dwara serve exited: {status}");
-        }
-        if Instant::now() > deadline {
-            bail!("dwara serve did not listen on {http} within 60 s");
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    await_listening(&mut d.child, http, "dwara serve")?;
     Ok(d)
 }
 

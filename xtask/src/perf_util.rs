@@ -1,9 +1,32 @@
 //! What every `cargo xtask perf …` harness needs: the release `dwara` binary, free
 //! ports, a process's resident memory and CPU time.
 
-use std::net::{Ipv4Addr, TcpListener, UdpSocket};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+use anyhow::bail;
+
+/// Waits (60 s) until `child`, a `dwara serve` called `what` in errors, accepts
+/// connections on `http`; fails at once if it exits first.
+pub(crate) fn await_listening(
+    child: &mut Child,
+    http: SocketAddr,
+    what: &str,
+) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while TcpStream::connect(http).is_err() {
+        if let Some(status) = child.try_wait()? {
+            bail!("{what} exited: {status}");
+        }
+        if Instant::now() > deadline {
+            bail!("{what} did not listen on {http} within 60 s");
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    Ok(())
+}
 
 /// Where `cargo build --release` put `dwara` (`CARGO_TARGET_DIR` or the workspace's).
 /// Runs `f` in a fresh scratch directory `$TMPDIR/dwara-<name>-<pid>`, removed
