@@ -193,46 +193,26 @@ mod tests {
         let counters = Counters::default();
         let mut rng = FastRng::seeded(1);
         let mut out = vec![0u8; MAX_MESSAGE];
+        // One query through the guard; the reply (if any) is in `out`.
+        let mut ask = |client: IpAddr, q: &[u8], transport: Transport, out: &mut [u8]| {
+            g.handle(&handler, client, q, out, transport, &mut rng, &counters)
+        };
         let big = query(b"\x03big\x05weave\x05local\x00");
         for (edns, q) in [(false, big.clone()), (true, with_edns(big))] {
             // Allowed, first in its bucket: the whole answer (much larger).
             let client: IpAddr = if edns { "10.1.1.1" } else { "10.2.2.2" }.parse().unwrap();
-            let Outcome::Reply(n) = g.handle(
-                &handler,
-                client,
-                &q,
-                &mut out,
-                Transport::Udp,
-                &mut rng,
-                &counters,
-            ) else {
+            let Outcome::Reply(n) = ask(client, &q, Transport::Udp, &mut out) else {
                 panic!("no answer")
             };
             assert!(n > q.len());
             // Over the limit: an empty truncated reply, no larger than the query.
-            let Outcome::Reply(n) = g.handle(
-                &handler,
-                client,
-                &q,
-                &mut out,
-                Transport::Udp,
-                &mut rng,
-                &counters,
-            ) else {
+            let Outcome::Reply(n) = ask(client, &q, Transport::Udp, &mut out) else {
                 panic!("no slip")
             };
             assert!(n <= q.len() && out[2] & 0x02 != 0, "{:02x?}", &out[..n]);
             assert_eq!(&out[6..8], &[0, 0], "no answers");
             // Over TCP the same client is never limited.
-            let Outcome::Reply(n) = g.handle(
-                &handler,
-                client,
-                &q,
-                &mut out,
-                Transport::Tcp,
-                &mut rng,
-                &counters,
-            ) else {
+            let Outcome::Reply(n) = ask(client, &q, Transport::Tcp, &mut out) else {
                 panic!("no TCP answer")
             };
             assert!(n > q.len());
@@ -240,15 +220,7 @@ mod tests {
             let outsider: IpAddr = if edns { "192.0.2.1" } else { "198.51.100.1" }
                 .parse()
                 .unwrap();
-            let Outcome::Reply(n) = g.handle(
-                &handler,
-                outsider,
-                &q,
-                &mut out,
-                Transport::Tcp,
-                &mut rng,
-                &counters,
-            ) else {
+            let Outcome::Reply(n) = ask(outsider, &q, Transport::Tcp, &mut out) else {
                 panic!("no REFUSED")
             };
             assert!(n <= q.len());
@@ -258,15 +230,7 @@ mod tests {
         let lo: IpAddr = "127.0.0.1".parse().unwrap();
         let q = query(b"\x03big\x05weave\x05local\x00");
         for _ in 0..10 {
-            let outcome = g.handle(
-                &handler,
-                lo,
-                &q,
-                &mut out,
-                Transport::Udp,
-                &mut rng,
-                &counters,
-            );
+            let outcome = ask(lo, &q, Transport::Udp, &mut out);
             assert!(matches!(outcome, Outcome::Reply(n) if n > q.len()));
         }
         // A forwarded name from an outsider is refused, never forwarded; from an
@@ -274,28 +238,12 @@ mod tests {
         let q = query(b"\x07example\x03com\x00");
         let outsider: IpAddr = "192.0.2.9".parse().unwrap();
         assert!(matches!(
-            g.handle(
-                &handler,
-                outsider,
-                &q,
-                &mut out,
-                Transport::Tcp,
-                &mut rng,
-                &counters
-            ),
+            ask(outsider, &q, Transport::Tcp, &mut out),
             Outcome::Reply(_)
         ));
         let allowed: IpAddr = "10.9.9.9".parse().unwrap();
         assert!(matches!(
-            g.handle(
-                &handler,
-                allowed,
-                &q,
-                &mut out,
-                Transport::Tcp,
-                &mut rng,
-                &counters
-            ),
+            ask(allowed, &q, Transport::Tcp, &mut out),
             Outcome::Forward { .. }
         ));
     }

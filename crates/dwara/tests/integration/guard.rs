@@ -138,6 +138,17 @@ fn curl_in(ns: Option<&str>, args: &[&str]) -> (u16, String) {
 
 /// The value of `/metrics` series `series` of a server whose API is on `ns`'s
 /// loopback.
+/// `PUT`s the name `web.weave.local` with curl (in `ns`, else here) to `url`, with
+/// the given extra headers; the status and the response.
+fn put_web(ns: Option<&str>, headers: &[&str], url: &str) -> (u16, String) {
+    let mut args = vec!["-X", "PUT", "-d", "fqdn=web.weave.local"];
+    for h in headers {
+        args.extend(["-H", h]);
+    }
+    args.push(url);
+    curl_in(ns, &args)
+}
+
 fn metric_in(ns: &str, series: &str) -> f64 {
     let (status, body) = curl_in(Some(ns), &["http://127.0.0.1:6784/metrics"]);
     assert_eq!(status, 200, "{body}");
@@ -170,16 +181,7 @@ fn outside_the_allow_list_every_name_is_refused_and_nothing_is_forwarded() {
         &ip0,
         &["--dns-allow", &format!("{}/32", Netns::addr(1))],
     );
-    let (status, _) = curl_in(
-        Some(server),
-        &[
-            "-X",
-            "PUT",
-            "-d",
-            "fqdn=web.weave.local",
-            "http://127.0.0.1:6784/name/c1/10.32.0.9",
-        ],
-    );
+    let (status, _) = put_web(Some(server), &[], "http://127.0.0.1:6784/name/c1/10.32.0.9");
     assert_eq!(status, 204);
 
     // The allowed client gets both halves.
@@ -248,16 +250,7 @@ fn local_any_answers_the_domain_to_anyone_but_forwards_only_for_the_allowed() {
             "--dns-allow-local-any",
         ],
     );
-    let (status, _) = curl_in(
-        Some(server),
-        &[
-            "-X",
-            "PUT",
-            "-d",
-            "fqdn=web.weave.local",
-            "http://127.0.0.1:6784/name/c1/10.32.0.9",
-        ],
-    );
+    let (status, _) = put_web(Some(server), &[], "http://127.0.0.1:6784/name/c1/10.32.0.9");
     assert_eq!(status, 204);
     let a = dig_from(outsider, None, &ip0, &["web.weave.local"]);
     assert_eq!(a.data("A"), ["10.32.0.9"], "{}", a.raw);
@@ -419,16 +412,7 @@ fn writes_without_the_token_get_401_and_change_nothing() {
     let url = |path: &str| format!("http://{}{path}", s.http);
     let bearer = format!("Authorization: Bearer {TOKEN}");
 
-    let (status, text) = curl_in(
-        None,
-        &[
-            "-X",
-            "PUT",
-            "-d",
-            "fqdn=web.weave.local",
-            &url("/name/c1/10.32.0.1"),
-        ],
-    );
+    let (status, text) = put_web(None, &[], &url("/name/c1/10.32.0.1"));
     assert_eq!(status, 401, "{text}");
     assert!(
         text.to_ascii_lowercase()
@@ -436,31 +420,17 @@ fn writes_without_the_token_get_401_and_change_nothing() {
         "{text}"
     );
     assert_eq!(names(&s), "[]");
-    let (status, text) = curl_in(
+    let (status, text) = put_web(
         None,
-        &[
-            "-X",
-            "PUT",
-            "-H",
-            "Authorization: Bearer wrong-token-0123456789",
-            "-d",
-            "fqdn=web.weave.local",
-            &url("/name/c1/10.32.0.1"),
-        ],
+        &["Authorization: Bearer wrong-token-0123456789"],
+        &url("/name/c1/10.32.0.1"),
     );
     assert_eq!(status, 401, "{text}");
     assert!(text.contains("error=\"invalid_token\""), "{text}");
-    let (status, text) = curl_in(
+    let (status, text) = put_web(
         None,
-        &[
-            "-X",
-            "PUT",
-            "-H",
-            &format!("Authorization: Basic {TOKEN}"),
-            "-d",
-            "fqdn=web.weave.local",
-            &url("/name/c1/10.32.0.1"),
-        ],
+        &[&format!("Authorization: Basic {TOKEN}")],
+        &url("/name/c1/10.32.0.1"),
     );
     assert_eq!(status, 401, "{text}");
     assert_eq!(names(&s), "[]");
@@ -469,18 +439,7 @@ fn writes_without_the_token_get_401_and_change_nothing() {
         "NXDOMAIN"
     );
 
-    let (status, text) = curl_in(
-        None,
-        &[
-            "-X",
-            "PUT",
-            "-H",
-            &bearer,
-            "-d",
-            "fqdn=web.weave.local",
-            &url("/name/c1/10.32.0.1"),
-        ],
-    );
+    let (status, text) = put_web(None, &[&bearer], &url("/name/c1/10.32.0.1"));
     assert_eq!(status, 204, "{text}");
     assert_eq!(
         s.dig().query("web.weave.local", "A").unwrap().data("A"),
