@@ -253,13 +253,22 @@ fn five_hundred_concurrent_registrations_all_resolve() {
 fn tombstones_are_forgotten_after_the_grace() {
     let s = TestServer::start_with(|c| {
         c.fallback = dwara_nameserver::Fallback::Servers(Vec::new());
-        c.tombstone_grace = Duration::from_secs(1);
+        c.tombstone_grace = GRACE;
     });
+    const GRACE: Duration = Duration::from_secs(3);
+    let first_delete = Instant::now();
     for i in 0..50 {
         s.put(&format!("c{i}"), "10.32.1.1", &format!("n{i}.weave.local"));
         assert_eq!(s.http("DELETE", &format!("/name/c{i}"), None).0, 204);
     }
-    assert_eq!(listing(&s, "/name?tombstones=true").len(), 50);
+    let listed = listing(&s, "/name?tombstones=true").len();
+    // On a machine so loaded that the 100 requests took longer than the grace, the
+    // first tombstones may already be gone; all 50 are listed otherwise.
+    if first_delete.elapsed() < GRACE {
+        assert_eq!(listed, 50);
+    } else {
+        assert!((1..=50).contains(&listed), "{listed} tombstones listed");
+    }
     // Collected between one and two checks (1 s each) after the grace.
     let deadline = Instant::now() + Duration::from_secs(10);
     while !listing(&s, "/name?tombstones=true").is_empty() {
