@@ -173,6 +173,12 @@ pub struct NameServerSection {
     /// Whether a name none of whose entries passes its check answers its unhealthy
     /// ones (`--health-fail-open`).
     pub health_fail_open: Option<bool>,
+    /// Milliseconds between two checks of a `check=tcp` entry
+    /// (`--check-interval-ms`).
+    pub check_interval_ms: Option<u64>,
+    /// Failed checks in a row that make a `check=tcp` entry unhealthy
+    /// (`--check-misses`).
+    pub check_misses: Option<u32>,
 }
 
 /// The ranges of the `nameserver:` limits, the same as their flags'.
@@ -184,6 +190,11 @@ const NAMESERVER_LIMITS: [(&str, u64, u64); 6] = [
     ("http_max_connections", 1, 1_000_000),
     ("http_max_body", 1, 1 << 30),
 ];
+
+/// The largest `check_interval_ms` (and `--check-interval-ms`): one day.
+pub const MAX_CHECK_INTERVAL_MS: u64 = 86_400_000;
+/// The largest `check_misses` (and `--check-misses`).
+pub const MAX_CHECK_MISSES: u32 = 1000;
 
 /// The largest `dns_rate_limit_slip` (and `--dns-rate-limit-slip`).
 pub const MAX_SLIP: u32 = 100;
@@ -264,6 +275,26 @@ impl Config {
                     section: "nameserver",
                     key: "http_token_reads",
                     message: "needs http_token_file".into(),
+                });
+            }
+            if let Some(v) = ns
+                .check_interval_ms
+                .filter(|v| !(1..=MAX_CHECK_INTERVAL_MS).contains(v))
+            {
+                return Err(ConfigError::Section {
+                    section: "nameserver",
+                    key: "check_interval_ms",
+                    message: format!("must be 1..={MAX_CHECK_INTERVAL_MS}, got {v}"),
+                });
+            }
+            if let Some(v) = ns
+                .check_misses
+                .filter(|v| !(1..=MAX_CHECK_MISSES).contains(v))
+            {
+                return Err(ConfigError::Section {
+                    section: "nameserver",
+                    key: "check_misses",
+                    message: format!("must be 1..={MAX_CHECK_MISSES}, got {v}"),
                 });
             }
             for (key, min, max) in NAMESERVER_LIMITS {
@@ -392,10 +423,16 @@ upstreams:
   http_token_file: /etc/dwara/token
   http_token_reads: true
   http_insecure: false
+  check_interval_ms: 250
+  check_misses: 3
 ",
         )
         .unwrap();
         let ns = c.nameserver.unwrap();
+        assert_eq!(
+            (ns.check_interval_ms, ns.check_misses),
+            (Some(250), Some(3))
+        );
         assert_eq!(ns.dns_allow, ["local", "10.0.0.0/8", "fd00::/8"]);
         assert_eq!(ns.dns_rate_limit, Some(500));
         assert_eq!(ns.dns_rate_limit_slip, Some(3));
@@ -508,6 +545,14 @@ upstreams:
             (
                 "nameserver:\n  http_token_reads: true\n".to_owned(),
                 "nameserver.http_token_reads: needs http_token_file",
+            ),
+            (
+                "nameserver:\n  check_interval_ms: 0\n".to_owned(),
+                "nameserver.check_interval_ms: must be 1..=86400000, got 0",
+            ),
+            (
+                "nameserver:\n  check_misses: 0\n".to_owned(),
+                "nameserver.check_misses: must be 1..=1000, got 0",
             ),
             ("upstream: []\n".to_owned(), "upstream"),
             (

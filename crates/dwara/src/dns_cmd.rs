@@ -49,7 +49,8 @@ impl ApiArgs {
 #[derive(Debug, Subcommand)]
 pub(crate) enum DnsCommand {
     /// Register IP under FQDN for container ID (with --port, also answered as SRV at
-    /// SERVICE.FQDN).
+    /// SERVICE.FQDN; with --check tcp, answered only while IP:PORT accepts
+    /// connections).
     Add {
         /// The container (or any owner) id.
         id: String,
@@ -63,6 +64,10 @@ pub(crate) enum DnsCommand {
         /// The service (`_http._tcp`); default `_<port>._tcp`. Needs --port.
         #[arg(long, requires = "port")]
         service: Option<String>,
+        /// Check the entry: `tcp` connects to IP:PORT every check interval of the
+        /// server; the name is answered only while it passes. Needs --port.
+        #[arg(long, requires = "port", value_parser = ["tcp"])]
+        check: Option<String>,
         #[command(flatten)]
         api: ApiArgs,
     },
@@ -95,6 +100,7 @@ pub(crate) async fn run(cmd: DnsCommand) -> anyhow::Result<()> {
             fqdn,
             port,
             service,
+            check,
             api,
         } => {
             let url = api.url(&["name", &id, &ip.to_string()])?;
@@ -102,6 +108,7 @@ pub(crate) async fn run(cmd: DnsCommand) -> anyhow::Result<()> {
             let mut form = vec![("fqdn", fqdn.as_str())];
             form.extend(port.as_deref().map(|p| ("port", p)));
             form.extend(service.as_deref().map(|s| ("service", s)));
+            form.extend(check.as_deref().map(|c| ("check", c)));
             expect_ok(request(Method::PUT, url, Some(&form), &api).await?)?;
         }
         DnsCommand::Rm { id, ip, api } => {

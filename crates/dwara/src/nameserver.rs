@@ -111,6 +111,14 @@ pub(crate) struct NameServerArgs {
     /// ones (true) or none (false) [default: true]
     #[arg(long, value_name = "BOOL")]
     health_fail_open: Option<bool>,
+    /// Milliseconds between two checks of an entry registered with check=tcp (a
+    /// TCP connect to its address and port, waiting at most half of it)
+    /// [default: 5000]
+    #[arg(long = "check-interval-ms", value_name = "MS", value_parser = clap::value_parser!(u64).range(1..=dwara::config::MAX_CHECK_INTERVAL_MS))]
+    check_interval_ms: Option<u64>,
+    /// Failed checks in a row after which a check=tcp entry is unhealthy [default: 2]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=i64::from(dwara::config::MAX_CHECK_MISSES)))]
+    check_misses: Option<u32>,
 }
 
 fn parse_allow(s: &str) -> Result<AllowEntry, String> {
@@ -264,6 +272,12 @@ impl NameServerArgs {
             Some(false) => HealthFailMode::Closed,
             Some(true) | None => HealthFailMode::Open,
         };
+        if let Some(ms) = self.check_interval_ms.or(file.check_interval_ms) {
+            config.checks.interval = Duration::from_millis(ms);
+        }
+        if let Some(n) = self.check_misses.or(file.check_misses) {
+            config.checks.misses = n;
+        }
         config.fallback = if !self.fallback.is_empty() {
             Fallback::Servers(self.fallback.clone())
         } else if let Some(path) = &self.resolv_conf {

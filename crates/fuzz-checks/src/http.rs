@@ -8,11 +8,12 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode};
-use dwara_nameserver::{Domain, Fallback, NameServer, NameServerConfig};
+use dwara_nameserver::{Domain, Fallback, Health, NameServer, NameServerConfig};
 use http_body_util::BodyExt;
 use tower::ServiceExt;
 
-/// A running name server (no fallback, no data dir) and its runtime.
+/// A running name server (no fallback, no data dir, checks that never connect:
+/// `check=tcp` with an arbitrary address sends nothing) and its runtime.
 struct Api {
     server: NameServer,
     runtime: tokio::runtime::Runtime,
@@ -30,6 +31,9 @@ fn api() -> &'static Api {
         config.dns = dwara_nameserver::DnsServerConfig::new("127.0.0.1:0".parse().unwrap());
         config.dns.udp_workers = 1;
         config.fallback = Fallback::Servers(Vec::new());
+        config.checks.probing = dwara_nameserver::Probing::Off;
+        // Checkers of entries the reset below removes notice soon and stop.
+        config.checks.interval = Duration::from_millis(10);
         let server = runtime.block_on(NameServer::start(config)).unwrap();
         server
             .db()
@@ -64,8 +68,9 @@ const METHODS: [Method; 7] = [
 /// The first byte picks the method, the bytes up to the first newline are the path
 /// and query, the rest is the body. The API answers 2xx or 4xx only (there is no
 /// data dir, so nothing can fail to be stored); only a 2xx `PUT` adds (at most one
-/// entry, which a lookup then finds) and only a 2xx `DELETE` removes; a 200 lookup
-/// is a JSON array of addresses the database has under that name.
+/// entry, which a lookup then finds unless it is checked: a checked entry starts
+/// unanswered) and only a 2xx `DELETE` removes; a 200 lookup is a JSON array of
+/// addresses the database has under that name.
 pub fn http_path(data: &[u8]) {
     let Some((&m, rest)) = data.split_first() else {
         return;
@@ -114,11 +119,21 @@ pub fn http_path(data: &[u8]) {
         (&Method::PUT, true) => {
             assert!(removed.is_empty(), "PUT removed {removed:?}");
             assert!(added.len() <= 1, "PUT added {added:?}");
-            for (_, ip, fqdn) in &added {
-                assert!(
-                    server.db().lookup(fqdn).contains(ip),
-                    "{fqdn} {ip} not found"
-                );
+            for (id, ip, fqdn) in &added {
+                let health = server
+                    .db()
+                    .entries()
+                    .into_iter()
+                    .find(|e| !e.tombstone && (&e.id, &e.ip, &e.fqdn) == (id, ip, fqdn))
+                    .map(|e| e.health);
+                match health {
+                    Some(Health::Unchecked) => assert!(
+                        server.db().lookup(fqdn).contains(ip),
+                        "{fqdn} {ip} not found"
+                    ),
+                    Some(Health::Starting) => {}
+                    other => panic!("{fqdn} {ip}: a new entry is {other:?}"),
+                }
             }
         }
         (&Method::DELETE, true) => assert!(added.is_empty(), "DELETE added {added:?}"),
@@ -140,5 +155,9 @@ pub fn http_path(data: &[u8]) {
     for (id, ip, fqdn) in &removed {
         server.db().add(id, *ip, fqdn).unwrap();
     }
+    // A `check` on the seed made it starting: answered again.
+    server
+        .db()
+        .set_health("seed", "10.40.0.1".parse().unwrap(), Health::Unchecked);
     server.db().gc_tombstones(Duration::ZERO);
 }

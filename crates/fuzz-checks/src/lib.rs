@@ -150,12 +150,28 @@ pub fn resolv_conf(data: &[u8]) {
 /// Any bytes as an HTTP form body: no panic, and a decoded value is never longer than
 /// the body it came from (decoding only shrinks, up to UTF-8 replacement characters).
 /// The `port` and `service` values give a service only in the checked form (port
-/// 1–65535, `_name._tcp|_udp`, lower-case), which parses back to itself.
+/// 1–65535, `_name._tcp|_udp`, lower-case), which parses back to itself; a `check`
+/// value gives a check only when it names a known kind and there is a port.
 pub fn http_form(data: &[u8]) {
     let port = dwara_nameserver::http::form_value(data, "port");
     let service = dwara_nameserver::http::form_value(data, "service");
-    if let Ok(Some(s)) = dwara_nameserver::http::service_param(port.as_deref(), service.as_deref())
-    {
+    let parsed = dwara_nameserver::http::service_param(port.as_deref(), service.as_deref());
+    let check = dwara_nameserver::http::form_value(data, "check");
+    let with_check = dwara_nameserver::http::check_param(
+        check.as_deref(),
+        parsed.as_ref().ok().and_then(Option::as_ref),
+    );
+    match (&with_check, &check) {
+        // A check is accepted only with a port, and only a known kind.
+        (Ok(Some(kind)), Some(text)) => {
+            assert!(matches!(parsed, Ok(Some(_))), "{text:?} without a port");
+            assert!(text.trim().eq_ignore_ascii_case(kind.as_str()), "{text:?}");
+        }
+        (Ok(Some(_)), None) => panic!("a check from no check value"),
+        (Ok(None), c) => assert!(c.is_none(), "{c:?} ignored"),
+        (Err(e), _) => assert!(!e.to_string().contains('\n'), "{e}"),
+    }
+    if let Ok(Some(s)) = parsed {
         assert!(s.port() >= 1);
         let text = s.service();
         assert_eq!(text, text.to_ascii_lowercase());

@@ -179,7 +179,7 @@ fn check_bucket(b: &Bucket) {
 /// Any bytes as a store key, and as a row (key, then value after the first `0xff`):
 /// decoding never panics, and a key or row that decodes is exactly the encoding of
 /// what it decodes to (one key per registration); a registration built from the
-/// bytes, with and without a service, survives encode → decode.
+/// bytes, with and without a service and a check, survives encode → decode.
 pub fn store_record(data: &[u8]) {
     if let Ok(r) = dwara_store::decode(data) {
         assert!(!r.fqdn.is_empty());
@@ -217,7 +217,18 @@ pub fn store_record(data: &[u8]) {
             }));
             match with.encode_value() {
                 Ok(value) => {
-                    assert_eq!(dwara_store::decode_row(&key, &value).ok(), Some(with));
+                    assert_eq!(
+                        dwara_store::decode_row(&key, &value).ok(),
+                        Some(with.clone())
+                    );
+                    // And with a check named by the fqdn.
+                    let checked = with.with_check(Some(fqdn.to_owned()));
+                    match checked.encode_value() {
+                        Ok(value) => {
+                            assert_eq!(dwara_store::decode_row(&key, &value).ok(), Some(checked))
+                        }
+                        Err(_) => assert!(fqdn.len() > 255),
+                    }
                 }
                 Err(_) => assert!(port == 0 || id.is_empty()),
             }

@@ -379,6 +379,40 @@ impl Db {
             .sum()
     }
 
+    /// The health of this node's live entry of container `id` at `ip` under the
+    /// name `wire` (lower-cased wire form); `None` when there is no such live entry.
+    pub(crate) fn local_health(&self, id: &str, ip: IpAddr, wire: &[u8]) -> Option<Health> {
+        self.tables.names.read(wire, |recs| {
+            recs.into_iter()
+                .flatten()
+                .find(|r| !r.tombstone && r.origin == 0 && r.ip == ip && &*r.id == id)
+                .map(|r| r.health)
+        })
+    }
+
+    /// [`Db::set_health`] narrowed to one name, `wire` (lower-cased wire form): the
+    /// health of one entry, as its own check sees it. Returns how many changed.
+    pub(crate) fn set_entry_health(
+        &self,
+        id: &str,
+        ip: IpAddr,
+        wire: &[u8],
+        health: Health,
+    ) -> usize {
+        let mut w = self.writer.lock();
+        let name = self.name_ref(wire);
+        self.edit(
+            &mut w,
+            &name,
+            Edit::Health {
+                id,
+                ip,
+                origin: 0,
+                health,
+            },
+        )
+    }
+
     /// How many live, visible entries are in each health state, in the order of
     /// [`Health::ALL`], and how many names fail open (no entry passes, all answered).
     pub fn health_counts(&self) -> ([usize; 4], usize) {

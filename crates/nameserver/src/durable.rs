@@ -2,8 +2,9 @@
 //! [`dwara_store::Store`] before the answer is sent.
 //!
 //! Only the HTTP handlers come through here, so only this node's hand-made
-//! registrations are stored (the Docker updater and replication write to the
-//! [`Db`] directly and rebuild their entries themselves).
+//! registrations are stored, with their service and check (a stored check starts
+//! again when the store is loaded). The Docker updater and replication write to the
+//! [`Db`] directly and rebuild their entries themselves.
 //!
 //! Ordering: a change is applied to the [`Db`] and queued for the store under one
 //! lock, so the store sees changes in the order the database did; the handler then
@@ -17,6 +18,7 @@ use std::sync::Arc;
 use dwara_store::{Registration, Service, Store, StoreError, Write};
 use parking_lot::Mutex;
 
+use crate::checks::{CheckKind, Checks};
 use crate::db::Db;
 use crate::error::{Error, Result};
 use crate::service::ServicePort;
@@ -43,8 +45,9 @@ impl Durable {
         self.store.dir()
     }
 
-    /// Opens the store in `dir` and loads its registrations into `db`.
-    pub(crate) async fn open(dir: &Path, db: &Db) -> Result<Self> {
+    /// Opens the store in `dir` and loads its registrations into the database, starting
+    /// the checks of those stored with one.
+    pub(crate) async fn open(dir: &Path, checks: &Checks) -> Result<Self> {
         let dir = dir.to_path_buf();
         let (store, loaded) = tokio::task::spawn_blocking(move || {
             let store = Store::open(&dir)?;
@@ -80,7 +83,22 @@ impl Durable {
                     None
                 }
             };
-            let added = db.add_service(&r.id, r.ip, &r.fqdn, service.as_ref());
+            let check = match r.check.as_deref().map(CheckKind::parse).transpose() {
+                Ok(c) => c,
+                // Not a check this build runs: the name is loaded, unchecked.
+                Err(e) => {
+                    tracing::warn!(id = %r.id, ip = %r.ip, fqdn = %r.fqdn, error = %chain(&e),
+                        "stored check not loaded; the registration is, without it");
+                    None
+                }
+            };
+            let added = match checks.register(&r.id, r.ip, &r.fqdn, service.as_ref(), check) {
+                // A check whose service did not load: the name without either.
+                Err(Error::CheckWithoutPort { .. }) => {
+                    checks.register(&r.id, r.ip, &r.fqdn, None, None)
+                }
+                other => other,
+            };
             if let Err(e) = added {
                 skipped += 1;
                 tracing::warn!(id = %r.id, ip = %r.ip, fqdn = %r.fqdn, error = %chain(&e),
@@ -134,19 +152,33 @@ fn log_not_stored(e: &StoreError, what: &str, id: &str) {
     tracing::error!(id, error = %chain(e), "{what} applied in memory but not stored");
 }
 
-/// `Db::add_service`, then (with a store) the durable put.
+/// What a `PUT` registers.
+pub(crate) struct Add<'a> {
+    pub(crate) id: &'a str,
+    pub(crate) ip: IpAddr,
+    pub(crate) fqdn: &'a str,
+    pub(crate) service: Option<&'a ServicePort>,
+    pub(crate) check: Option<CheckKind>,
+}
+
+/// `Checks::register` (the database, and the entry's checker), then (with a store)
+/// the durable put.
 pub(crate) async fn add(
     db: &Db,
+    checks: &Checks,
     durable: Option<&Arc<Durable>>,
-    id: &str,
-    ip: IpAddr,
-    fqdn: &str,
-    service: Option<&ServicePort>,
+    add: Add<'_>,
 ) -> Result<(), Failure> {
+    let Add {
+        id,
+        ip,
+        fqdn,
+        service,
+        check,
+    } = add;
     let Some(d) = durable else {
-        return db
-            .add_service(id, ip, fqdn, service)
-            .map(drop)
+        return checks
+            .register(id, ip, fqdn, service, check)
             .map_err(Failure::Rejected);
     };
     // The form the database keeps, so that deletes narrowed to a name match it.
@@ -156,7 +188,8 @@ pub(crate) async fn add(
         .map_err(Failure::Rejected)?;
     let pending = {
         let _order = d.order.lock();
-        db.add_service(id, ip, &fqdn, service)
+        checks
+            .register(id, ip, &fqdn, service, check)
             .map_err(Failure::Rejected)?;
         // Also when the entry was live already (e.g. made by the Docker updater):
         // it is now a hand-made registration too.
@@ -165,7 +198,9 @@ pub(crate) async fn add(
             port: s.port(),
         });
         d.store.submit(Write::Put(
-            Registration::new(id, ip, fqdn).with_service(service),
+            Registration::new(id, ip, fqdn)
+                .with_service(service)
+                .with_check(check.map(|c| c.as_str().to_owned())),
         ))
     };
     pending.await.map_err(|e| {
@@ -174,9 +209,11 @@ pub(crate) async fn add(
     })
 }
 
-/// `Db::remove`, then (with a store) the durable delete with the same narrowing.
+/// `Db::remove` and the checks of what it removed, then (with a store) the durable
+/// delete with the same narrowing.
 pub(crate) async fn remove(
     db: &Db,
+    checks: &Checks,
     durable: Option<&Arc<Durable>>,
     id: &str,
     ip: Option<IpAddr>,
@@ -184,6 +221,7 @@ pub(crate) async fn remove(
 ) -> Result<(), Failure> {
     let Some(d) = durable else {
         db.remove(id, ip, fqdn);
+        checks.forget(id, ip, fqdn);
         return Ok(());
     };
     let fqdn = match fqdn.map(|f| db.domain().normalize_member(f)) {
@@ -195,6 +233,7 @@ pub(crate) async fn remove(
     let pending = {
         let _order = d.order.lock();
         db.remove(id, ip, fqdn.as_deref());
+        checks.forget(id, ip, fqdn.as_deref());
         d.store.submit(Write::Delete {
             id: id.to_owned(),
             ip,

@@ -57,6 +57,18 @@ pub enum Error {
         /// The service as given.
         service: String,
     },
+    /// A check of a kind this build does not run.
+    #[error("unknown check {input:?}: the only check is tcp (form value check=tcp)")]
+    UnknownCheck {
+        /// The check as given.
+        input: String,
+    },
+    /// A check was given without a port to check.
+    #[error("check {check:?} given without a port to check (form value port=1..65535)")]
+    CheckWithoutPort {
+        /// The check as given.
+        check: String,
+    },
     /// A socket could not be bound.
     #[error("cannot bind {what} on {addr}: {source}")]
     Bind {

@@ -4,16 +4,21 @@
 //!
 //! | request | effect |
 //! |---|---|
-//! | `PUT /name/<id>/<ip>`, form `fqdn=…`, optional `port=1..65535`, `service=_name._tcp` | add (or replace the entry's service and port); 204; 400 with a message for a bad IP, a missing fqdn or one outside the domain, a bad port or service, a service without a port |
+//! | `PUT /name/<id>/<ip>`, form `fqdn=…`, optional `port=1..65535`, `service=_name._tcp`, `check=tcp` | add (or replace the entry's service, port and check); 204; 400 with a message for a bad IP, a missing fqdn or one outside the domain, a bad port or service, a service without a port, an unknown check or a check without a port |
 //! | `DELETE /name/<id>/<ip>` (`fqdn` optional, form body or query) | tombstone; 204 also when nothing matched |
 //! | `DELETE /name/<id>` | tombstone every entry of the id; 204 |
 //! | either DELETE matching only other nodes' live entries | 409, JSON `{"error", "owners": [node…]}` |
 //! | `GET /name/<fqdn>` | 200 JSON array of IPs; 404 when none |
 //! | `GET /name/<service>.<fqdn>` | 200 JSON array of the service's endpoints, `"ip:port"` (`"[v6]:port"`); 404 when none |
-//! | `GET /name` | 200 JSON array of every live entry (with `service` and `port` when it has them); `?tombstones=true` adds tombstones |
-//!
-//! A `port` without `service` registers the service `_<port>._tcp`.
+//! | `GET /name` | 200 JSON array of every live entry (with `service` and `port` when it has them, `health` when it is checked, `check` when this node runs its check); `?tombstones=true` adds tombstones |
 //! | `GET /domain` | the domain as text |
+//!
+//! A `port` without `service` registers the service `_<port>._tcp`. With
+//! `check=tcp` this node connects to the entry's address and port every check
+//! interval (see `checks`): the entry is not answered before the first connect
+//! succeeds, and leaves the answers after the configured number of failures in a
+//! row (unless its whole name fails open). A `PUT` without `check` on a checked
+//! entry removes the check; a `DELETE` stops it.
 //!
 //! With a data dir, `PUT` and `DELETE` answer only once the change is durable, and
 //! 500 with a message when the store could not confirm it.
@@ -33,7 +38,8 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 
-use crate::db::Db;
+use crate::checks::{CheckKind, Checks};
+use crate::db::{Db, Entry};
 use crate::metrics::Metrics;
 
 /// What the HTTP handlers work on.
@@ -45,6 +51,8 @@ pub struct ApiState {
     pub metrics: Arc<Metrics>,
     /// Where registrations are made durable, when a data dir is configured.
     pub(crate) durable: Option<Arc<crate::durable::Durable>>,
+    /// The checks of `check=tcp` registrations.
+    pub(crate) checks: Checks,
 }
 
 /// The API's routes, for the binary to merge onto its listener.
@@ -106,6 +114,25 @@ pub fn service_param(
     }
 }
 
+/// The check of a registration from its `check` form value and its service: none
+/// without a value; a known kind (`tcp`) with a service, whose port it connects to.
+/// Public for fuzzing.
+pub fn check_param(
+    check: Option<&str>,
+    service: Option<&crate::ServicePort>,
+) -> Result<Option<CheckKind>, crate::Error> {
+    let Some(check) = check else {
+        return Ok(None);
+    };
+    let kind = CheckKind::parse(check)?;
+    if service.is_none() {
+        return Err(crate::Error::CheckWithoutPort {
+            check: check.to_owned(),
+        });
+    }
+    Ok(Some(kind))
+}
+
 fn parse_ip(ip: &str) -> Result<IpAddr, crate::Error> {
     ip.parse().map_err(|_| crate::Error::InvalidAddress {
         input: ip.to_owned(),
@@ -134,9 +161,20 @@ async fn add(
         Ok(s) => s,
         Err(e) => return bad_request(e),
     };
+    let check = param(&body, query.as_deref(), "check");
+    let check = match check_param(check.as_deref(), service.as_ref()) {
+        Ok(c) => c,
+        Err(e) => return bad_request(e),
+    };
+    let add = crate::durable::Add {
+        id: &id,
+        ip,
+        fqdn: &fqdn,
+        service: service.as_ref(),
+        check,
+    };
     let durable = state.durable.as_ref();
-    let done = crate::durable::add(&state.db, durable, &id, ip, &fqdn, service.as_ref()).await;
-    outcome(done)
+    outcome(crate::durable::add(&state.db, &state.checks, durable, add).await)
 }
 
 fn outcome(done: Result<(), crate::durable::Failure>) -> Response {
@@ -165,14 +203,23 @@ async fn remove(
         return conflict;
     }
     let durable = state.durable.as_ref();
-    outcome(crate::durable::remove(&state.db, durable, &id, Some(ip), fqdn.as_deref()).await)
+    let removed = crate::durable::remove(
+        &state.db,
+        &state.checks,
+        durable,
+        &id,
+        Some(ip),
+        fqdn.as_deref(),
+    );
+    outcome(removed.await)
 }
 
 async fn remove_all(State(state): State<ApiState>, Path(id): Path<String>) -> Response {
     if let Some(conflict) = owned_elsewhere(&state.db, &id, None, None) {
         return conflict;
     }
-    outcome(crate::durable::remove(&state.db, state.durable.as_ref(), &id, None, None).await)
+    let durable = state.durable.as_ref();
+    outcome(crate::durable::remove(&state.db, &state.checks, durable, &id, None, None).await)
 }
 
 /// `409` naming the owners when a delete matches live entries of other nodes only:
@@ -212,7 +259,25 @@ async fn list(State(state): State<ApiState>, RawQuery(query): RawQuery) -> Respo
     if !with_tombstones {
         entries.retain(|e| !e.tombstone);
     }
-    axum::Json(entries).into_response()
+    let listed: Vec<Listed> = entries
+        .into_iter()
+        .map(|entry| Listed {
+            check: (!entry.tombstone && entry.origin == state.db.origin())
+                .then(|| state.checks.check_of(&entry.id, entry.ip, &entry.fqdn))
+                .flatten(),
+            entry,
+        })
+        .collect();
+    axum::Json(listed).into_response()
+}
+
+/// An entry as `GET /name` lists it: with the check this node runs on it.
+#[derive(serde::Serialize)]
+struct Listed {
+    #[serde(flatten)]
+    entry: Entry,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    check: Option<CheckKind>,
 }
 
 async fn domain(State(state): State<ApiState>) -> Response {
@@ -242,6 +307,32 @@ mod tests {
             Some("x.weave.local")
         );
         assert_eq!(fqdn_param(b"fqdn=", None), None);
+    }
+
+    #[test]
+    fn checks_need_a_known_kind_and_a_port() {
+        let s = service_param(Some("80"), None).unwrap();
+        assert_eq!(check_param(None, s.as_ref()).unwrap(), None);
+        assert_eq!(check_param(None, None).unwrap(), None);
+        assert_eq!(
+            check_param(Some("tcp"), s.as_ref()).unwrap(),
+            Some(CheckKind::Tcp)
+        );
+        assert_eq!(
+            check_param(Some("TCP"), s.as_ref()).unwrap(),
+            Some(CheckKind::Tcp)
+        );
+        let e = check_param(Some("tcp"), None).unwrap_err().to_string();
+        assert!(e.contains("without a port"), "{e}");
+        for bad in ["http", "", "tcp;udp"] {
+            let e = check_param(Some(bad), s.as_ref()).unwrap_err().to_string();
+            assert!(e.contains("unknown check"), "{bad}: {e}");
+        }
+        // From a form, the way the handler reads it.
+        let form = b"fqdn=a.weave.local&port=8080&check=tcp";
+        let s = service_param(form_value(form, "port").as_deref(), None).unwrap();
+        let c = check_param(form_value(form, "check").as_deref(), s.as_ref());
+        assert_eq!(c.unwrap(), Some(CheckKind::Tcp));
     }
 
     #[test]

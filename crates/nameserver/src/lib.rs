@@ -20,6 +20,9 @@
 //!   query, an empty truncated reply, so forged sources gain no amplification.
 //! - [`Forwarder`]: forwarding to fallback servers, following resolv.conf if asked.
 //! - [`http`]: the HTTP API as an axum [`axum::Router`] (the binary serves it).
+//! - Health checks of HTTP registrations made with `check=tcp`: a TCP connect to
+//!   the entry's address and port every [`CheckConfig::interval`], run by the node
+//!   that took the registration, its verdict set on the entry ([`Health`]).
 //! - [`NameServerCollector`]: the metrics, as a `prometheus-client` collector.
 //! - [`NameServer`]: all of the above wired together, as `dwara serve` runs it: DNS
 //!   listeners, the forwarder, the resolv.conf watcher and the tombstone collector.
@@ -49,6 +52,7 @@
 
 mod access;
 mod answers;
+mod checks;
 mod db;
 mod durable;
 mod error;
@@ -71,6 +75,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use access::{AllowEntry, Cidr, RESCAN_EVERY, parse_allow_list};
+pub use checks::{
+    CheckConfig, CheckKind, DEFAULT_CHECK_INTERVAL, DEFAULT_CHECK_MISSES,
+    DEFAULT_MAX_CONCURRENT_CHECKS, Probing,
+};
 pub use db::{Change, ChangeKind, DEFAULT_ORIGIN, Db, DbConfig, Entry};
 pub use error::{Error, Result};
 pub use forward::{Forwarder, ForwarderConfig};
@@ -220,6 +228,8 @@ pub struct NameServerConfig {
     /// Where registrations made over HTTP are stored to survive a restart; `None`:
     /// in memory only.
     pub data_dir: Option<PathBuf>,
+    /// How the checks of `check=tcp` registrations run.
+    pub checks: CheckConfig,
 }
 
 /// The default DNS listen address.
@@ -244,12 +254,13 @@ impl NameServerConfig {
             resolv_conf_poll: Duration::from_secs(2),
             tombstone_grace: DEFAULT_TOMBSTONE_GRACE,
             data_dir: None,
+            checks: CheckConfig::default(),
         }
     }
 }
 
-/// A running name server: database, DNS listeners, forwarder, resolv.conf watcher and
-/// tombstone collector. Its HTTP API is a [`Router`](axum::Router) for the caller to
+/// A running name server: database, DNS listeners, forwarder, resolv.conf watcher,
+/// health checks and tombstone collector. Its HTTP API is a [`Router`](axum::Router) for the caller to
 /// serve.
 #[derive(Debug)]
 pub struct NameServer {
@@ -258,6 +269,7 @@ pub struct NameServer {
     forwarder: Arc<Forwarder>,
     dns: DnsServer,
     durable: Option<Arc<durable::Durable>>,
+    checks: checks::Checks,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
@@ -265,15 +277,16 @@ impl NameServer {
     /// Starts everything with an empty database.
     pub async fn start(config: NameServerConfig) -> Result<Self> {
         let db = Arc::new(Db::new(config.db.clone()));
+        let metrics = Arc::new(Metrics::new());
+        let checks = checks::Checks::new(db.clone(), config.checks.clone(), metrics.clone())?;
         // Loaded before anything listens, so DNS never answers without them.
         let durable = match &config.data_dir {
-            Some(dir) => Some(Arc::new(durable::Durable::open(dir, &db).await?)),
+            Some(dir) => Some(Arc::new(durable::Durable::open(dir, &checks).await?)),
             None => {
                 tracing::debug!("no data dir: registrations live in memory only");
                 None
             }
         };
-        let metrics = Arc::new(Metrics::new());
         let forwarder = Arc::new(Forwarder::new(Vec::new(), config.forwarder.clone()));
         let dns =
             DnsServer::start(config.dns.clone(), &db, forwarder.clone(), metrics.clone()).await?;
@@ -307,6 +320,7 @@ impl NameServer {
             forwarder,
             dns,
             durable,
+            checks,
             tasks,
         })
     }
@@ -356,6 +370,7 @@ impl NameServer {
             db: self.db.clone(),
             metrics: self.metrics.clone(),
             durable: self.durable.clone(),
+            checks: self.checks.clone(),
         })
     }
 
@@ -367,11 +382,12 @@ impl NameServer {
         ));
     }
 
-    /// Stops the DNS listeners and the background tasks.
+    /// Stops the DNS listeners, the health checks and the background tasks.
     pub async fn shutdown(self) {
         for task in &self.tasks {
             task.abort();
         }
+        self.checks.stop_all();
         self.dns.shutdown().await;
         tracing::info!("name server stopped");
     }

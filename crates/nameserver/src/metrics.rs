@@ -160,6 +160,17 @@ impl Counters {
     }
 }
 
+/// The result of one health check (`dwara_health_checks{result}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Probe {
+    /// The check passed (the connection was accepted).
+    Pass = 0,
+    /// The check failed (refused, unreachable or timed out).
+    Fail = 1,
+}
+
+const PROBE_RESULTS: [&str; 2] = ["pass", "fail"];
+
 /// Every counter of one name server.
 #[derive(Debug, Default)]
 pub struct Metrics {
@@ -168,6 +179,10 @@ pub struct Metrics {
     http: Mutex<BTreeMap<u16, u64>>,
     /// Rate-limit buckets evicted while still limiting (the limiter counts here).
     evictions: Arc<AtomicU64>,
+    /// Health checks run, by [`Probe`].
+    checks: [AtomicU64; PROBE_RESULTS.len()],
+    /// Checkers running on this node.
+    checks_running: AtomicU64,
 }
 
 impl Metrics {
@@ -191,6 +206,16 @@ impl Metrics {
     /// Counts one HTTP response by status.
     pub fn record_http(&self, status: u16) {
         *self.http.lock().entry(status).or_default() += 1;
+    }
+
+    /// Counts one health check.
+    pub(crate) fn record_check(&self, probe: Probe) {
+        self.checks[probe as usize].fetch_add(1, Relaxed);
+    }
+
+    /// Sets how many checkers run on this node.
+    pub(crate) fn set_checks_running(&self, n: usize) {
+        self.checks_running.store(n as u64, Relaxed);
     }
 
     /// The counter the rate limiter counts its evictions in.
@@ -387,6 +412,27 @@ impl Collector for NameServerCollector {
             "Names none of whose live entries passes its check, answered with all of them",
             None,
             open.metric_type(),
+        )?)?;
+        {
+            let mut family = encoder.encode_descriptor(
+                "dwara_health_checks",
+                "Health checks (check=tcp connects) this node ran, by result",
+                None,
+                MetricType::Counter,
+            )?;
+            for (i, result) in PROBE_RESULTS.iter().enumerate() {
+                let v = ConstCounter::new(self.metrics.checks[i].load(Relaxed));
+                v.encode(family.encode_family(&[("result", *result)])?)?;
+            }
+        }
+        let running = ConstGauge::new(
+            i64::try_from(self.metrics.checks_running.load(Relaxed)).unwrap_or(i64::MAX),
+        );
+        running.encode(encoder.encode_descriptor(
+            "dwara_health_checks_running",
+            "Entries registered over HTTP whose check this node runs",
+            None,
+            running.metric_type(),
         )?)?;
         let http: Vec<(u16, u64)> = self
             .metrics

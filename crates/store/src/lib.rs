@@ -1,7 +1,8 @@
 //! Crash-safe store of the name registrations a node acknowledged over HTTP.
 //!
 //! A [`Store`] is one [redb](https://docs.rs/redb) file in a data directory. It keeps
-//! registrations, `(id, ip, fqdn)` and an optional service and port, one row each: a put inserts the row, a delete
+//! registrations, `(id, ip, fqdn)` with an optional service and port and the kind
+//! of check its owner runs (`tcp`), one row each: a put inserts the row, a delete
 //! removes the matching rows, so churn never grows the store (there are no
 //! tombstones to collect). Writes are queued in call order and made durable by a
 //! background thread that commits everything queued so far in one write

@@ -24,8 +24,22 @@
 //! | 2 | port, big-endian, not 0 |
 //! | rest | service (`_http._tcp`), UTF-8, not empty |
 //!
-//! Putting a registration again with another service overwrites the value: still one
-//! row per (id, ip, fqdn).
+//! A registration whose owner checks it (`check=tcp`) is stored with value version
+//! 2, which adds the check's kind (a registration with a check always has a port):
+//!
+//! | bytes | meaning |
+//! |---|---|
+//! | 1 | value version (`2`) |
+//! | 2 | port, big-endian, not 0 |
+//! | 1 | check kind length `c`, 1–255 |
+//! | `c` | check kind (`tcp`), UTF-8 |
+//! | rest | service (`_http._tcp`), UTF-8, not empty |
+//!
+//! Rows without a check keep version 1, so a build before checks reads them; it
+//! reports a version 2 row as undecodable and keeps it in the file.
+//!
+//! Putting a registration again with another service or check overwrites the value:
+//! still one row per (id, ip, fqdn).
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
@@ -35,6 +49,8 @@ use crate::error::StoreError;
 const RECORD_V1: u8 = 1;
 /// The value version written by this build for a registration with a service.
 const VALUE_V1: u8 = 1;
+/// The value version written by this build for a registration with a check.
+const VALUE_V2: u8 = 2;
 
 /// The service and port a registration carries (the name server checks the service's
 /// form; the store keeps it as given).
@@ -61,6 +77,9 @@ pub struct Registration {
     pub fqdn: String,
     /// The service answered as SRV, if any (kept in the row's value).
     pub service: Option<Service>,
+    /// How the owner checks the entry (`tcp`), if it does (kept in the row's value;
+    /// needs a service, whose port the check connects to).
+    pub check: Option<String>,
 }
 
 impl Registration {
@@ -71,6 +90,7 @@ impl Registration {
             ip,
             fqdn: fqdn.into(),
             service: None,
+            check: None,
         }
     }
 
@@ -79,10 +99,22 @@ impl Registration {
         Self { service, ..self }
     }
 
+    /// The same registration carrying `check` (the check's kind, e.g. `tcp`).
+    pub fn with_check(self, check: Option<String>) -> Self {
+        Self { check, ..self }
+    }
+
     /// The value this registration is stored with: empty without a service. Fails
-    /// for port 0 or an empty service name (which [`decode_row`] would reject).
+    /// for port 0 or an empty service name, and for a check without a service or
+    /// whose kind is empty or longer than 255 bytes (which [`decode_row`] would
+    /// reject).
     pub fn encode_value(&self) -> Result<Vec<u8>, StoreError> {
         let Some(s) = &self.service else {
+            if self.check.is_some() {
+                return Err(StoreError::Unencodable {
+                    reason: "check without a service",
+                });
+            }
             return Ok(Vec::new());
         };
         if s.port == 0 || s.name.is_empty() {
@@ -90,9 +122,24 @@ impl Registration {
                 reason: "service with port 0 or an empty name",
             });
         }
-        let mut out = Vec::with_capacity(3 + s.name.len());
-        out.push(VALUE_V1);
-        out.extend_from_slice(&s.port.to_be_bytes());
+        let mut out = Vec::with_capacity(4 + s.name.len());
+        match &self.check {
+            None => {
+                out.push(VALUE_V1);
+                out.extend_from_slice(&s.port.to_be_bytes());
+            }
+            Some(check) => {
+                let len = u8::try_from(check.len()).ok().filter(|l| *l > 0).ok_or(
+                    StoreError::Unencodable {
+                        reason: "check kind empty or longer than 255 bytes",
+                    },
+                )?;
+                out.push(VALUE_V2);
+                out.extend_from_slice(&s.port.to_be_bytes());
+                out.push(len);
+                out.extend_from_slice(check.as_bytes());
+            }
+        }
         out.extend_from_slice(s.name.as_bytes());
         Ok(out)
     }
@@ -190,7 +237,7 @@ pub fn decode(key: &[u8]) -> Result<Registration, StoreError> {
 ///
 /// Never panics: any bytes give either the registration or
 /// [`StoreError::BadRecord`]. An empty value (every row of builds before services)
-/// is a registration without a service.
+/// is a registration without a service; a version 1 value one without a check.
 ///
 /// ```
 /// use dwara_store::{Registration, Service, decode_row};
@@ -207,14 +254,28 @@ pub fn decode_row(key: &[u8], value: &[u8]) -> Result<Registration, StoreError> 
     let Some((&version, rest)) = value.split_first() else {
         return Ok(r);
     };
-    if version != VALUE_V1 {
+    if version != VALUE_V1 && version != VALUE_V2 {
         return Err(bad("unknown value version"));
     }
-    let (port, name) = rest.split_first_chunk::<2>().ok_or(bad("truncated port"))?;
+    let (port, rest) = rest.split_first_chunk::<2>().ok_or(bad("truncated port"))?;
     let port = u16::from_be_bytes(*port);
     if port == 0 {
         return Err(bad("port 0"));
     }
+    let (check, name) = if version == VALUE_V2 {
+        let (&len, rest) = rest.split_first().ok_or(bad("missing check length"))?;
+        if len == 0 {
+            return Err(bad("empty check"));
+        }
+        if rest.len() < usize::from(len) {
+            return Err(bad("truncated check"));
+        }
+        let (check, name) = rest.split_at(usize::from(len));
+        let check = std::str::from_utf8(check).map_err(|_| bad("check is not UTF-8"))?;
+        (Some(check.to_owned()), name)
+    } else {
+        (None, rest)
+    };
     if name.is_empty() {
         return Err(bad("empty service"));
     }
@@ -222,7 +283,8 @@ pub fn decode_row(key: &[u8], value: &[u8]) -> Result<Registration, StoreError> 
     Ok(r.with_service(Some(Service {
         name: name.to_owned(),
         port,
-    })))
+    }))
+    .with_check(check))
 }
 
 #[cfg(test)]
@@ -277,7 +339,7 @@ mod tests {
         assert_eq!(decode_row(&key, &value).unwrap(), s);
         assert_eq!(decode_row(&key, b"").unwrap(), r);
         let cases: &[(&[u8], &str)] = &[
-            (&[2, 0, 80, b'x'], "unknown value version"),
+            (&[3, 0, 80, b'x'], "unknown value version"),
             (&[1, 0], "truncated port"),
             (&[1, 0, 0, b'x'], "port 0"),
             (&[1, 0, 80], "empty service"),
@@ -288,6 +350,30 @@ mod tests {
                 Err(StoreError::BadRecord { reason }) => assert_eq!(reason, *want, "{value:?}"),
                 other => panic!("{value:?}: {other:?}"),
             }
+        }
+        let checked = s.clone().with_check(Some("tcp".to_owned()));
+        let value = checked.encode_value().unwrap();
+        assert_eq!(value, b"\x02\x1f\x90\x03tcp_http._tcp");
+        assert_eq!(decode_row(&key, &value).unwrap(), checked);
+        let cases: &[(&[u8], &str)] = &[
+            (&[2, 0, 80], "missing check length"),
+            (&[2, 0, 80, 0, b'x'], "empty check"),
+            (&[2, 0, 80, 3, b't'], "truncated check"),
+            (&[2, 0, 80, 1, 0xff, b'x'], "check is not UTF-8"),
+            (&[2, 0, 80, 1, b't'], "empty service"),
+        ];
+        for (value, want) in cases {
+            match decode_row(&key, value) {
+                Err(StoreError::BadRecord { reason }) => assert_eq!(reason, *want, "{value:?}"),
+                other => panic!("{value:?}: {other:?}"),
+            }
+        }
+        for bad in [
+            r.clone().with_check(Some("tcp".to_owned())),
+            s.clone().with_check(Some(String::new())),
+            s.clone().with_check(Some("x".repeat(256))),
+        ] {
+            assert!(bad.encode_value().is_err(), "{bad:?}");
         }
         let zero = r.with_service(Some(Service {
             name: "_x._tcp".to_owned(),

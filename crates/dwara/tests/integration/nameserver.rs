@@ -109,7 +109,7 @@ impl Serve {
     }
 
     /// `dwara dns ARGS --api <ours>`.
-    fn dns(&self, args: &[&str]) -> Output {
+    pub(crate) fn dns(&self, args: &[&str]) -> Output {
         Command::new(BIN)
             .arg("dns")
             .args(args)

@@ -435,3 +435,91 @@ fn a_registration_the_disk_refuses_gets_500_and_acknowledged_ones_survive() {
     );
     assert_eq!(a(&s, &format!("n{}.weave.local", acked - 1)).len(), 1);
 }
+
+/// Polls `check` (every 50 ms, at most 10 s): the process's state is seen only
+/// through dig and its API.
+fn wait_for(what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !check() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The (health, check) `GET /name` shows for the entry of `id`.
+fn health_of(s: &Serve, id: &str) -> (Option<String>, Option<String>) {
+    let (status, body) = request(s.http, "GET", "/name", None);
+    assert_eq!(status, 200, "{body}");
+    let entries: Vec<serde_json::Value> = serde_json::from_str(&body).unwrap();
+    let e = entries
+        .iter()
+        .find(|e| e["id"] == id)
+        .unwrap_or_else(|| panic!("no entry {id} in {body}"));
+    let text = |k: &str| e.get(k).and_then(|v| v.as_str()).map(str::to_owned);
+    (text("health"), text("check"))
+}
+
+#[test]
+fn a_tcp_check_is_stored_and_runs_again_after_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let data_dir = dir.path().to_str().unwrap();
+    let checked = |dir: &str| {
+        let mut args = LISTEN.to_vec();
+        args.extend(["--fallback", "127.0.0.1:9", "--data-dir", dir]);
+        args.extend(["--check-interval-ms", "100", "--health-fail-open", "false"]);
+        Serve::start(&args)
+    };
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port().to_string();
+    let s = checked(data_dir);
+    let add = s.dns(&[
+        "add",
+        "c1",
+        "127.0.0.1",
+        "web.weave.local",
+        "--port",
+        &port,
+        "--check",
+        "tcp",
+    ]);
+    assert!(add.status.success(), "{add:?}");
+    put(&s, "c2", "10.32.0.2", "db.weave.local");
+    wait_for("web healthy", || a(&s, "web.weave.local") == ["127.0.0.1"]);
+    assert_eq!(
+        health_of(&s, "c1"),
+        (Some("healthy".to_owned()), Some("tcp".to_owned()))
+    );
+    assert!(s.logged("health check verdict changed"));
+    kill(s);
+
+    // Restarted: the check came back with the registration and runs again.
+    let s = checked(data_dir);
+    assert_eq!(health_of(&s, "c1").1.as_deref(), Some("tcp"));
+    assert_eq!(health_of(&s, "c2"), (None, None));
+    assert_eq!(a(&s, "db.weave.local"), ["10.32.0.2"]);
+    wait_for("web healthy again", || {
+        a(&s, "web.weave.local") == ["127.0.0.1"]
+    });
+    assert_eq!(s.metric("dwara_health_checks_running "), Some(1.0));
+    drop(listener);
+    wait_for("web unhealthy", || {
+        health_of(&s, "c1").0.as_deref() == Some("unhealthy")
+    });
+    // Fail open is off: the name's only entry fails, so nothing is answered.
+    assert!(a(&s, "web.weave.local").is_empty());
+
+    // The check is removed by a PUT without it, and that is stored too.
+    let (status, body) = request(
+        s.http,
+        "PUT",
+        "/name/c1/127.0.0.1",
+        Some(&format!("fqdn=web.weave.local&port={port}")),
+    );
+    assert_eq!(status, 204, "{body}");
+    assert_eq!(a(&s, "web.weave.local"), ["127.0.0.1"]);
+    kill(s);
+    let s = checked(data_dir);
+    assert_eq!(health_of(&s, "c1"), (None, None));
+    assert_eq!(a(&s, "web.weave.local"), ["127.0.0.1"]);
+    assert_eq!(s.metric("dwara_health_checks_running "), Some(0.0));
+}

@@ -78,6 +78,10 @@ impl TestServer {
         self.server.as_ref().unwrap().db()
     }
 
+    pub(crate) fn block_on<F: Future>(&self, f: F) -> F::Output {
+        self.rt.block_on(f)
+    }
+
     pub(crate) fn server(&self) -> &NameServer {
         self.server.as_ref().unwrap()
     }
