@@ -1048,3 +1048,55 @@ fn gossip_keys_rotate_without_downtime() {
     assert!(done >= 9, "only {done} lookups");
     eprintln!("{done} lookups during the rotation, none failed");
 }
+
+#[test]
+fn a_tcp_check_runs_on_its_owner_and_every_node_answers_its_verdict() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = keygen(dir.path(), "cluster.key");
+    let specs: Vec<Spec> = loopback_cluster(61, &["h1", "h2"])
+        .into_iter()
+        .map(|s| s.key_file(&key))
+        .map(|mut s| {
+            s.extra.extend(["--check-interval-ms".into(), "100".into()]);
+            s
+        })
+        .collect();
+    let mut it = specs.into_iter().map(Node::start);
+    let (h1, h2) = (it.next().unwrap(), it.next().unwrap());
+    let listener = std::net::TcpListener::bind("127.0.0.63:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (status, body) = h1.http(
+        "PUT",
+        "/name/c1/127.0.0.63",
+        Some(&format!("fqdn=web.weave.local&port={port}&check=tcp")),
+    );
+    assert_eq!(status, 204, "{body}");
+    h1.add("c2", "10.33.0.2", "web.weave.local");
+    await_answer(&[&h1, &h2], "web.weave.local", &["10.33.0.2", "127.0.0.63"]);
+
+    // The other node has the verdict, not the check.
+    let entry = |n: &Node| {
+        let (status, body) = n.http("GET", "/name", None);
+        assert_eq!(status, 200, "{body}");
+        let entries: Vec<serde_json::Value> = serde_json::from_str(&body).unwrap();
+        entries.into_iter().find(|e| e["id"] == "c1").unwrap()
+    };
+    assert_eq!(entry(&h1)["check"], "tcp");
+    assert_eq!(entry(&h2)["health"], "healthy");
+    assert!(entry(&h2).get("check").is_none(), "{}", entry(&h2));
+    assert_eq!(h2.metric("dwara_health_checks_running "), 0.0);
+    assert_eq!(
+        h2.metric("dwara_health_checks_total{result=\"pass\"} "),
+        0.0
+    );
+    assert!(h1.metric("dwara_health_checks_total{result=\"pass\"} ") >= 1.0);
+
+    // The port closes: out on every node, the unchecked entry stays.
+    drop(listener);
+    await_answer(&[&h1, &h2], "web.weave.local", &["10.33.0.2"]);
+    assert_eq!(entry(&h2)["health"], "unhealthy");
+    assert_eq!(
+        h2.metric("dwara_health_checks_total{result=\"fail\"} "),
+        0.0
+    );
+}

@@ -4,7 +4,7 @@
 //! passes; `PUT` without the check and `DELETE` stop it. dig asks; the waits follow
 //! the database's change watch, with a deadline.
 
-use std::net::{SocketAddr, TcpListener};
+use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 use dwara_nameserver::HealthFailMode;
@@ -201,6 +201,51 @@ fn with_fail_open_off_a_name_whose_only_entry_fails_is_not_answered() {
     // Starting (no verdict yet) is never answered; unhealthy alone fails open.
     wait_a(&s, "api.weave.local", &["127.0.0.1"]);
     assert_eq!(state_of(&s, "c1").0.as_deref(), Some("unhealthy"));
+}
+
+/// A listener on `ip` whose accept queue is full (nothing accepts; std listens
+/// with a backlog of 128): the kernel drops every further SYN, so a connect to it
+/// gets no answer at all. Returns the connections that fill the queue, to keep.
+fn silent_listener(ip: &str) -> (TcpListener, Vec<TcpStream>) {
+    let listener = listen(&format!("{ip}:0"));
+    let addr = listener.local_addr().unwrap();
+    let mut held = Vec::new();
+    loop {
+        match TcpStream::connect_timeout(&addr, Duration::from_millis(300)) {
+            Ok(c) => held.push(c),
+            Err(e) => {
+                // Not refused (that would be `tcp_abort_on_overflow`): no answer.
+                assert_eq!(e.kind(), std::io::ErrorKind::TimedOut, "{e}");
+                return (listener, held);
+            }
+        }
+        assert!(held.len() < 10_000, "the accept queue never filled");
+    }
+}
+
+#[test]
+fn a_connect_that_gets_no_answer_is_a_miss_and_holds_up_no_other_entry() {
+    let s = checked_server(HealthFailMode::Open);
+    let (silent, _held) = silent_listener("127.0.0.3");
+    let open = listen("127.0.0.4:0");
+    for (id, ip, port) in [
+        ("c1", "127.0.0.3", silent.local_addr().unwrap().port()),
+        ("c2", "127.0.0.4", open.local_addr().unwrap().port()),
+    ] {
+        put(
+            &s,
+            id,
+            ip,
+            &format!("fqdn=web.weave.local&port={port}&check=tcp"),
+        );
+    }
+    // Each connect to the silent port times out (half the interval): after two it
+    // is unhealthy, and the other entry is answered alone meanwhile.
+    wait(&s, "c1 unhealthy", || {
+        state_of(&s, "c1").0.as_deref() == Some("unhealthy")
+    });
+    wait_a(&s, "web.weave.local", &["127.0.0.4"]);
+    assert_eq!(state_of(&s, "c2").0.as_deref(), Some("healthy"));
 }
 
 #[test]
