@@ -94,8 +94,8 @@ pub enum Probing {
 /// How checks run.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CheckConfig {
-    /// Time between two checks of one entry (the first runs at once); each connect
-    /// waits at most half of it.
+    /// Time between two checks of one entry (the first runs at once; at least a
+    /// millisecond); each connect waits at most half of it.
     pub interval: Duration,
     /// Failed checks in a row that make an entry unhealthy (at least 1).
     pub misses: u32,
@@ -357,7 +357,9 @@ impl Inner {
 /// The checker of one entry: check every interval, set the verdict when it changes.
 async fn run(inner: Arc<Inner>, key: Key, fqdn: String, port: u16, generation: u64) {
     let target = SocketAddr::new(key.ip, port);
-    let mut tick = tokio::time::interval(inner.config.interval);
+    // tokio's interval refuses a zero period.
+    let every = inner.config.interval.max(Duration::from_millis(1));
+    let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut misses: u32 = 0;
     loop {
