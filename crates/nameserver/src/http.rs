@@ -10,7 +10,7 @@
 //! | either DELETE matching only other nodes' live entries | 409, JSON `{"error", "owners": [node…]}` |
 //! | `GET /name/<fqdn>` | 200 JSON array of IPs; 404 when none |
 //! | `GET /name/<service>.<fqdn>` | 200 JSON array of the service's endpoints, `"ip:port"` (`"[v6]:port"`); 404 when none |
-//! | `GET /name` | 200 JSON array of every live entry (with `service` and `port` when it has them, `health` when it is checked, `check` when this node runs its check); `?tombstones=true` adds tombstones |
+//! | `GET /name` | 200 JSON array of every live entry (with `service` and `port` when it has them, `health` when it is checked, `check` when this node runs its check); `?tombstones=true` adds tombstones, `?fqdn=<fqdn>` keeps one name's |
 //! | `GET /domain` | the domain as text |
 //!
 //! A `port` without `service` registers the service `_<port>._tcp`. With
@@ -258,6 +258,19 @@ async fn list(State(state): State<ApiState>, RawQuery(query): RawQuery) -> Respo
     let mut entries = state.db.entries();
     if !with_tombstones {
         entries.retain(|e| !e.tombstone);
+    }
+    if let Some(only) = query
+        .as_deref()
+        .and_then(|q| form_value(q.as_bytes(), "fqdn"))
+    {
+        // Compared as names: any case, trailing dot optional; a bad name matches none.
+        let wire = |n: &str| {
+            crate::name::parse_name(n)
+                .ok()
+                .map(|n| crate::name::wire_lower(&n))
+        };
+        let only = wire(&only);
+        entries.retain(|e| only.is_some() && wire(&e.fqdn) == only);
     }
     let listed: Vec<Listed> = entries
         .into_iter()

@@ -123,6 +123,18 @@ fn a_tcp_check_follows_its_port_and_the_name_fails_open_when_none_passes() {
         &format!("fqdn=web.weave.local&port={two_port}&check=tcp"),
     );
     wait_a(&s, "web.weave.local", &["127.0.0.1", "127.0.0.2"]);
+    // One name's entries, with their checks and verdicts.
+    let (status, body) = s.http("GET", "/name?fqdn=WEB.weave.local", None);
+    assert_eq!(status, 200, "{body}");
+    let web: Vec<serde_json::Value> = serde_json::from_str(&body).unwrap();
+    assert_eq!(web.len(), 2, "{body}");
+    assert!(
+        web.iter()
+            .all(|e| e["check"] == "tcp" && e["health"] == "healthy"),
+        "{body}"
+    );
+    let (_, body) = s.http("GET", "/name?fqdn=other.weave.local", None);
+    assert_eq!(body.trim(), "[]");
 
     // The first port closes: after two failed connects it is out, the second stays.
     drop(one);
