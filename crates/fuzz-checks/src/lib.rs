@@ -9,7 +9,7 @@
 //! | target | what it feeds | what it checks |
 //! |---|---|---|
 //! | `dns_packet` | bytes as a query, UDP and TCP | a decodable response with the query's ID |
-//! | `dns_udp` | bytes as a UDP query | the answer a model of the zone expects |
+//! | `dns_udp` | bytes as a UDP query, to a zone failing open and one failing closed | the answer a model of the zone expects: addresses, SRV records and their additional addresses, PTR, NODATA and NXDOMAIN, by the entries' services and health |
 //! | `dns_tcp` | a byte stream to a live DNS/TCP listener | one answer per frame, in order, as the handler gives it |
 //! | `dns_differential` | fast-path queries through the hickory-proto path too | the same response |
 //! | `dns_answers` | upstream answers to the DNS discovery source | no endpoint the answers do not justify |
@@ -49,50 +49,134 @@ pub use http::http_path;
 pub use records::{cluster_bucket, cluster_value, docker_event, store_record};
 pub use tcp::dns_tcp;
 
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::{Mutex, OnceLock};
 
-use dwara_nameserver::{Db, DbConfig, Domain, QueryHandler};
+use dwara_nameserver::{Db, DbConfig, Domain, Health, HealthFailMode, QueryHandler, ServicePort};
 use hickory_proto::op::{Message, MessageType};
 
-/// The zone every DNS check answers from (`weave.local.`, TTL 1): `web` with one v4
-/// and one v6 address, `big` with [`BIG_COUNT`] v4 addresses (more than fit in 512
-/// bytes), and the reverse entries of all of them.
-pub(crate) fn zone_db() -> Db {
-    let db = Db::new(DbConfig::new(
-        Domain::new("weave.local").expect("static domain"),
-    ));
-    db.add("c1", WEB_V4.into(), "web.weave.local").unwrap();
-    db.add("c2", WEB_V6.into(), "web.weave.local").unwrap();
-    for i in 0..BIG_COUNT {
-        db.add(&format!("big{i}"), big_addr(i).into(), "big.weave.local")
-            .unwrap();
+/// The zone every DNS check answers from (`weave.local.`, TTL 1), every entry of
+/// [`fixture`] registered in order, failing open or closed as `fail` says.
+pub(crate) fn zone_db(fail: HealthFailMode) -> Db {
+    let mut config = DbConfig::new(Domain::new(ZONE).expect("static domain"));
+    config.health_fail = fail;
+    let db = Db::new(config);
+    for e in fixture() {
+        let service = e
+            .service
+            .map(|(s, p)| ServicePort::parse(s, &p.to_string()).expect("static service"));
+        db.add_checked(
+            &e.id,
+            e.ip,
+            &format!("{}.{ZONE}", e.name),
+            service.as_ref(),
+            e.health,
+        )
+        .unwrap();
     }
     db
 }
 
-/// The v4 address of `web.weave.local`.
-pub(crate) const WEB_V4: std::net::Ipv4Addr = std::net::Ipv4Addr::new(10, 32, 0, 1);
-/// The v6 address of `web.weave.local`.
-pub(crate) const WEB_V6: std::net::Ipv6Addr = std::net::Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, 1);
+/// The domain of the fixture zone.
+pub(crate) const ZONE: &str = "weave.local";
+
+/// One registration of the fixture zone.
+#[derive(Debug, Clone)]
+pub(crate) struct FixtureEntry {
+    pub(crate) id: String,
+    pub(crate) ip: IpAddr,
+    /// The first label; the name is `<name>.weave.local.`.
+    pub(crate) name: &'static str,
+    /// Service and port, answered as SRV.
+    pub(crate) service: Option<(&'static str, u16)>,
+    pub(crate) health: Health,
+}
+
 /// How many addresses `big.weave.local` has.
 pub(crate) const BIG_COUNT: u8 = 60;
 
-/// The `i`th address of `big.weave.local`.
-pub(crate) fn big_addr(i: u8) -> std::net::Ipv4Addr {
-    std::net::Ipv4Addr::new(10, 33, 0, i)
+/// The registrations of the fixture zone, in the order they are made:
+///
+/// - `web`: one v4 and one v6 address, no service, unchecked;
+/// - `big`: [`BIG_COUNT`] v4 addresses (more than fit in 512 bytes) and one v6,
+///   each on `_http._tcp` with one of 30 ports (more SRV records than fit in 512
+///   bytes, more additional addresses than fit in 1,400);
+/// - `api`: `_http._tcp` on ports 80 (two v4 entries) and 8080 (one v6), `_dns._udp`
+///   port 53 (v4), one address without a service, and before them a starting entry
+///   on port 8081 sharing an address with a served one;
+/// - `mixed`: one healthy, one unhealthy, one starting entry (all `_http._tcp`, ports
+///   80, 81, 82): only the healthy one is answered;
+/// - `down`: two unhealthy entries (v4 and v6, port 80) and a starting one (port 81):
+///   the unhealthy ones are answered when the zone fails open, nothing otherwise;
+/// - `boot`: one starting entry (port 80): never answered.
+pub(crate) fn fixture() -> Vec<FixtureEntry> {
+    use Health::{Healthy, Starting, Unchecked, Unhealthy};
+    let v4 = |a, b, c, d| IpAddr::V4(Ipv4Addr::new(a, b, c, d));
+    let v6 = |a, b| IpAddr::V6(Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, a, b));
+    let http = Some("_http._tcp");
+    let mut all = Vec::new();
+    let mut add = |id: &str, ip, name, service: Option<&'static str>, port, health| {
+        all.push(FixtureEntry {
+            id: id.to_owned(),
+            ip,
+            name,
+            service: service.map(|s| (s, port)),
+            health,
+        });
+    };
+    add("c1", v4(10, 32, 0, 1), "web", None, 0, Unchecked);
+    add("c2", v6(0, 1), "web", None, 0, Unchecked);
+    for i in 0..BIG_COUNT {
+        let port = 9000 + u16::from(i % 30);
+        add(
+            &format!("big{i}"),
+            v4(10, 33, 0, i),
+            "big",
+            http,
+            port,
+            Unchecked,
+        );
+    }
+    add("big-v6", v6(0x33, 1), "big", http, 9000, Unchecked);
+    add("a0", v4(10, 40, 0, 1), "api", http, 8081, Starting);
+    add("a1", v4(10, 40, 0, 1), "api", http, 80, Unchecked);
+    add("a2", v6(0x40, 2), "api", http, 8080, Unchecked);
+    add("a3", v4(10, 40, 0, 3), "api", http, 80, Unchecked);
+    add(
+        "a4",
+        v4(10, 40, 0, 4),
+        "api",
+        Some("_dns._udp"),
+        53,
+        Unchecked,
+    );
+    add("a5", v4(10, 40, 0, 5), "api", None, 0, Unchecked);
+    add("m1", v4(10, 41, 0, 1), "mixed", http, 80, Healthy);
+    add("m2", v4(10, 41, 0, 2), "mixed", http, 81, Unhealthy);
+    add("m3", v6(0x41, 3), "mixed", http, 82, Starting);
+    add("d1", v4(10, 42, 0, 1), "down", http, 80, Unhealthy);
+    add("d2", v6(0x42, 2), "down", http, 80, Unhealthy);
+    add("d3", v4(10, 42, 0, 3), "down", http, 81, Starting);
+    add("b1", v4(10, 43, 0, 1), "boot", http, 80, Starting);
+    all
 }
 
-/// One handler over [`zone_db`] for the whole process.
-pub(crate) fn handler() -> &'static Mutex<QueryHandler> {
+/// One handler over [`zone_db`] per fail mode, for the whole process.
+pub(crate) fn handler(fail: HealthFailMode) -> &'static Mutex<QueryHandler> {
     /// The database kept beside its handler.
     struct Fixture {
         _db: Db,
         handler: Mutex<QueryHandler>,
     }
-    static FIXTURE: OnceLock<Fixture> = OnceLock::new();
-    &FIXTURE
+    static OPEN: OnceLock<Fixture> = OnceLock::new();
+    static CLOSED: OnceLock<Fixture> = OnceLock::new();
+    let cell = match fail {
+        HealthFailMode::Open => &OPEN,
+        HealthFailMode::Closed => &CLOSED,
+    };
+    &cell
         .get_or_init(|| {
-            let db = zone_db();
+            let db = zone_db(fail);
             let handler = Mutex::new(QueryHandler::new(&db));
             Fixture { _db: db, handler }
         })
@@ -103,7 +187,9 @@ pub(crate) fn handler() -> &'static Mutex<QueryHandler> {
 /// (same ID, QR set) that hickory-proto can decode, and a UDP reply to a query
 /// without EDNS fits in 512 bytes.
 pub fn dns_packet(data: &[u8]) {
-    let mut handler = handler().lock().unwrap_or_else(|e| e.into_inner());
+    let mut handler = handler(HealthFailMode::Open)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
     let query = Message::from_vec(data).ok();
     for tcp in [false, true] {
         let reply = if tcp {
@@ -176,7 +262,7 @@ pub fn http_form(data: &[u8]) {
         let text = s.service();
         assert_eq!(text, text.to_ascii_lowercase());
         assert!(text.starts_with('_') && (text.ends_with("._tcp") || text.ends_with("._udp")));
-        let again = dwara_nameserver::ServicePort::parse(text, &s.port().to_string());
+        let again = ServicePort::parse(text, &s.port().to_string());
         assert_eq!(again.as_ref().ok(), Some(&s), "{text}");
     }
     if let Some(value) = dwara_nameserver::http::form_value(data, "fqdn") {
