@@ -49,7 +49,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::perf_util::{clock_ticks, cpu_ticks, free_port, release_dwara, rss_kib};
+use crate::perf_util::{clock_ticks, cpu_ticks, free_port, output_of, release_dwara, rss_kib};
 use anyhow::{Context, bail};
 
 struct Options {
@@ -509,18 +509,7 @@ impl Drop for Netns {
 }
 
 fn ip_cmd(args: &[&str]) -> anyhow::Result<String> {
-    let out = Command::new("ip")
-        .args(args)
-        .output()
-        .context("cannot run ip")?;
-    if !out.status.success() {
-        bail!(
-            "ip {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    output_of("ip", args)
 }
 
 /// (tx bytes, tx packets) of `lo` in `ns`.

@@ -20,10 +20,10 @@
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::perf_util::{await_listening, free_port, release_dwara};
+use crate::perf_util::{Dwara, free_port, release_dwara, spawn_dwara};
 use anyhow::{Context, bail};
 
 struct Options {
@@ -57,19 +57,6 @@ fn parse_args(args: &[String]) -> anyhow::Result<Options> {
     Ok(opts)
 }
 
-/// A `dwara serve`; killed on drop.
-struct Dwara {
-    http: SocketAddr,
-    child: Child,
-}
-
-impl Drop for Dwara {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 fn start(data_dir: Option<&Path>) -> anyhow::Result<Dwara> {
     let http = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port(Ipv4Addr::LOCALHOST)?));
     let dns = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port(Ipv4Addr::LOCALHOST)?));
@@ -86,12 +73,7 @@ fn start(data_dir: Option<&Path>) -> anyhow::Result<Dwara> {
     if let Some(dir) = data_dir {
         cmd.arg("--data-dir").arg(dir);
     }
-    let child = cmd
-        .spawn()
-        .with_context(|| format!("cannot start {}", bin.display()))?;
-    let mut d = Dwara { http, child };
-    await_listening(&mut d.child, http, "dwara serve")?;
-    Ok(d)
+    spawn_dwara(cmd, http, "dwara serve")
 }
 
 /// A blocking client for one-off requests.

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
-use anyhow::bail;
+use anyhow::{Context, bail};
 
 /// Waits (60 s) until `child`, a `dwara serve` called `what` in errors, accepts
 /// connections on `http`; fails at once if it exits first.
@@ -26,6 +26,47 @@ pub(crate) fn await_listening(
         std::thread::sleep(Duration::from_millis(5));
     }
     Ok(())
+}
+
+/// A `dwara serve` a harness started; killed on drop.
+pub(crate) struct Dwara {
+    pub(crate) http: SocketAddr,
+    pub(crate) child: Child,
+}
+
+impl Drop for Dwara {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Spawns `cmd`, a `dwara serve … --http-listen http` called `what` in errors, and
+/// waits until it listens.
+pub(crate) fn spawn_dwara(mut cmd: Command, http: SocketAddr, what: &str) -> anyhow::Result<Dwara> {
+    let child = cmd
+        .spawn()
+        .with_context(|| format!("cannot start {what}"))?;
+    let mut d = Dwara { http, child };
+    await_listening(&mut d.child, http, what)?;
+    Ok(d)
+}
+
+/// Runs `program args…`: its standard output, trimmed, or an error with its
+/// standard error when it fails.
+pub(crate) fn output_of(program: &str, args: &[&str]) -> anyhow::Result<String> {
+    let out = Command::new(program)
+        .args(args)
+        .output()
+        .with_context(|| format!("cannot run {program}"))?;
+    if !out.status.success() {
+        bail!(
+            "{program} {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
 }
 
 /// Where `cargo build --release` put `dwara` (`CARGO_TARGET_DIR` or the workspace's).

@@ -9,8 +9,11 @@
 //! inspect the container and set its records to what its *current* state says, a
 //! `die` also compared with the container's start time, so a late event of an old
 //! incarnation never removes the new one and a container that dies before its
-//! `start` is handled is never left registered. When the stream ends, the updater
-//! retries with capped backoff and reconciles again on return.
+//! `start` is handled is never left registered. A `die` also removes the records of
+//! the incarnation it ends as soon as it is read, without waiting for that inspect
+//! (the daemon answers it only once it has torn the container's network down). When
+//! the stream ends, the updater retries with capped backoff and reconciles again on
+//! return.
 //!
 //! Names (see [`NameSources`]): `Hostname.Domainname` when it falls in the domain,
 //! and optionally the container name and network aliases under the domain; the

@@ -9,6 +9,14 @@
 //! is looked at once (its latest `die` kept) and different containers concurrently;
 //! a batch is finished before the next one starts, so each container's events apply
 //! in order.
+//!
+//! A `die` removes the records of the incarnation it is about as soon as it is read,
+//! before that inspect: the daemon holds the container's lock while it tears the
+//! container's network down after the `die`, so an inspect then waits for the
+//! teardown (tens of milliseconds). The records go only when the incarnation they
+//! were registered from started before the `die` (the inspect that registered them
+//! said when); the inspect that follows still decides what the container has, so a
+//! restarted container is registered again from it.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::IpAddr;
@@ -30,7 +38,7 @@ use crate::client::connect;
 use crate::config::{ApiVersion, DockerConfig, DockerMode};
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
-use crate::names::{Naming, Record, desired, health, service_of};
+use crate::names::{Naming, Record, desired, health, service_of, started_at};
 use crate::time::{Nanos, now, since_param};
 use dwara_nameserver::{Health, ServicePort};
 
@@ -109,7 +117,15 @@ struct Shared {
     naming: Naming,
     metrics: Metrics,
     /// What this updater registered, by container id: the only records it ever removes.
-    ours: Mutex<HashMap<String, BTreeSet<Record>>>,
+    ours: Mutex<HashMap<String, Registered>>,
+}
+
+/// One container's records, as this updater registered them.
+#[derive(Debug, Default)]
+struct Registered {
+    records: BTreeSet<Record>,
+    /// When the incarnation they were read from started, if the daemon said.
+    started_at: Option<Nanos>,
 }
 
 impl DockerUpdater {
@@ -187,7 +203,7 @@ impl DockerUpdater {
             .ours
             .lock()
             .iter()
-            .map(|(id, recs)| (id.clone(), recs.iter().cloned().collect()))
+            .map(|(id, reg)| (id.clone(), reg.records.iter().cloned().collect()))
             .collect()
     }
 
@@ -218,7 +234,7 @@ impl DockerUpdater {
         let ours = std::mem::take(&mut *shared.ours.lock());
         shared.metrics.containers.set(0);
         ours.iter()
-            .flat_map(|(id, recs)| recs.iter().map(move |r| (id, r)))
+            .flat_map(|(id, reg)| reg.records.iter().map(move |r| (id, r)))
             .map(|(id, (ip, fqdn))| shared.db.remove(id, Some(*ip), Some(fqdn)))
             .sum()
     }
@@ -359,7 +375,12 @@ impl Shared {
                     *since = (*since).max(at);
                 }
                 let died_at = if action == "die" { at } else { None };
-                tracing::debug!(container = %id, action = %action, "Docker event");
+                // How long after the daemon's own timestamp the event was read.
+                let age_us = at.map(|at| i64::try_from((now() - at) / 1000).unwrap_or(i64::MAX));
+                tracing::debug!(container = %id, action = %action, age_us, "Docker event");
+                if let Some(died) = died_at {
+                    self.died(&id, died);
+                }
                 match index.get(&id) {
                     Some(&i) => {
                         let slot = &mut work[i].1;
@@ -410,6 +431,20 @@ impl Shared {
         Some((id, action, at))
     }
 
+    /// Removes the records of `id` at once when they were registered from an
+    /// incarnation that started before a `die` at `died` (see the module docs); the
+    /// inspect that follows decides the rest.
+    fn died(&self, id: &str, died: Nanos) {
+        let dead = self
+            .ours
+            .lock()
+            .get(id)
+            .is_some_and(|reg| reg.started_at.is_some_and(|started| started < died));
+        if dead {
+            self.apply(id, BTreeSet::new(), None, Health::Unchecked, None);
+        }
+    }
+
     /// Looks at each container again (concurrently); the ones whose inspect failed
     /// for another reason than "no such container" go to `retry`.
     async fn sync_all(
@@ -446,7 +481,11 @@ impl Shared {
         id: &str,
         died_at: Option<Nanos>,
     ) -> Result<Repair, BollardError> {
-        let want = match docker.inspect_container(id, None).await {
+        let asked = Instant::now();
+        let answer = docker.inspect_container(id, None).await;
+        let inspect_us = u64::try_from(asked.elapsed().as_micros()).unwrap_or(u64::MAX);
+        tracing::debug!(container = %id, inspect_us, ok = answer.is_ok(), "inspected");
+        let want = match answer {
             Ok(c) => {
                 // Events carry the full id; keep records under the full id always.
                 match c.id.as_deref() {
@@ -464,29 +503,32 @@ impl Shared {
                         None
                     }
                 };
-                (desired(&c, &self.naming, died_at), service, health(&c))
+                let want = desired(&c, &self.naming, died_at);
+                (want, service, health(&c), started_at(&c))
             }
             Err(BollardError::DockerResponseServerError {
                 status_code: 404, ..
-            }) => (BTreeSet::new(), None, Health::Unchecked),
+            }) => (BTreeSet::new(), None, Health::Unchecked, None),
             Err(e) => return Err(e),
         };
-        Ok(self.apply(id, want.0, want.1.as_ref(), want.2))
+        Ok(self.apply(id, want.0, want.1.as_ref(), want.2, want.3))
     }
 
     /// Makes this updater's records of `id` exactly `want`, with `service` (a
     /// container's labels, so its service, never change), in `health` (what the
-    /// container's `HEALTHCHECK` says; `starting` is not answered yet).
+    /// container's `HEALTHCHECK` says; `starting` is not answered yet), read from the
+    /// incarnation that started at `started_at`.
     fn apply(
         &self,
         id: &str,
         want: BTreeSet<Record>,
         service: Option<&ServicePort>,
         health: Health,
+        started_at: Option<Nanos>,
     ) -> Repair {
         let mut repair = Repair::default();
         let mut ours = self.ours.lock();
-        let have = ours.remove(id).unwrap_or_default();
+        let have = ours.remove(id).unwrap_or_default().records;
         for (ip, fqdn) in have.difference(&want) {
             repair.removed += self.db.remove(id, Some(*ip), Some(fqdn)) as u64;
             tracing::info!(container = %id, %ip, %fqdn, "unregistered");
@@ -516,7 +558,14 @@ impl Shared {
             }
         }
         if !kept.is_empty() {
-            ours.insert(id.to_owned(), kept);
+            let records = kept;
+            ours.insert(
+                id.to_owned(),
+                Registered {
+                    records,
+                    started_at,
+                },
+            );
         }
         self.metrics
             .containers
@@ -549,8 +598,9 @@ impl Shared {
         let mut ids: Vec<String> = listed.into_iter().filter_map(|c| c.id).collect();
         {
             let mut ours = self.ours.lock();
-            for (id, recs) in ours.iter_mut() {
-                recs.retain(|(ip, fqdn)| present.contains(&(id.clone(), *ip, fqdn.clone())));
+            for (id, reg) in ours.iter_mut() {
+                reg.records
+                    .retain(|(ip, fqdn)| present.contains(&(id.clone(), *ip, fqdn.clone())));
             }
             let listed: HashSet<String> = ids.iter().cloned().collect();
             ids.extend(ours.keys().filter(|id| !listed.contains(*id)).cloned());

@@ -1,34 +1,64 @@
 //! Upstreams fed by push: `dwara serve` with a name server and upstreams in its
-//! domain; the endpoint sets follow `PUT`/`DELETE` with a refresh interval of a
-//! day, so no DNS poll could explain what they do.
+//! domain; the endpoint sets follow `PUT`/`DELETE`, and a Docker container's
+//! health, with a refresh interval of a day, so no DNS poll could explain what they
+//! do. The Docker test is skipped, with the reason printed, only when no engine is
+//! reachable; its containers are labelled with this process's pid and removed on
+//! the way out.
 
 use std::net::SocketAddr;
 
+use test_support::docker::{BUSYBOX_IMAGE, Scope, busybox_image, docker, engine_reachable};
+
 use crate::serve::{Backends, Conn, Serve, WAIT, eps, http};
 
-fn yaml(proxy: SocketAddr, port: u16, fail_open: bool, min_endpoints: usize) -> String {
+/// A name server for `domain` and upstream `api` on `proxy` with `fields` (indented
+/// by four), discovering by `discovery` (the `dns_discovery` fields, indented by six)
+/// with a refresh interval of a day.
+fn config(domain: &str, proxy: SocketAddr, fields: &str, discovery: &str) -> String {
     let dns_listen = test_support::free_addr();
     format!(
         "nameserver:
-  domain: weave.local
+  domain: {domain}
   dns_listen: {dns_listen}
   fallback: [127.0.0.1:9]
 upstreams:
   - name: api
     listen: {proxy}
-    connect_timeout_ms: 500
-    dns_discovery:
-      hostname: api.weave.local
-      port: {port}
+{fields}    dns_discovery:
       refresh_interval_s: 86400
-      fail_open: {fail_open}
-      min_endpoints: {min_endpoints}
-"
+{discovery}"
     )
 }
 
-async fn started(yaml: &str) -> Serve {
-    let serve = Serve::spawn(yaml);
+/// Upstream `api` following `api.<domain>` (record type A) at `port`.
+fn a_config(
+    domain: &str,
+    proxy: SocketAddr,
+    port: u16,
+    fail_open: bool,
+    min_endpoints: usize,
+) -> String {
+    config(
+        domain,
+        proxy,
+        "    connect_timeout_ms: 500\n",
+        &format!(
+            "      hostname: api.{domain}
+      port: {port}
+      fail_open: {fail_open}
+      min_endpoints: {min_endpoints}
+"
+        ),
+    )
+}
+
+fn yaml(proxy: SocketAddr, port: u16, fail_open: bool, min_endpoints: usize) -> String {
+    a_config("weave.local", proxy, port, fail_open, min_endpoints)
+}
+
+/// `dwara serve` with `extra` flags, once its HTTP API answers.
+async fn started_with(yaml: &str, extra: &[&str]) -> Serve {
+    let serve = Serve::spawn_with(yaml, extra);
     assert!(
         test_support::wait_until(WAIT, || async {
             tokio::net::TcpStream::connect(serve.http).await.is_ok()
@@ -39,10 +69,19 @@ async fn started(yaml: &str) -> Serve {
     serve
 }
 
-async fn put(serve: &Serve, id: &str, ip: &str) {
-    let path = format!("/name/{id}/{ip}?fqdn=api.weave.local");
+async fn started(yaml: &str) -> Serve {
+    started_with(yaml, &[]).await
+}
+
+/// `PUT /name/<id>/<ip>?fqdn=<fqdn><query>`.
+async fn put_name(serve: &Serve, id: &str, ip: &str, fqdn: &str, query: &str) {
+    let path = format!("/name/{id}/{ip}?fqdn={fqdn}{query}");
     let (code, body) = http(serve.http, "PUT", &path).await;
     assert_eq!(code, 204, "{body}");
+}
+
+async fn put(serve: &Serve, id: &str, ip: &str) {
+    put_name(serve, id, ip, "api.weave.local", "").await;
 }
 
 async fn delete(serve: &Serve, id: &str) {
@@ -140,29 +179,79 @@ async fn push_keeps_min_endpoints_and_an_empty_database_is_an_answer_not_a_failu
 async fn an_srv_upstream_follows_the_ports_of_the_registrations() {
     let backends = Backends::start(&["127.0.0.2"]).await;
     let proxy = test_support::free_addr();
-    let dns_listen = test_support::free_addr();
-    let serve = started(&format!(
-        "nameserver:
-  domain: weave.local
-  dns_listen: {dns_listen}
-  fallback: [127.0.0.1:9]
-upstreams:
-  - name: api
-    listen: {proxy}
-    policy: srv
-    dns_discovery:
-      hostname: _echo._tcp.api.weave.local
-      record_type: SRV
-      refresh_interval_s: 86400
-"
+    let serve = started(&config(
+        "weave.local",
+        proxy,
+        "    policy: srv\n",
+        "      hostname: _echo._tcp.api.weave.local\n      record_type: SRV\n",
     ))
     .await;
     let source = serve.status().await["upstreams"][0]["source"].clone();
     assert_eq!(source, "db SRV _echo._tcp.api.weave.local. (push)");
     let port = backends.port;
-    let path = format!("/name/c1/127.0.0.2?fqdn=api.weave.local&port={port}&service=_echo._tcp");
-    let (code, body) = http(serve.http, "PUT", &path).await;
-    assert_eq!(code, 204, "{body}");
+    let query = format!("&port={port}&service=_echo._tcp");
+    put_name(&serve, "c1", "127.0.0.2", "api.weave.local", &query).await;
     serve.wait_endpoints(&eps(port, &["127.0.0.2"])).await;
     assert_eq!(Conn::open(proxy).await.unwrap().backend, "127.0.0.2");
+}
+
+/// The container's IPv4 address (its only network: the default bridge).
+fn ipv4(id: &str) -> String {
+    let f = "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}";
+    docker(&["inspect", "-f", f, id]).unwrap_or_else(|e| panic!("{e}"))
+}
+
+#[tokio::test]
+async fn an_unhealthy_container_leaves_an_upstream_fed_by_push_and_comes_back_when_healthy() {
+    if let Err(e) = engine_reachable() {
+        println!("SKIP push: no Docker engine reachable: {e}");
+        return;
+    }
+    busybox_image().expect("build the busybox test image");
+    // A domain of its own: no other process following the engine answers it.
+    let domain = "pushtest.local";
+    let scope = Scope::with_pid_label(format!("dwp-health-{}", std::process::id()));
+    let proxy = test_support::free_addr();
+    let serve = started_with(&a_config(domain, proxy, 8080, true, 1), &["--docker", "on"]).await;
+    let source = serve.status().await["upstreams"][0]["source"].clone();
+    assert_eq!(source, "db A api.pushtest.local.:8080 (push)");
+    // A healthy entry beside the container, so the container's leaving is an answer
+    // without it (alone, an unhealthy entry is answered: the name fails open).
+    put_name(&serve, "anchor", "127.0.0.3", &format!("api.{domain}"), "").await;
+    let anchor = eps(8080, &["127.0.0.3"]);
+    serve.wait_endpoints(&anchor).await;
+
+    let check = [
+        "--health-cmd",
+        "test -e /ok",
+        "--health-interval",
+        "1s",
+        "--health-timeout",
+        "1s",
+        "--health-retries",
+        "1",
+    ];
+    let on_name = ["--hostname", "api", "--domainname", domain];
+    let cmd = ["sh", "-c", "touch /ok; exec sleep 100000"];
+    let id = scope
+        .run(
+            "checked",
+            &[&on_name[..], &check[..]].concat(),
+            BUSYBOX_IMAGE,
+            &cmd,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    let ip = ipv4(&id);
+    // Sorted by address, as the upstream lists them.
+    let mut both = eps(8080, &["127.0.0.3", &ip]);
+    both.sort_by_key(|a| a.parse::<SocketAddr>().unwrap());
+    // `starting` is not answered; healthy is.
+    serve.wait_endpoints(&both).await;
+
+    docker(&["exec", &id, "rm", "/ok"]).unwrap_or_else(|e| panic!("{e}"));
+    serve.wait_endpoints(&anchor).await;
+    docker(&["exec", &id, "touch", "/ok"]).unwrap_or_else(|e| panic!("{e}"));
+    serve.wait_endpoints(&both).await;
+    let counters = &serve.status().await["upstreams"][0]["resolutions"];
+    assert_eq!(counters["below_floor"], 0, "{counters}");
 }

@@ -145,16 +145,21 @@ impl Serve {
         Self::spawn_with(config_yaml, &[])
     }
 
-    fn spawn_with(config_yaml: &str, extra: &[&str]) -> Self {
+    /// `dwara serve` with `extra` flags (`--docker off` unless they name `--docker`).
+    pub(crate) fn spawn_with(config_yaml: &str, extra: &[&str]) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let config = dir.path().join("dwara.yaml");
         std::fs::write(&config, config_yaml).unwrap();
         let http = test_support::free_addr();
+        let docker_off: &[&str] = if extra.contains(&"--docker") {
+            &[]
+        } else {
+            &["--docker", "off"]
+        };
         let child = Command::new(env!("CARGO_BIN_EXE_dwara"))
+            .arg("serve")
+            .args(docker_off)
             .args([
-                "serve",
-                "--docker",
-                "off",
                 "--config",
                 config.to_str().unwrap(),
                 "--http-listen",
