@@ -620,7 +620,7 @@ mod tests {
             assert_eq!(
                 z.node(&name("_HTTP._tcp.api.weave.local.")),
                 Node::Service {
-                    ports: &[80, 8080].into(),
+                    ports: &[80, 8080, 8082].into(),
                     addrs: &ips(&["10.40.0.1", "10.40.0.3", "fd00::40:2"])
                 }
             );

@@ -102,8 +102,9 @@ pub(crate) const BIG_COUNT: u8 = 60;
 ///   each on `_http._tcp` with one of 30 ports (more SRV records than fit in 512
 ///   bytes, more additional addresses than fit in 1,400);
 /// - `api`: `_http._tcp` on ports 80 (two v4 entries) and 8080 (one v6), `_dns._udp`
-///   port 53 (v4), one address without a service, and before them a starting entry
-///   on port 8081 sharing an address with a served one;
+///   port 53 (v4), one address without a service, before them a starting entry on
+///   port 8081 sharing an address with a served one, and after them port 8082 at an
+///   address that also has port 80;
 /// - `mixed`: one healthy, one unhealthy, one starting entry (all `_http._tcp`, ports
 ///   80, 81, 82): only the healthy one is answered;
 /// - `down`: two unhealthy entries (v4 and v6, port 80) and a starting one (port 81):
@@ -151,6 +152,7 @@ pub(crate) fn fixture() -> Vec<FixtureEntry> {
         Unchecked,
     );
     add("a5", v4(10, 40, 0, 5), "api", None, 0, Unchecked);
+    add("a6", v4(10, 40, 0, 3), "api", http, 8082, Unchecked);
     add("m1", v4(10, 41, 0, 1), "mixed", http, 80, Healthy);
     add("m2", v4(10, 41, 0, 2), "mixed", http, 81, Unhealthy);
     add("m3", v6(0x41, 3), "mixed", http, 82, Starting);

@@ -7,7 +7,10 @@
 //!   to the question — so the owner echoes the query's case — then shuffled.
 //! - A record may carry a service and port ([`Srv`]). An SRV query for
 //!   `<service>.<name>` is answered from the records of `<name>` that carry that
-//!   service (see [`split_service`]); nothing is stored under the service name.
+//!   service (see [`split_service`]): one SRV record per port of the `srv_serve`
+//!   records, the address of each `srv_addr` record in the additional section (an
+//!   address with two ports of a service is one record of each); nothing is stored
+//!   under the service name.
 //! - `v4` / `v6`: address → the names registered for it ([`PtrRef`]), flagged `serve`
 //!   when the name has a servable record of that address. A PTR query is answered by
 //!   parsing the reverse name into an address and writing those names out.
@@ -57,10 +60,13 @@ pub(crate) struct Rec {
     pub(crate) serve: bool,
     /// The service and port answered as SRV, if any.
     pub(crate) service: Option<Arc<Srv>>,
-    /// Live, visible, has a service, first of its (service, address) under this name:
-    /// goes in SRV answers (independently of `serve`, which dedupes addresses across
-    /// services).
+    /// Live, visible, has a service, first of its (service, address, port) under this
+    /// name: its port goes in SRV answers (independently of `serve`, which dedupes
+    /// addresses across services).
     pub(crate) srv_serve: bool,
+    /// `srv_serve` and first of its (service, address) under this name: its address
+    /// goes in the additional section of SRV answers (once, whatever its ports).
+    pub(crate) srv_addr: bool,
 }
 
 /// A record's service: what the entry said, and its labels in wire form for the

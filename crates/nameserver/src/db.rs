@@ -720,6 +720,7 @@ impl Db {
                                 serve: false,
                                 service: service.map(Srv::new),
                                 srv_serve: false,
+                                srv_addr: false,
                             };
                             recs.push(r.clone());
                             r
@@ -798,13 +799,24 @@ impl Db {
                     && !w.hidden(r.origin)
                     && (r.health.passing() || (fail_open && r.health == Health::Unhealthy));
                 let first = !recs[..i].iter().any(|p| p.serve && p.ip == r.ip);
+                // First of its (service, address, port) for the SRV records, and of
+                // its (service, address) for the additional ones: one address may
+                // offer a service on several ports (two containers sharing a
+                // network namespace).
+                let same_service = |p: &Rec, s: &Srv| {
+                    p.ip == r.ip && p.service.as_ref().is_some_and(|ps| ps.labels == s.labels)
+                };
                 let srv_first = r.service.as_ref().is_some_and(|s| {
                     !recs[..i].iter().any(|p| {
                         p.srv_serve
-                            && p.ip == r.ip
-                            && p.service.as_ref().is_some_and(|ps| ps.labels == s.labels)
+                            && same_service(p, s)
+                            && p.service.as_ref().map(|ps| ps.spec.port()) == Some(s.spec.port())
                     })
                 });
+                let srv_addr_first = r
+                    .service
+                    .as_ref()
+                    .is_some_and(|s| !recs[..i].iter().any(|p| p.srv_addr && same_service(p, s)));
                 let serve = servable && first;
                 // A name that starts or stops failing open changes what is served of
                 // records the edit did not touch: their PTR entries follow.
@@ -813,6 +825,7 @@ impl Db {
                 }
                 recs[i].serve = serve;
                 recs[i].srv_serve = servable && srv_first;
+                recs[i].srv_addr = servable && srv_first && srv_addr_first;
             }
             if recs.is_empty() {
                 map.remove(&name[..]);

@@ -423,11 +423,8 @@ impl Handler {
         let end = out.len() - OPT_LEN;
         let mut pos = start;
         let mut n = 0usize;
-        let with_service = || {
-            recs.iter()
-                .filter(|r| r.srv_serve && r.service.as_ref().is_some_and(|s| &*s.labels == labels))
-        };
-        for r in with_service() {
+        let with_service = |r: &&Rec| r.service.as_ref().is_some_and(|s| &*s.labels == labels);
+        for r in recs.iter().filter(|r| r.srv_serve).filter(with_service) {
             let Some(srv) = &r.service else { continue };
             let port = srv.spec.port().to_be_bytes();
             let seen = out[start..pos]
@@ -461,7 +458,7 @@ impl Handler {
                 };
                 let block = pos;
                 let mut count = 0usize;
-                for r in with_service() {
+                for r in recs.iter().filter(|r| r.srv_addr).filter(with_service) {
                     if pos + rr_len > end {
                         break;
                     }

@@ -605,6 +605,50 @@ fn srv_negative_answers() {
     );
 }
 
+/// Two entries at one address offering one service on two ports (two containers
+/// sharing a network namespace): both ports are answered, the address once.
+#[test]
+fn srv_answers_every_port_of_a_shared_address() {
+    let mut f = fixture();
+    for (id, port) in [("p1", "80"), ("p2", "8080"), ("p3", "80")] {
+        let s = crate::ServicePort::parse("_http._tcp", port).unwrap();
+        f.db.add_service(id, ip("10.4.0.1"), "pod.weave.local", Some(&s))
+            .unwrap();
+    }
+    let m = f.answer(
+        &query("_http._tcp.pod.weave.local.", RecordType::SRV, None),
+        Transport::Udp,
+    );
+    let mut ports: Vec<u16> = m
+        .answers
+        .iter()
+        .map(|r| match &r.data {
+            RData::SRV(s) => s.port,
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    ports.sort_unstable();
+    assert_eq!(ports, [80, 8080]);
+    let extra: Vec<String> = m.additionals.iter().map(|r| r.data.to_string()).collect();
+    assert_eq!(extra, ["10.4.0.1"]);
+    let mut eps = f.db.lookup_service("_http._tcp.pod.weave.local");
+    eps.sort_unstable();
+    assert_eq!(
+        eps,
+        [
+            "10.4.0.1:80".parse().unwrap(),
+            "10.4.0.1:8080".parse().unwrap()
+        ]
+    );
+    // Removing the entry with port 8080 leaves port 80 alone.
+    f.db.remove("p2", None, None);
+    let m = f.answer(
+        &query("_http._tcp.pod.weave.local.", RecordType::SRV, None),
+        Transport::Udp,
+    );
+    assert_eq!((m.answers.len(), m.additionals.len()), (1, 1));
+}
+
 #[test]
 fn srv_answers_truncate_and_leave_out_additionals() {
     let mut f = fixture();
