@@ -1,73 +1,131 @@
 //! Scale by simulation: N cluster nodes (the real [`Cluster`] code, each with its own
-//! records database) in one process over chitchat's in-memory `ChannelTransport`
-//! (every message serialised and parsed as on UDP, and refused above UDP's 65,507
-//! bytes as a real datagram would be).
+//! records database) in one process over an in-memory network: every message is
+//! serialised and parsed as on UDP (by chitchat's own codec), refused above UDP's
+//! 65,507 bytes, and dropped when the receiver's queue would exceed a socket
+//! receive buffer (`--rcvbuf`, default 212,992 bytes: Linux's default).
 //!
 //! Time is tokio's paused clock: the runtime jumps to the next timer whenever every
 //! task waits, so the figures are in simulated time and do not depend on how fast
 //! the machine is; a run of 1,000 nodes only takes longer in real time. chitchat's
 //! failure detector and gossip timers and this crate's pacing all read tokio's
-//! clock, so they see the same simulated time.
+//! clock, so they see the same simulated time. Node starts are spread over one
+//! gossip interval, so their rounds do not all fall on the same instant.
 //!
 //! It measures, for N nodes: the time until every node lists every other live
-//! (join from three seeds), the time one new entry takes to reach every node
-//! (median and worst of `--changes`) and the bytes one change costs the cluster
-//! beyond the idle traffic, bytes and messages per node per second while idle and
-//! the largest message, and how long the others take to hide a stopped node's
-//! entries (failure detection). The transport has no latency: convergence counts
-//! gossip exchanges, and a real network adds its round trips.
+//! (join from three seeds, after the last node started), the time one new entry
+//! takes to reach every node (median and worst of `--changes`) and the bytes one
+//! change costs the cluster beyond the idle traffic, bytes and messages per node per
+//! second while idle and the largest message, and how long the others take to hide a
+//! stopped node's entries (failure detection). The network has no latency:
+//! convergence counts gossip exchanges, and a real network adds its round trips.
+//!
+//! The failure detector keeps `--window` heartbeat intervals per peer (default 100;
+//! dwara's default is 1,000): chitchat's phi is the time since the last heartbeat
+//! over their mean, so the window only sets how long the mean remembers, while
+//! 1,000 intervals of 8 bytes for each of N² pairs would be 8 GB at 1,000 nodes.
 //!
 //! `cargo run --release -p dwara-cluster --example simulate -- --nodes 100
-//! [--interval-ms 100] [--phi 8] [--changes 5] [--idle-s 10]`
+//! [--interval-ms 100] [--phi 8] [--push-fanout 16|all] [--changes 5] [--idle-s 10]
+//! [--window 100] [--rcvbuf 212992]`
 //! (`cargo xtask perf cluster --simulate 100,1000` runs it).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
 
+use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use chitchat::ChitchatEnvelope;
 use chitchat::transport::{ChannelTransport, RecvOutcome, SendOutcome, Socket, Transport};
-use dwara_cluster::{Cluster, ClusterConfig, FailureDetectorSettings, PeerState};
+use dwara_cluster::{
+    Cluster, ClusterConfig, DEFAULT_PUSH_FANOUT, FailureDetectorSettings, PeerState,
+};
 use dwara_nameserver::{Db, DbConfig, Domain};
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 /// chitchat's (and UDP's) largest datagram payload.
 const MAX_DATAGRAM: usize = 65_507;
 
-/// A `ChannelTransport` that also records the largest message sent and the sends
-/// refused (larger than a datagram).
-#[derive(Clone, Default)]
-struct Metered {
-    inner: ChannelTransport,
-    largest: Arc<AtomicUsize>,
-    refused: Arc<AtomicU64>,
+/// The network: per address a queue of datagrams, bounded in bytes as a UDP socket's
+/// receive buffer is (a datagram that does not fit is dropped, as the kernel drops
+/// it). Every message is serialised and parsed again on the way by a private
+/// `ChannelTransport` socket of the sender (chitchat's own codec: it is not public
+/// otherwise), which also gives its size; chitchat's `ChannelTransport` itself
+/// bounds its queues at 100 messages whatever their size, which at 1,000 nodes
+/// (44 kB messages) holds 20 times what a default socket buffer does.
+#[derive(Clone)]
+struct Net {
+    queues: Arc<Mutex<HashMap<SocketAddr, Inbox>>>,
+    stats: Arc<Stats>,
+    rcvbuf: usize,
 }
 
-struct MeteredSocket {
-    inner: Box<dyn Socket>,
-    largest: Arc<AtomicUsize>,
-    refused: Arc<AtomicU64>,
+#[derive(Clone)]
+struct Inbox {
+    tx: mpsc::UnboundedSender<RecvOutcome>,
+    queued: Arc<AtomicUsize>,
+}
+
+#[derive(Default)]
+struct Stats {
+    bytes: AtomicU64,
+    messages: AtomicU64,
+    largest: AtomicUsize,
+    /// Larger than a datagram: not sent.
+    refused: AtomicU64,
+    /// The receiver's buffer was full.
+    dropped: AtomicU64,
+}
+
+impl Stats {
+    fn bytes(&self) -> u64 {
+        self.bytes.load(Ordering::Relaxed)
+    }
+    fn messages(&self) -> u64 {
+        self.messages.load(Ordering::Relaxed)
+    }
+}
+
+struct NetSocket {
+    addr: SocketAddr,
+    net: Net,
+    rx: mpsc::UnboundedReceiver<RecvOutcome>,
+    queued: Arc<AtomicUsize>,
+    /// Serialises and parses each message sent (to itself).
+    codec: Box<dyn Socket>,
 }
 
 #[async_trait]
-impl Transport for Metered {
-    async fn open(&self, listen_addr: SocketAddr) -> anyhow::Result<Box<dyn Socket>> {
-        Ok(Box::new(MeteredSocket {
-            inner: self.inner.open(listen_addr).await?,
-            largest: self.largest.clone(),
-            refused: self.refused.clone(),
+impl Transport for Net {
+    async fn open(&self, addr: SocketAddr) -> anyhow::Result<Box<dyn Socket>> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let queued = Arc::new(AtomicUsize::new(0));
+        let inbox = Inbox {
+            tx,
+            queued: queued.clone(),
+        };
+        if self.queues.lock().unwrap().insert(addr, inbox).is_some() {
+            anyhow::bail!("{addr} is already open");
+        }
+        let codec = ChannelTransport::with_mtu(MAX_DATAGRAM).open(addr).await?;
+        Ok(Box::new(NetSocket {
+            addr,
+            net: self.clone(),
+            rx,
+            queued,
+            codec,
         }))
     }
 }
 
 #[async_trait]
-impl Socket for MeteredSocket {
+impl Socket for NetSocket {
     fn local_addr(&self) -> anyhow::Result<SocketAddr> {
-        self.inner.local_addr()
+        Ok(self.addr)
     }
 
     async fn send(
@@ -75,21 +133,43 @@ impl Socket for MeteredSocket {
         to: SocketAddr,
         envelope: ChitchatEnvelope,
     ) -> anyhow::Result<SendOutcome> {
-        match self.inner.send(to, envelope).await {
-            Ok(out) => {
-                self.largest
-                    .fetch_max(out.num_bytes_sent, Ordering::Relaxed);
-                Ok(out)
-            }
-            Err(e) => {
-                self.refused.fetch_add(1, Ordering::Relaxed);
-                Err(e)
+        let stats = &self.net.stats;
+        if let Err(err) = self.codec.send(self.addr, envelope).await {
+            stats.refused.fetch_add(1, Ordering::Relaxed);
+            return Err(err);
+        }
+        let mut parsed = self.codec.recv().await?;
+        let len = parsed.num_bytes_received;
+        parsed.from_addr = self.addr;
+        stats.bytes.fetch_add(len as u64, Ordering::Relaxed);
+        stats.messages.fetch_add(1, Ordering::Relaxed);
+        stats.largest.fetch_max(len, Ordering::Relaxed);
+        let inbox = self.net.queues.lock().unwrap().get(&to).cloned();
+        if let Some(inbox) = inbox {
+            if inbox.queued.load(Ordering::Relaxed) + len > self.net.rcvbuf {
+                stats.dropped.fetch_add(1, Ordering::Relaxed);
+            } else if inbox.tx.send(parsed).is_ok() {
+                inbox.queued.fetch_add(len, Ordering::Relaxed);
             }
         }
+        Ok(SendOutcome {
+            num_bytes_sent: len,
+        })
     }
 
     async fn recv(&mut self) -> anyhow::Result<RecvOutcome> {
-        self.inner.recv().await
+        let Some(received) = self.rx.recv().await else {
+            anyhow::bail!("{} closed", self.addr);
+        };
+        self.queued
+            .fetch_sub(received.num_bytes_received, Ordering::Relaxed);
+        Ok(received)
+    }
+}
+
+impl Drop for NetSocket {
+    fn drop(&mut self) {
+        self.net.queues.lock().unwrap().remove(&self.addr);
     }
 }
 
@@ -99,6 +179,9 @@ struct Options {
     phi: f64,
     changes: usize,
     idle: Duration,
+    window: usize,
+    rcvbuf: usize,
+    push_fanout: usize,
 }
 
 fn options() -> Options {
@@ -108,6 +191,9 @@ fn options() -> Options {
         phi: 8.0,
         changes: 5,
         idle: Duration::from_secs(10),
+        window: 100,
+        rcvbuf: 212_992,
+        push_fanout: DEFAULT_PUSH_FANOUT,
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut it = args.iter();
@@ -125,11 +211,17 @@ fn options() -> Options {
             "--phi" => o.phi = value.parse().unwrap_or_else(|_| bad()),
             "--changes" => o.changes = value.parse().unwrap_or_else(|_| bad()),
             "--idle-s" => o.idle = Duration::from_secs(value.parse().unwrap_or_else(|_| bad())),
+            "--window" => o.window = value.parse().unwrap_or_else(|_| bad()),
+            "--rcvbuf" => o.rcvbuf = value.parse().unwrap_or_else(|_| bad()),
+            "--push-fanout" if value == "all" => o.push_fanout = usize::MAX,
+            "--push-fanout" => o.push_fanout = value.parse().unwrap_or_else(|_| bad()),
             _ => bad(),
         }
     }
-    if o.nodes < 4 || o.changes == 0 {
-        eprintln!("simulate: --nodes must be at least 4, --changes at least 1");
+    if o.nodes < 4 || o.changes == 0 || o.window == 0 || o.rcvbuf < MAX_DATAGRAM {
+        eprintln!(
+            "simulate: --nodes must be at least 4, --changes and --window at least 1, --rcvbuf at least {MAX_DATAGRAM}"
+        );
         std::process::exit(2);
     }
     o
@@ -168,14 +260,21 @@ fn ms(d: Option<Duration>) -> String {
 
 async fn simulate(o: Options) {
     let n = o.nodes;
-    let transport = Metered {
-        inner: ChannelTransport::with_mtu(MAX_DATAGRAM),
-        ..Metered::default()
+    let transport = Net {
+        queues: Arc::default(),
+        stats: Arc::default(),
+        rcvbuf: o.rcvbuf,
     };
+    let stats = transport.stats.clone();
     let real = std::time::Instant::now();
     let mut nodes = Vec::with_capacity(n);
     let seeds: Vec<String> = (0..3).map(|i| addr(i).to_string()).collect();
+    // Node i starts i/n of an interval after the first, so the gossip rounds of the
+    // nodes are spread over the interval as on independent hosts instead of all
+    // falling on the same instant.
+    let t0 = Instant::now();
     for i in 0..n {
+        tokio::time::sleep_until(t0 + o.interval.mul_f64(i as f64 / n as f64)).await;
         let name = format!("n{i}");
         let mut dbc = DbConfig::new(Domain::new("weave.local").unwrap());
         dbc.origin = name.clone();
@@ -187,8 +286,10 @@ async fn simulate(o: Options) {
             .cloned()
             .collect();
         c.gossip_interval = o.interval;
+        c.push_fanout = o.push_fanout;
         c.failure_detector = FailureDetectorSettings {
             phi_threshold: o.phi,
+            sampling_window_size: o.window,
             ..FailureDetectorSettings::default()
         };
         c.generation_id = Some(1);
@@ -215,15 +316,27 @@ async fn simulate(o: Options) {
     })
     .await;
     println!(
-        "nodes={n} interval_ms={} phi={} join_ms={}",
+        "nodes={n} interval_ms={} phi={} push_fanout={} window={} rcvbuf={} join_ms={} dropped={}",
         o.interval.as_millis(),
         o.phi,
-        ms(joined)
+        if o.push_fanout == usize::MAX {
+            "all".to_owned()
+        } else {
+            o.push_fanout.to_string()
+        },
+        o.window,
+        o.rcvbuf,
+        ms(joined),
+        stats.dropped.load(Ordering::Relaxed),
+    );
+    eprintln!(
+        "nodes={n} joined after {:.1} s real",
+        real.elapsed().as_secs_f64()
     );
 
     // Convergence of one change, on nodes spread over the cluster.
     let mut times = Vec::new();
-    let before = transport.inner.statistics();
+    let before = (stats.bytes(), stats.messages());
     let spent = Instant::now();
     for k in 0..o.changes {
         let origin = (k * 7919) % n;
@@ -236,32 +349,34 @@ async fn simulate(o: Options) {
         .await;
         times.push(took.unwrap_or(limit));
     }
-    let after = transport.inner.statistics();
+    let after = (stats.bytes(), stats.messages());
     // What the changes cost beyond the idle traffic of the same span (measured next).
-    let change_bytes = after.num_bytes_total - before.num_bytes_total;
+    let change_bytes = after.0 - before.0;
     let change_span = spent.elapsed();
     times.sort();
     println!(
-        "nodes={n} change_on_every_node_ms median={} worst={}",
+        "nodes={n} change_on_every_node_ms median={} worst={} dropped={}",
         ms(Some(times[times.len() / 2])),
-        ms(times.last().copied())
+        ms(times.last().copied()),
+        stats.dropped.load(Ordering::Relaxed),
     );
 
     // Idle: what the heartbeats and anti-entropy cost.
-    let before = transport.inner.statistics();
+    let before = (stats.bytes(), stats.messages());
     let started = Instant::now();
     tokio::time::sleep(o.idle).await;
-    let after = transport.inner.statistics();
+    let after = (stats.bytes(), stats.messages());
     let secs = started.elapsed().as_secs_f64();
     let per_node = |total: u64| total as f64 / n as f64 / secs;
     println!(
-        "nodes={n} idle bytes_per_node_per_s={:.0} messages_per_node_per_s={:.1} largest_message_bytes={} refused_oversized={}",
-        per_node(after.num_bytes_total - before.num_bytes_total),
-        per_node(after.num_messages_total - before.num_messages_total),
-        transport.largest.load(Ordering::Relaxed),
-        transport.refused.load(Ordering::Relaxed),
+        "nodes={n} idle bytes_per_node_per_s={:.0} messages_per_node_per_s={:.1} largest_message_bytes={} refused_oversized={} dropped={}",
+        per_node(after.0 - before.0),
+        per_node(after.1 - before.1),
+        stats.largest.load(Ordering::Relaxed),
+        stats.refused.load(Ordering::Relaxed),
+        stats.dropped.load(Ordering::Relaxed),
     );
-    let idle_rate = (after.num_bytes_total - before.num_bytes_total) as f64 / secs;
+    let idle_rate = (after.0 - before.0) as f64 / secs;
     let extra = change_bytes as f64 - idle_rate * change_span.as_secs_f64();
     println!(
         "nodes={n} bytes_per_change_cluster_wide={:.0} (beyond idle)",

@@ -17,6 +17,14 @@ use crate::error::{ClusterError, Result};
 pub const DEFAULT_CLUSTER_ID: &str = "dwara";
 /// The default gossip interval.
 pub const DEFAULT_GOSSIP_INTERVAL: Duration = Duration::from_millis(100);
+/// The default number of live peers a local change is pushed to at once: every peer
+/// of a cluster of up to 17 nodes. A larger cluster's other nodes get the change
+/// from the periodic gossip rounds, in a few rounds; pushing to all of them costs the
+/// cluster an exchange per peer per change (growing with the square of its size)
+/// and sends the pushing node one reply per peer at the same moment, more than a
+/// default UDP receive buffer (208 KiB) holds from about 50 peers of a 100-node
+/// cluster or 5 of a 1,000-node one (each reply carries the digest of every node).
+pub const DEFAULT_PUSH_FANOUT: usize = 16;
 /// The default time deletes are remembered (the database's `--tombstone-grace`).
 pub const DEFAULT_TOMBSTONE_GRACE: Duration = Duration::from_secs(600);
 /// Length of a cluster key in bytes.
@@ -209,6 +217,10 @@ pub struct ClusterConfig {
     pub cluster_id: String,
     /// Time between periodic gossip rounds (local changes are pushed at once).
     pub gossip_interval: Duration,
+    /// How many live peers, picked at random each time, a local change is pushed to
+    /// at once; the others get it from the periodic rounds. `usize::MAX` pushes to
+    /// every live peer, 0 to none. Default [`DEFAULT_PUSH_FANOUT`].
+    pub push_fanout: usize,
     /// Failure detector settings.
     pub failure_detector: FailureDetectorSettings,
     /// How long a delete is remembered in gossip; use the database's tombstone grace.
@@ -233,6 +245,7 @@ impl ClusterConfig {
             peers: Vec::new(),
             cluster_id: DEFAULT_CLUSTER_ID.to_owned(),
             gossip_interval: DEFAULT_GOSSIP_INTERVAL,
+            push_fanout: DEFAULT_PUSH_FANOUT,
             failure_detector: FailureDetectorSettings::default(),
             tombstone_grace: DEFAULT_TOMBSTONE_GRACE,
             key: KeySource::Open,

@@ -65,7 +65,7 @@ mod transport;
 
 pub use chitchat::transport::{ChannelTransport, Transport, UdpTransport};
 pub use config::{
-    ClusterConfig, ClusterKey, DEFAULT_CLUSTER_ID, DEFAULT_GOSSIP_INTERVAL,
+    ClusterConfig, ClusterKey, DEFAULT_CLUSTER_ID, DEFAULT_GOSSIP_INTERVAL, DEFAULT_PUSH_FANOUT,
     DEFAULT_TOMBSTONE_GRACE, FailureDetectorSettings, KEY_LEN, KeyParseError, KeySource, MAX_KEYS,
     generate_key, parse_key_file, read_key_file,
 };

@@ -11,8 +11,10 @@
 //! [`BUCKET_BYTES`] the count doubles: every entry is set in its new bucket first,
 //! then the old keys are deleted (a receiver may still learn of the deletes first;
 //! see `Holdings` for why no entry blinks out). A receiver that lags drains its channel and resynchronises from [`Db::entries`].
-//! After a batch of changes the node starts a gossip round with every live peer at
-//! once, paced per peer by [`crate::pace`] so a burst of changes is carried by a few
+//! After a batch of changes the node starts a gossip round with up to
+//! `push_fanout` live peers at once (all of them in a cluster that small, else as
+//! many picked at random), paced per peer by [`crate::pace`] so a burst of changes
+//! is carried by a few rounds; the other peers get the change from the periodic
 //! rounds.
 //!
 //! **Applying.** On every key-change notification, live-set change and backstop tick
@@ -43,6 +45,7 @@ use chitchat::{
     ProtocolVersion, spawn_chitchat,
 };
 use dwara_nameserver::{Change, ChangeKind, Db, Entry, Health, ServicePort};
+use rand::SeedableRng;
 use tokio::sync::{Notify, broadcast};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -287,6 +290,8 @@ impl Cluster {
             own: Own::new(),
             remotes: HashMap::new(),
             pacer: Pacer::default(),
+            push_fanout: config.push_fanout,
+            rng: rand::rngs::SmallRng::from_rng(&mut rand::rng()),
             last_flush: None,
             flush_due: None,
         };
@@ -696,6 +701,10 @@ struct Engine {
     own: Own,
     remotes: HashMap<Arc<str>, Remote>,
     pacer: Pacer,
+    /// How many live peers a change is pushed to.
+    push_fanout: usize,
+    /// Picks them.
+    rng: rand::rngs::SmallRng,
     /// When own entries were last written to chitchat.
     last_flush: Option<tokio::time::Instant>,
     /// When the changes held back since are written (see [`Engine::publish`]).
@@ -926,8 +935,9 @@ impl Engine {
         self.push(&cc);
     }
 
-    /// Starts a gossip round with every live peer so a change spreads at once (or at
-    /// the end of the peer's pacing gap, in the round that carries the whole burst).
+    /// Starts a gossip round with up to `push_fanout` live peers so a change spreads
+    /// at once (or at the end of the peer's pacing gap, in the round that carries the
+    /// whole burst).
     fn push(&mut self, cc: &Chitchat) {
         let me = cc.self_chitchat_id().clone();
         let peers: HashSet<SocketAddr> = cc
@@ -937,7 +947,7 @@ impl Engine {
             .collect();
         self.pacer.retain(|addr| peers.contains(addr));
         let now = tokio::time::Instant::now();
-        for addr in peers {
+        for addr in push_targets(peers, self.push_fanout, &mut self.rng) {
             if self.pacer.request(addr, now) && self.handle.gossip(addr).is_ok() {
                 self.shared.metrics.pushes.inc();
             }
@@ -1217,6 +1227,21 @@ impl Engine {
     }
 }
 
+/// The peers a change is pushed to: all of `peers` when there are at most `fanout`,
+/// else `fanout` of them picked at random.
+fn push_targets(
+    peers: HashSet<SocketAddr>,
+    fanout: usize,
+    rng: &mut impl rand::Rng,
+) -> Vec<SocketAddr> {
+    use rand::seq::IteratorRandom;
+    if peers.len() <= fanout {
+        peers.into_iter().collect()
+    } else {
+        peers.into_iter().choose_multiple(rng, fanout)
+    }
+}
+
 /// Sleeps until `at` (the select guard keeps `None` from being polled).
 async fn sleep_until_owed(at: Option<tokio::time::Instant>) {
     if let Some(at) = at {
@@ -1246,5 +1271,40 @@ impl Target<'_> {
                 false
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn peers(n: u16) -> HashSet<SocketAddr> {
+        (0..n)
+            .map(|i| SocketAddr::from(([10, 0, 0, 1], 7000 + i)))
+            .collect()
+    }
+
+    #[test]
+    fn a_change_is_pushed_to_every_peer_up_to_the_fanout() {
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(7);
+        let mut all = push_targets(peers(16), 16, &mut rng);
+        all.sort();
+        let mut expected: Vec<_> = peers(16).into_iter().collect();
+        expected.sort();
+        assert_eq!(all, expected);
+        assert_eq!(push_targets(peers(5), usize::MAX, &mut rng).len(), 5);
+        assert!(push_targets(peers(5), 0, &mut rng).is_empty());
+    }
+
+    #[test]
+    fn beyond_the_fanout_a_change_is_pushed_to_that_many_distinct_peers_picked_at_random() {
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(7);
+        let pool = peers(1000);
+        let first = push_targets(pool.clone(), 16, &mut rng);
+        let distinct: HashSet<_> = first.iter().collect();
+        assert_eq!(distinct.len(), 16);
+        assert!(first.iter().all(|p| pool.contains(p)));
+        let second = push_targets(pool, 16, &mut rng);
+        assert_ne!(first, second, "the same 16 of 1,000 peers twice");
     }
 }

@@ -175,3 +175,62 @@ async fn health_changes_spread_and_every_node_answers_alike() {
         "the all-unhealthy name did not fail open everywhere"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_is_pushed_to_push_fanout_peers_and_reaches_the_others_by_gossip() {
+    test_support::init_tracing();
+    let transport = dwara_cluster::ChannelTransport::default();
+    let mut nodes = Vec::new();
+    for i in 0..6 {
+        let name = format!("n{i}");
+        let seeds = if i == 0 { vec![] } else { vec![chan_addr(0)] };
+        let mut c = config(&name, chan_addr(i), &seeds);
+        // n0 pushes to one peer; the others keep the default (every peer of 6).
+        if i == 0 {
+            c.push_fanout = 1;
+        }
+        let db = db(&name);
+        let cluster = dwara_cluster::Cluster::start_with_transport(c, db.clone(), &transport)
+            .await
+            .unwrap();
+        nodes.push(Node {
+            name,
+            addr: chan_addr(i),
+            db,
+            cluster: Some(cluster),
+        });
+    }
+    assert!(all_live(&nodes).await, "nodes never all live");
+    let pushes = |n: &Node| metric(n.cluster(), "dwara_cluster_pushes_total").unwrap_or(0.0);
+    assert_eq!(pushes(&nodes[0]), 0.0);
+
+    nodes[0]
+        .db
+        .add("a", "10.0.1.1".parse().unwrap(), "a.weave.local")
+        .unwrap();
+    assert!(
+        wait_until(WAIT, || async {
+            nodes.iter().all(|n| n.sees("a.weave.local", "10.0.1.1"))
+        })
+        .await,
+        "a change pushed to one peer did not reach the other four"
+    );
+    assert_eq!(pushes(&nodes[0]), 1.0, "push_fanout 1");
+
+    nodes[1]
+        .db
+        .add("b", "10.0.1.2".parse().unwrap(), "b.weave.local")
+        .unwrap();
+    assert!(
+        wait_until(WAIT, || async {
+            nodes.iter().all(|n| n.sees("b.weave.local", "10.0.1.2"))
+        })
+        .await,
+        "no convergence"
+    );
+    assert_eq!(
+        pushes(&nodes[1]),
+        5.0,
+        "the default pushes to every peer of 6"
+    );
+}
