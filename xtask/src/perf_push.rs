@@ -56,7 +56,8 @@
 //! push − dwara read (what `push` itself takes once it has the event), records →
 //! push (the watch wake-up and the upstream's rebuild), push / (stream + inspect)
 //! (against reading the event and inspecting the container, the daemon's part for
-//! any client that inspects) and push / poll.
+//! any client that inspects), push / poll, and in how many rounds push took over
+//! 50 ms.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Ipv4Addr, Shutdown, SocketAddr};
@@ -807,12 +808,14 @@ fn report_containers(rounds: usize, samples: &[Samples]) {
         let [stream, inspect, read, _, records, push, poll] = &s.0;
         let m = |v: &Vec<f64>| median(v.clone());
         println!(
-            "  {:<20} push − dwara read {:.1} ms, records → push {:.2} ms; push / (stream + inspect) {:.2}; push / poll {:.3}",
+            "  {:<20} push − dwara read {:.1} ms, records → push {:.2} ms; push / (stream + inspect) {:.2}; push / poll {:.3}; push over 50 ms in {} of {} rounds",
             step.label(),
             m(push) - m(read),
             m(push) - m(records),
             m(push) / (m(stream) + m(inspect)),
             m(push) / m(poll),
+            push.iter().filter(|&&t| t > 50.0).count(),
+            push.len(),
         );
     }
 }

@@ -5,10 +5,13 @@
 //! are set to what the inspect answer says (level-triggered), so duplicated, replayed
 //! or late events are harmless. A `die` additionally carries its time: a running
 //! state that started before it belongs to the incarnation that died. Events are
-//! taken from the stream in batches of what is ready; within a batch each container
-//! is looked at once (its latest `die` kept) and different containers concurrently;
-//! a batch is finished before the next one starts, so each container's events apply
-//! in order.
+//! read as they come. Each container has at most one inspect in flight, different
+//! containers up to `CONCURRENCY` at once: the events of a container read while
+//! its inspect is in flight wait for it to end and are then looked at with one more
+//! inspect (their latest `die` kept), so each container's events apply in order and
+//! no container waits for another's inspect. An answer that comes back after a
+//! `die` of its container was read counts an incarnation started before that `die`
+//! as dead.
 //!
 //! A `die` removes the records of the incarnation it is about as soon as it is read,
 //! before that inspect: the daemon holds the container's lock while it tears the
@@ -18,7 +21,7 @@
 //! said when); the inspect that follows still decides what the container has, so a
 //! restarted container is registered again from it.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::net::IpAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -26,10 +29,11 @@ use std::time::{Duration, Instant};
 
 use bollard::Docker;
 use bollard::errors::Error as BollardError;
-use bollard::models::{EventMessage, EventMessageTypeEnum};
+use bollard::models::{ContainerInspectResponse, EventMessage, EventMessageTypeEnum};
 use bollard::query_parameters::{EventsOptions, ListContainersOptions};
 use dwara_nameserver::Db;
 use futures::StreamExt;
+use futures::stream::FuturesUnordered;
 use parking_lot::Mutex;
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
@@ -44,7 +48,7 @@ use dwara_nameserver::{Health, ServicePort};
 
 /// How many containers are inspected at once.
 const CONCURRENCY: usize = 16;
-/// How many ready events are taken as one batch.
+/// How many ready events are read at once.
 const BATCH: usize = 512;
 /// How far before the reconcile's container list a fresh stream starts, against a
 /// daemon clock slightly behind ours (replayed events are harmless).
@@ -118,6 +122,65 @@ struct Shared {
     metrics: Metrics,
     /// What this updater registered, by container id: the only records it ever removes.
     ours: Mutex<HashMap<String, Registered>>,
+}
+
+/// The containers with events not yet looked at, in the order their first event
+/// came, each with the latest `die` among them; and the ones being inspected, which
+/// wait for that inspect to end before they are inspected again.
+#[derive(Debug, Default)]
+struct Queue {
+    order: VecDeque<String>,
+    pending: HashMap<String, Option<Nanos>>,
+    busy: HashSet<String>,
+}
+
+impl Queue {
+    fn add(&mut self, id: String, died_at: Option<Nanos>) {
+        match self.pending.get_mut(&id) {
+            Some(slot) => *slot = (*slot).max(died_at),
+            None => {
+                self.pending.insert(id.clone(), died_at);
+                self.order.push_back(id);
+            }
+        }
+    }
+
+    /// The first pending container not being inspected, now marked busy.
+    fn next_idle(&mut self) -> Option<(String, Option<Nanos>)> {
+        let i = self.order.iter().position(|id| !self.busy.contains(id))?;
+        let id = self.order.remove(i)?;
+        let died_at = self.pending.remove(&id).flatten();
+        self.busy.insert(id.clone());
+        Some((id, died_at))
+    }
+
+    /// The inspect of `id` ended.
+    fn done(&mut self, id: &str) {
+        self.busy.remove(id);
+    }
+
+    /// The latest `die` of `id` read since its inspect was sent.
+    fn died(&self, id: &str) -> Option<Nanos> {
+        self.pending.get(id).copied().flatten()
+    }
+
+    fn drain(&mut self) -> Vec<(String, Option<Nanos>)> {
+        self.order
+            .drain(..)
+            .filter_map(|id| {
+                let died_at = self.pending.remove(&id)?;
+                Some((id, died_at))
+            })
+            .collect()
+    }
+}
+
+/// Sleeps until `at`; never wakes without one.
+async fn sleep_until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
 }
 
 /// One container's records, as this updater registered them.
@@ -338,72 +401,88 @@ impl Shared {
             filters: Some(filters),
         };
         let mut stream = docker.events(Some(options)).ready_chunks(BATCH);
+        let mut queue = Queue::default();
         let mut retry: HashMap<String, Option<Nanos>> = HashMap::new();
-        loop {
-            let batch = if retry.is_empty() {
-                stream.next().await
-            } else {
-                tokio::select! {
-                    b = stream.next() => b,
-                    () = tokio::time::sleep(RETRY_AFTER) => {
-                        let again: Vec<_> = retry.drain().collect();
-                        tracing::debug!(containers = again.len(), "retrying containers whose inspect failed");
-                        let _ = self.sync_all(docker, again, &mut retry).await;
-                        continue;
-                    }
-                }
-            };
-            let Some(items) = batch else {
-                return StreamEnd::Eof;
-            };
-            let mut work: Vec<(String, Option<Nanos>)> = Vec::new();
-            let mut index: HashMap<String, usize> = HashMap::new();
-            let mut failed = None;
-            for item in items {
-                let event = match item {
-                    Ok(e) => e,
-                    Err(e) => {
-                        failed = Some(e);
-                        break;
-                    }
+        let mut retry_at: Option<tokio::time::Instant> = None;
+        // Inspects in flight, at most one per container: (id, its `die`, answer).
+        let mut inflight = FuturesUnordered::new();
+        let end = loop {
+            while inflight.len() < CONCURRENCY {
+                let Some((id, died_at)) = queue.next_idle() else {
+                    break;
                 };
-                let Some((id, action, at)) = self.event_target(&event) else {
-                    continue;
-                };
-                self.metrics.event(&action);
-                if let Some(at) = at {
-                    *since = (*since).max(at);
-                }
-                let died_at = if action == "die" { at } else { None };
-                // How long after the daemon's own timestamp the event was read.
-                let age_us = at.map(|at| i64::try_from((now() - at) / 1000).unwrap_or(i64::MAX));
-                tracing::debug!(container = %id, action = %action, age_us, "Docker event");
-                if let Some(died) = died_at {
-                    self.died(&id, died);
-                }
-                match index.get(&id) {
-                    Some(&i) => {
-                        let slot = &mut work[i].1;
-                        *slot = (*slot).max(died_at);
-                    }
-                    None => {
-                        index.insert(id.clone(), work.len());
-                        work.push((id, died_at));
+                inflight.push(async move {
+                    let answer = self.inspect(docker, &id).await;
+                    (id, died_at, answer)
+                });
+            }
+            tokio::select! {
+                items = stream.next() => {
+                    let Some(items) = items else {
+                        break StreamEnd::Eof;
+                    };
+                    if let Some(e) = self.take_events(items, since, &mut queue) {
+                        break StreamEnd::Failed(e);
                     }
                 }
-            }
-            for (id, died_at) in retry.drain() {
-                match index.get(&id) {
-                    Some(&i) => work[i].1 = work[i].1.max(died_at),
-                    None => work.push((id, died_at)),
+                Some((id, died_at, answer)) = inflight.next() => {
+                    queue.done(&id);
+                    if let Err((died_at, e)) = self.settle(&id, died_at, answer, queue.died(&id)) {
+                        tracing::warn!(container = %id, error = %e, "cannot inspect container; will look again");
+                        retry.insert(id, died_at);
+                        retry_at.get_or_insert_with(|| tokio::time::Instant::now() + RETRY_AFTER);
+                    }
+                }
+                () = sleep_until(retry_at) => {
+                    retry_at = None;
+                    tracing::debug!(containers = retry.len(), "retrying containers whose inspect failed");
+                    for (id, died_at) in retry.drain() {
+                        queue.add(id, died_at);
+                    }
                 }
             }
-            // Failed inspects are in `retry`; the stream itself decides whether to go on.
-            let _ = self.sync_all(docker, work, &mut retry).await;
-            if let Some(e) = failed {
-                return StreamEnd::Failed(e);
-            }
+        };
+        // What was read is looked at before the caller reconnects (which reconciles
+        // anyway); failed inspects are left to that reconcile.
+        while let Some((id, died_at, answer)) = inflight.next().await {
+            queue.done(&id);
+            let _ = self.settle(&id, died_at, answer, queue.died(&id));
         }
+        let _ = self.sync_all(docker, queue.drain(), &mut retry).await;
+        end
+    }
+
+    /// Takes a chunk of events into `queue` (a `die` also removes at once what it
+    /// ends, see [`Shared::died`]), advancing `since`; the stream's error, if the
+    /// chunk ends with one.
+    fn take_events(
+        &self,
+        items: Vec<Result<EventMessage, BollardError>>,
+        since: &mut Nanos,
+        queue: &mut Queue,
+    ) -> Option<BollardError> {
+        for item in items {
+            let event = match item {
+                Ok(e) => e,
+                Err(e) => return Some(e),
+            };
+            let Some((id, action, at)) = self.event_target(&event) else {
+                continue;
+            };
+            self.metrics.event(&action);
+            if let Some(at) = at {
+                *since = (*since).max(at);
+            }
+            let died_at = if action == "die" { at } else { None };
+            // How long after the daemon's own timestamp the event was read.
+            let age_us = at.map(|at| i64::try_from((now() - at) / 1000).unwrap_or(i64::MAX));
+            tracing::debug!(container = %id, action = %action, age_us, "Docker event");
+            if let Some(died) = died_at {
+                self.died(&id, died);
+            }
+            queue.add(id, died_at);
+        }
+        None
     }
 
     /// The container an event is about, its action and its time.
@@ -481,37 +560,63 @@ impl Shared {
         id: &str,
         died_at: Option<Nanos>,
     ) -> Result<Repair, BollardError> {
+        let answer = self.inspect(docker, id).await;
+        self.settle(id, died_at, answer, None).map_err(|(_, e)| e)
+    }
+
+    /// The daemon's inspect answer for `id`; `None` when there is no such container.
+    async fn inspect(
+        &self,
+        docker: &Docker,
+        id: &str,
+    ) -> Result<Option<ContainerInspectResponse>, BollardError> {
         let asked = Instant::now();
         let answer = docker.inspect_container(id, None).await;
         let inspect_us = u64::try_from(asked.elapsed().as_micros()).unwrap_or(u64::MAX);
         tracing::debug!(container = %id, inspect_us, ok = answer.is_ok(), "inspected");
-        let want = match answer {
-            Ok(c) => {
-                // Events carry the full id; keep records under the full id always.
-                match c.id.as_deref() {
-                    Some(full) if full != id => {
-                        tracing::debug!(container = %id, full = %full, "event id is not the full id");
-                    }
-                    _ => {}
-                }
-                let service = match service_of(&c) {
-                    Ok(s) => s,
-                    Err(e) => {
-                        self.metrics.bad_labels.inc();
-                        tracing::warn!(container = %id, error = %e,
-                            "bad dwara.port/dwara.service label; names registered without a service");
-                        None
-                    }
-                };
-                let want = desired(&c, &self.naming, died_at);
-                (want, service, health(&c), started_at(&c))
-            }
+        match answer {
+            Ok(c) => Ok(Some(c)),
             Err(BollardError::DockerResponseServerError {
                 status_code: 404, ..
-            }) => (BTreeSet::new(), None, Health::Unchecked, None),
-            Err(e) => return Err(e),
+            }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Sets the records of `id` to what `answer` says it should have, a running
+    /// state that started before `died_at` or `died_since` (a `die` read while the
+    /// inspect was in flight) counting as dead. A failed inspect is returned with
+    /// the `die` to look at again.
+    fn settle(
+        &self,
+        id: &str,
+        died_at: Option<Nanos>,
+        answer: Result<Option<ContainerInspectResponse>, BollardError>,
+        died_since: Option<Nanos>,
+    ) -> Result<Repair, (Option<Nanos>, BollardError)> {
+        let c = match answer {
+            Ok(Some(c)) => c,
+            Ok(None) => return Ok(self.apply(id, BTreeSet::new(), None, Health::Unchecked, None)),
+            Err(e) => return Err((died_at, e)),
         };
-        Ok(self.apply(id, want.0, want.1.as_ref(), want.2, want.3))
+        // Events carry the full id; keep records under the full id always.
+        match c.id.as_deref() {
+            Some(full) if full != id => {
+                tracing::debug!(container = %id, full = %full, "event id is not the full id");
+            }
+            _ => {}
+        }
+        let service = match service_of(&c) {
+            Ok(s) => s,
+            Err(e) => {
+                self.metrics.bad_labels.inc();
+                tracing::warn!(container = %id, error = %e,
+                    "bad dwara.port/dwara.service label; names registered without a service");
+                None
+            }
+        };
+        let want = desired(&c, &self.naming, died_at.max(died_since));
+        Ok(self.apply(id, want, service.as_ref(), health(&c), started_at(&c)))
     }
 
     /// Makes this updater's records of `id` exactly `want`, with `service` (a
@@ -633,5 +738,34 @@ impl Shared {
             tracing::debug!(containers, elapsed_ms, "reconciled: nothing to change");
         }
         Ok(repair)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_container_is_inspected_once_at_a_time_and_again_after_events_meanwhile() {
+        let mut q = Queue::default();
+        q.add("a".into(), None);
+        q.add("b".into(), Some(5));
+        q.add("a".into(), Some(3));
+        assert_eq!(q.next_idle(), Some(("a".into(), Some(3))));
+        // Events of `a` while it is inspected: `b` goes first, `a` waits.
+        q.add("a".into(), None);
+        q.add("a".into(), Some(7));
+        assert_eq!(q.died("a"), Some(7));
+        assert_eq!(q.next_idle(), Some(("b".into(), Some(5))));
+        assert_eq!(q.next_idle(), None);
+        q.done("a");
+        assert_eq!(q.next_idle(), Some(("a".into(), Some(7))));
+        assert_eq!(q.died("a"), None);
+        q.done("a");
+        q.done("b");
+        assert_eq!(q.next_idle(), None);
+        q.add("c".into(), None);
+        assert_eq!(q.drain(), vec![("c".to_owned(), None)]);
+        assert_eq!(q.next_idle(), None);
     }
 }

@@ -3,7 +3,8 @@
 //! engine to test against; [`busybox_image`] builds the tiny test image
 //! [`BUSYBOX_IMAGE`] (`FROM scratch` + Debian's static busybox) once per process,
 //! installing `busybox-static` with apt-get when it is missing; a [`Scope`] names a
-//! test's containers and networks and removes them when dropped, failed or not.
+//! test's containers and networks and removes them when dropped, failed or not;
+//! [`HEALTHY_WHILE_OK`] gives a container a `HEALTHCHECK` a test can flip.
 //!
 //! A [`Scope::with_pid_label`] also labels its containers with the pid of the test
 //! process ([`PID_LABEL`]) and, once per process, removes the labelled containers
@@ -18,6 +19,19 @@ pub const BUSYBOX_IMAGE: &str = "dwara-test-busybox:latest";
 
 /// The label carrying the pid of the test process that made a container.
 pub const PID_LABEL: &str = "dwara.test.binary-pid";
+
+/// `docker run` flags for a `HEALTHCHECK` that passes while `/ok` exists in the
+/// container: checked every second, unhealthy after one failure.
+pub const HEALTHY_WHILE_OK: [&str; 8] = [
+    "--health-cmd",
+    "test -e /ok",
+    "--health-interval",
+    "1s",
+    "--health-timeout",
+    "1s",
+    "--health-retries",
+    "1",
+];
 
 /// Runs `docker ARGS`: trimmed stdout, or stderr (with the command) as the error.
 pub fn docker<S: AsRef<str>>(args: &[S]) -> Result<String, String> {

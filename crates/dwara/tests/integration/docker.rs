@@ -28,7 +28,7 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant, UNIX_EPOCH};
 
 use test_support::docker::{
-    BUSYBOX_IMAGE as BUSYBOX, Scope, busybox_image, docker, engine_reachable,
+    BUSYBOX_IMAGE as BUSYBOX, HEALTHY_WHILE_OK, Scope, busybox_image, docker, engine_reachable,
 };
 
 use crate::nameserver::{BIN, Serve};
@@ -1036,17 +1036,7 @@ fn a_container_with_a_healthcheck_is_answered_only_while_healthy() {
     let on_name = ["--hostname", &host, "--domainname", DOMAIN];
     // A container without a check keeps the name from failing open.
     let plain = e.run("plain", &on_name);
-    let check = [
-        "--health-cmd",
-        "test -f /ok",
-        "--health-interval",
-        "1s",
-        "--health-timeout",
-        "1s",
-        "--health-retries",
-        "1",
-    ];
-    let checked = e.run("checked", &[&on_name[..], &check[..]].concat());
+    let checked = e.run("checked", &[&on_name[..], &HEALTHY_WHILE_OK[..]].concat());
     let (plain_ips, checked_ips) = (ipv4s(&plain), ipv4s(&checked));
     let both = union(&plain_ips, &checked_ips);
     // `starting`: registered, not answered.

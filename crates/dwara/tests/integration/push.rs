@@ -7,7 +7,9 @@
 
 use std::net::SocketAddr;
 
-use test_support::docker::{BUSYBOX_IMAGE, Scope, busybox_image, docker, engine_reachable};
+use test_support::docker::{
+    BUSYBOX_IMAGE, HEALTHY_WHILE_OK, Scope, busybox_image, docker, engine_reachable,
+};
 
 use crate::serve::{Backends, Conn, Serve, WAIT, eps, http};
 
@@ -221,22 +223,12 @@ async fn an_unhealthy_container_leaves_an_upstream_fed_by_push_and_comes_back_wh
     let anchor = eps(8080, &["127.0.0.3"]);
     serve.wait_endpoints(&anchor).await;
 
-    let check = [
-        "--health-cmd",
-        "test -e /ok",
-        "--health-interval",
-        "1s",
-        "--health-timeout",
-        "1s",
-        "--health-retries",
-        "1",
-    ];
     let on_name = ["--hostname", "api", "--domainname", domain];
     let cmd = ["sh", "-c", "touch /ok; exec sleep 100000"];
     let id = scope
         .run(
             "checked",
-            &[&on_name[..], &check[..]].concat(),
+            &[&on_name[..], &HEALTHY_WHILE_OK[..]].concat(),
             BUSYBOX_IMAGE,
             &cmd,
         )
