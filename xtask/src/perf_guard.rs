@@ -15,8 +15,11 @@
 //! Phases, in one run: (1) dnsperf alone at `--legit-qps` (default 1000) from
 //! 10.77.0.2 for `--seconds`; (2) the flood with the rate limit off, the baseline;
 //! (3) the flood with the default rate limit; (4) the flood (rate limit on) and
-//! dnsperf together. Printed: the reply/request byte ratio of (2) and (3), and
-//! dnsperf's lost queries and latency in (1) and (4).
+//! dnsperf together; (5) the same with the server's UDP receive queue left at the
+//! kernel's default (`--dns-udp-recv-buffer 0`), the baseline for (4). Printed: the
+//! reply/request byte ratio of (2) and (3), dnsperf's lost queries and latency in
+//! (1), (4) and (5), and the datagrams the kernel dropped at full receive queues in
+//! the server's namespace (`RcvbufErrors`) in (4) and (5).
 
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::process::{Child, Command, Stdio};
@@ -152,7 +155,11 @@ fn curl(ns: &str, args: &[&str]) -> anyhow::Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-fn start_dwara(ns: &Namespaces, rate_limit: Option<u32>) -> anyhow::Result<Dwara> {
+fn start_dwara(
+    ns: &Namespaces,
+    rate_limit: Option<u32>,
+    recv_buffer: Option<usize>,
+) -> anyhow::Result<Dwara> {
     let mut cmd = in_ns(
         &ns.srv,
         &crate::perf_util::release_dwara().to_string_lossy(),
@@ -163,6 +170,9 @@ fn start_dwara(ns: &Namespaces, rate_limit: Option<u32>) -> anyhow::Result<Dwara
         .args(["--dns-allow", "0.0.0.0/0"]);
     if let Some(qps) = rate_limit {
         cmd.args(["--dns-rate-limit", &qps.to_string()]);
+    }
+    if let Some(bytes) = recv_buffer {
+        cmd.args(["--dns-udp-recv-buffer", &bytes.to_string()]);
     }
     let child = cmd
         .env("DWARA_LOG", "warn")
@@ -215,6 +225,23 @@ fn counters(ns: &Namespaces) -> anyhow::Result<Counters> {
         slipped: get("dwara_dns_rate_limited_total{action=\"slipped\"}"),
         dropped: get("dwara_dns_rate_limited_total{action=\"dropped\"}"),
     })
+}
+
+/// UDP datagrams the kernel dropped in `srv` because a socket's receive queue was
+/// full (`RcvbufErrors` in the namespace's `/proc/net/snmp`).
+fn rcvbuf_errors(ns: &Namespaces) -> anyhow::Result<u64> {
+    let out = in_ns(&ns.srv, "cat").arg("/proc/net/snmp").output()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut udp = text.lines().filter(|l| l.starts_with("Udp: "));
+    let (Some(names), Some(values)) = (udp.next(), udp.next()) else {
+        bail!("no Udp lines in /proc/net/snmp");
+    };
+    names
+        .split_whitespace()
+        .zip(values.split_whitespace())
+        .find(|(n, _)| *n == "RcvbufErrors")
+        .and_then(|(_, v)| v.parse().ok())
+        .context("no RcvbufErrors in /proc/net/snmp")
 }
 
 /// Starts the flooder in `cli` for `seconds`.
@@ -321,24 +348,19 @@ fn run_in(dir: &std::path::Path, opts: &Options) -> anyhow::Result<()> {
         opts.qps, VICTIM[0], VICTIM[1], VICTIM[2], opts.seconds, opts.legit_qps
     );
 
-    let off = start_dwara(&ns, Some(0))?;
+    let off = start_dwara(&ns, Some(0), None)?;
     let alone = dnsperf(&ns, &qfile, opts)?;
     let (no_limit, sent_off, wall_off) = flood_phase(&ns, opts)?;
     drop(off);
 
-    let on = start_dwara(&ns, None)?;
+    let on = start_dwara(&ns, None, None)?;
     let (limited, sent_on, wall_on) = flood_phase(&ns, opts)?;
-    let before = counters(&ns)?;
-    let flooder = flood(&ns, opts)?;
-    let during = dnsperf(&ns, &qfile, opts)?;
-    let out = flooder.wait_with_output()?;
-    let during_sent: u64 = String::from_utf8_lossy(&out.stdout)
-        .split_whitespace()
-        .find_map(|w| w.strip_prefix("sent="))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
-    let after = counters(&ns)?;
+    let during = legit_during_flood(&ns, &qfile, opts)?;
     drop(on);
+    // The same with the kernel's default receive queue: the baseline of the queue.
+    let shallow = start_dwara(&ns, None, Some(0))?;
+    let during_shallow = legit_during_flood(&ns, &qfile, opts)?;
+    drop(shallow);
 
     let ratio = |c: &Counters| c.reply_bytes / c.request_bytes.max(1.0);
     println!("\nflood (server's counters over the phase):");
@@ -366,32 +388,73 @@ fn run_in(dir: &std::path::Path, opts: &Options) -> anyhow::Result<()> {
         opts.legit_qps, opts.seconds
     );
     println!(
-        "  {:<34} {:>10} {:>6} {:>10} {:>10}",
+        "  {:<44} {:>10} {:>6} {:>10} {:>10}",
         "", "completed", "lost", "mean ms", "max ms"
     );
-    for (label, l) in [
-        ("alone", &alone),
-        (
-            &*format!(
-                "during the flood ({:.0} qps sent)",
-                during_sent as f64 / opts.seconds as f64
-            ),
-            &during,
-        ),
+    println!(
+        "  {:<44} {:>10} {:>6} {:>10.3} {:>10.3}",
+        "alone", alone.completed, alone.lost, alone.mean_ms, alone.max_ms
+    );
+    for (queue, d) in [
+        ("default 4 MiB queue", &during),
+        ("kernel's default queue (baseline)", &during_shallow),
     ] {
+        let l = &d.legit;
         println!(
-            "  {:<34} {:>10} {:>6} {:>10.3} {:>10.3}",
-            label, l.completed, l.lost, l.mean_ms, l.max_ms
+            "  {:<44} {:>10} {:>6} {:>10.3} {:>10.3}",
+            format!("flood ({:.0} qps sent), {queue}", d.sent_qps),
+            l.completed,
+            l.lost,
+            l.mean_ms,
+            l.max_ms
+        );
+        println!(
+            "    server: {:.0} request bytes, {:.0} reply bytes (ratio {:.3}); kernel dropped {} datagrams at full receive queues",
+            d.server.request_bytes,
+            d.server.reply_bytes,
+            d.server.reply_bytes / d.server.request_bytes.max(1.0),
+            d.queue_drops
         );
     }
-    println!(
-        "  (server during that phase: {:.0} request bytes, {:.0} reply bytes, ratio {:.3})",
-        after.request_bytes - before.request_bytes,
-        after.reply_bytes - before.reply_bytes,
-        (after.reply_bytes - before.reply_bytes)
-            / (after.request_bytes - before.request_bytes).max(1.0)
-    );
     Ok(())
+}
+
+/// What the legitimate client and the server saw during one flood.
+struct During {
+    legit: Legit,
+    sent_qps: f64,
+    server: Counters,
+    queue_drops: u64,
+}
+
+/// dnsperf beside the flood (rate limit on), against the server running now.
+fn legit_during_flood(
+    ns: &Namespaces,
+    qfile: &std::path::Path,
+    opts: &Options,
+) -> anyhow::Result<During> {
+    let before = counters(ns)?;
+    let drops_before = rcvbuf_errors(ns)?;
+    let flooder = flood(ns, opts)?;
+    let legit = dnsperf(ns, qfile, opts)?;
+    let out = flooder.wait_with_output()?;
+    let sent: u64 = String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("sent="))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let after = counters(ns)?;
+    Ok(During {
+        legit,
+        sent_qps: sent as f64 / opts.seconds as f64,
+        server: Counters {
+            request_bytes: after.request_bytes - before.request_bytes,
+            reply_bytes: after.reply_bytes - before.reply_bytes,
+            slipped: after.slipped - before.slipped,
+            dropped: after.dropped - before.dropped,
+        },
+        queue_drops: rcvbuf_errors(ns)?.saturating_sub(drops_before),
+    })
 }
 
 /// `perf guard-flood QPS SECONDS` (run inside the client namespace): sends forged

@@ -49,6 +49,11 @@ pub(crate) struct NameServerArgs {
     /// sendmmsg); 1 = one recv/send per datagram [default: 32, at most 64]
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=64))]
     dns_udp_batch: Option<u64>,
+    /// Receive buffer asked for each DNS/UDP socket, in bytes; the kernel grants at
+    /// most net.core.rmem_max (a warning says when it caps it); 0 keeps the
+    /// kernel's default [default: 4194304]
+    #[arg(long, value_name = "BYTES", value_parser = clap::value_parser!(u64).range(0..=1 << 30))]
+    dns_udp_recv_buffer: Option<u64>,
     /// Seconds a DNS/TCP connection may stay silent between messages, and may take
     /// to send one message from its first byte [default: 10]
     #[arg(long = "dns-tcp-idle-timeout", value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(1..=3600))]
@@ -229,6 +234,9 @@ impl NameServerArgs {
             .unwrap_or(DEFAULT_DNS_LISTEN);
         if let Some(n) = self.dns_udp_batch {
             config.dns.udp_batch = usize::try_from(n).unwrap_or(1);
+        }
+        if let Some(n) = self.dns_udp_recv_buffer {
+            config.dns.udp_recv_buffer = to_usize(n);
         }
         if let Some(s) = self.dns_tcp_idle_timeout_s.or(file.dns_tcp_idle_timeout_s) {
             config.dns.tcp_idle_timeout = Duration::from_secs(s);
