@@ -744,6 +744,69 @@ impl Shared {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::time::parse_rfc3339;
+    use dwara_nameserver::{DbConfig, Domain};
+
+    const ID: &str = "af101f233493d3eee9d8737a89f96ac82889d80eff05f653d64193b01763d84f";
+
+    fn shared() -> Shared {
+        let db = Arc::new(Db::new(DbConfig::new(Domain::new("weave.local").unwrap())));
+        Shared {
+            config: DockerConfig::new(),
+            naming: Naming {
+                domain: db.domain().clone(),
+                sources: "hostname".parse().unwrap(),
+                network: None,
+            },
+            db,
+            metrics: Metrics::default(),
+            ours: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// A running `api.weave.local` at 172.17.0.2 that started at `started`.
+    fn running(started: &str) -> Result<Option<ContainerInspectResponse>, BollardError> {
+        Ok(Some(
+            serde_json::from_value(serde_json::json!({
+                "Id": ID,
+                "State": { "Status": "running", "Running": true, "StartedAt": started },
+                "Config": { "Hostname": "api", "Domainname": "weave.local" },
+                "NetworkSettings": { "Networks": { "bridge": { "IPAddress": "172.17.0.2" } } }
+            }))
+            .unwrap(),
+        ))
+    }
+
+    #[test]
+    fn a_die_removes_only_the_incarnation_it_ends_and_a_late_answer_of_it_stays_dead() {
+        let s = shared();
+        let first = "2026-12-01T08:56:11.000000000Z";
+        let second = "2026-12-01T08:56:13.000000000Z";
+        let t = |ts: &str| parse_rfc3339(ts).unwrap();
+        let answered = |s: &Shared| !s.db.lookup("api.weave.local").is_empty();
+        s.settle(ID, None, running(first), None).unwrap();
+        assert!(answered(&s));
+        // A replayed die of an earlier incarnation leaves this one.
+        s.died(ID, t(first) - 1);
+        assert!(answered(&s));
+        // The die of this one removes it before any inspect.
+        s.died(ID, t(first) + 1);
+        assert!(!answered(&s));
+        // An answer sent before that die and arriving after it is of the dead one.
+        s.settle(ID, None, running(first), Some(t(first) + 1))
+            .unwrap();
+        assert!(!answered(&s));
+        // The next incarnation is registered, and its own die removes it.
+        s.settle(ID, Some(t(first) + 1), running(second), None)
+            .unwrap();
+        assert!(answered(&s));
+        s.died(ID, t(second) + 1);
+        assert!(!answered(&s));
+        // No such container: nothing, and a die of it is nothing to do.
+        s.settle(ID, None, Ok(None), None).unwrap();
+        s.died(ID, t(second) + 2);
+        assert!(s.ours.lock().is_empty());
+    }
 
     #[test]
     fn a_container_is_inspected_once_at_a_time_and_again_after_events_meanwhile() {
