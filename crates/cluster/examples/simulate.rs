@@ -302,17 +302,33 @@ async fn simulate(o: Options) {
         });
     }
     let limit = Duration::from_secs(600);
+    // Every simulated second, how far the join is (on stderr): a join that does not
+    // complete (a phi threshold too low for the cluster's size keeps declaring live
+    // peers dead) shows here instead of in silence.
+    let mut checks = 0u32;
     let joined = until(Duration::from_millis(250), limit, || {
-        nodes.iter().all(|node| {
-            node.cluster
-                .as_ref()
-                .unwrap()
-                .peers()
-                .iter()
-                .filter(|p| p.state == PeerState::Live)
-                .count()
-                == n
-        })
+        let live: Vec<usize> = nodes
+            .iter()
+            .map(|node| {
+                node.cluster
+                    .as_ref()
+                    .unwrap()
+                    .peers()
+                    .iter()
+                    .filter(|p| p.state == PeerState::Live)
+                    .count()
+            })
+            .collect();
+        checks += 1;
+        if checks.is_multiple_of(4) {
+            eprintln!(
+                "nodes={n} joining t={}s: {} of {n} nodes list all {n} live, the fewest list {}",
+                checks / 4,
+                live.iter().filter(|l| **l == n).count(),
+                live.iter().min().copied().unwrap_or(0),
+            );
+        }
+        live.iter().all(|l| *l == n)
     })
     .await;
     println!(
