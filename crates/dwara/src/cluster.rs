@@ -32,6 +32,10 @@ pub(crate) struct ClusterArgs {
     /// Milliseconds between periodic gossip rounds; changes are pushed at once [default: 100]
     #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..))]
     gossip_interval_ms: Option<u64>,
+    /// Live peers a local change is pushed to at once, picked at random each time;
+    /// the rest get it from the periodic rounds [default: 16]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    gossip_push_fanout: Option<u64>,
     /// File of cluster keys, one base64 key per line (`dwara keygen`): the first seals gossip, all open it; re-read on SIGHUP and POST /reload. Without it the cluster runs open
     #[arg(long, value_name = "PATH")]
     gossip_key_file: Option<PathBuf>,
@@ -82,6 +86,9 @@ impl ClusterArgs {
         }
         if let Some(ms) = self.gossip_interval_ms.or(file.gossip_interval_ms) {
             config.gossip_interval = Duration::from_millis(ms);
+        }
+        if let Some(n) = self.gossip_push_fanout.or(file.push_fanout) {
+            config.push_fanout = usize::try_from(n).unwrap_or(usize::MAX);
         }
         if let Some(phi) = file.phi_threshold {
             config.failure_detector.phi_threshold = phi;

@@ -94,6 +94,9 @@ pub struct ClusterSection {
     pub gossip_interval_ms: Option<u64>,
     /// File holding the base64 cluster key (`--gossip-key-file`).
     pub gossip_key_file: Option<PathBuf>,
+    /// Live peers a local change is pushed to at once (`--gossip-push-fanout`,
+    /// default 16).
+    pub push_fanout: Option<u64>,
     /// Failure detector: phi above which a peer is declared dead (default 8).
     pub phi_threshold: Option<f64>,
     /// Seconds a dead peer is remembered, its entries hidden, before they are
@@ -320,6 +323,13 @@ impl Config {
                     "must be at least 1".into(),
                 ));
             }
+            if c.push_fanout == Some(0) {
+                return Err(section(
+                    "cluster",
+                    "push_fanout",
+                    "must be at least 1 (0 would leave every change to the periodic rounds)".into(),
+                ));
+            }
             if c.node_id
                 .as_deref()
                 .is_some_and(|n| n.is_empty() || n.len() > 255)
@@ -518,6 +528,10 @@ upstreams:
                 "fastest",
             ),
             ("nameserver:\n  domian: x\n".to_owned(), "domian"),
+            (
+                "cluster:\n  push_fanout: 0\n".to_owned(),
+                "cluster.push_fanout: must be at least 1",
+            ),
             (
                 "nameserver:\n  dns_tcp_idle_timeout_s: 0\n".to_owned(),
                 "nameserver.dns_tcp_idle_timeout_s: must be 1..=3600, got 0",

@@ -469,6 +469,9 @@ fn srv_records_with_ports_are_answered_by_every_node() {
     specs[2]
         .extra
         .push(dir.path().join("s3-data").display().to_string());
+    // s1 pushes each change to one peer only; the other gets it by gossip.
+    specs[0].extra.push("--gossip-push-fanout".into());
+    specs[0].extra.push("1".into());
     let mut it = specs.into_iter().map(Node::start);
     let (s1, s2, mut s3) = (it.next().unwrap(), it.next().unwrap(), it.next().unwrap());
     let put = |n: &Node, id: &str, ip: &str, form: &str| {
@@ -513,13 +516,45 @@ fn srv_records_with_ports_are_answered_by_every_node() {
         &["0 1 53 dns.weave.local."],
         &["10.33.0.4"],
     );
-    // A new port replaces the old one everywhere.
+    for n in all {
+        await_that(
+            &format!("{} sees both peers live", n.id()),
+            CONVERGE,
+            || n.peers().iter().filter(|p| p.1 == "live").count() == 2,
+        );
+    }
+    let pushes = |n: &Node| n.metric("dwara_cluster_pushes_total");
+    let (s1_pushes, s2_pushes) = (pushes(&s1), pushes(&s2));
+    // A new port replaces the old one everywhere, though s1 pushes each change to
+    // one peer only (--gossip-push-fanout 1): the other gets it by gossip.
     put(
         &s1,
         "c1",
         "10.33.0.1",
         "fqdn=api.weave.local&port=9090&service=_http._tcp",
     );
+    await_srv(
+        &all,
+        "_http._tcp.api.weave.local",
+        &["0 1 8080 api.weave.local.", "0 1 9090 api.weave.local."],
+        &["10.33.0.1", "10.33.0.2", "fd00::33:3"],
+    );
+    assert_eq!(pushes(&s1) - s1_pushes, 1.0, "s1 pushes to one peer");
+    // s2 keeps the default (16): a change of its own goes to both peers.
+    put(
+        &s2,
+        "c5",
+        "10.33.0.5",
+        "fqdn=api.weave.local&port=8080&service=_http._tcp",
+    );
+    await_srv(
+        &all,
+        "_http._tcp.api.weave.local",
+        &["0 1 8080 api.weave.local.", "0 1 9090 api.weave.local."],
+        &["10.33.0.1", "10.33.0.2", "10.33.0.5", "fd00::33:3"],
+    );
+    assert_eq!(pushes(&s2) - s2_pushes, 2.0, "s2 pushes to both peers");
+    assert_eq!(s2.http("DELETE", "/name/c5", None).0, 204);
     await_srv(
         &all,
         "_http._tcp.api.weave.local",
