@@ -212,6 +212,27 @@ struct Counters {
     dropped: f64,
 }
 
+impl Counters {
+    /// What the counters grew by since `before`.
+    fn since(&self, before: &Counters) -> Counters {
+        Counters {
+            request_bytes: self.request_bytes - before.request_bytes,
+            reply_bytes: self.reply_bytes - before.reply_bytes,
+            slipped: self.slipped - before.slipped,
+            dropped: self.dropped - before.dropped,
+        }
+    }
+}
+
+/// The datagrams a finished flooder says it sent (its `sent=N` line; 0 without one).
+fn sent_by(out: &std::process::Output) -> u64 {
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("sent="))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
 fn counters(ns: &Namespaces) -> anyhow::Result<Counters> {
     let text = curl(&ns.srv, &["http://127.0.0.1:6784/metrics"])?;
     let get = |series: &str| {
@@ -310,25 +331,11 @@ fn flood_phase(ns: &Namespaces, opts: &Options) -> anyhow::Result<(Counters, u64
     let child = flood(ns, opts)?;
     let out = child.wait_with_output()?;
     let wall = started.elapsed().as_secs_f64();
-    let text = String::from_utf8_lossy(&out.stdout);
-    let sent = text
-        .split_whitespace()
-        .find_map(|w| w.strip_prefix("sent="))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
+    let sent = sent_by(&out);
     // The server may still be working through its queue: let it drain.
     std::thread::sleep(Duration::from_millis(500));
     let after = counters(ns)?;
-    Ok((
-        Counters {
-            request_bytes: after.request_bytes - before.request_bytes,
-            reply_bytes: after.reply_bytes - before.reply_bytes,
-            slipped: after.slipped - before.slipped,
-            dropped: after.dropped - before.dropped,
-        },
-        sent,
-        wall,
-    ))
+    Ok((after.since(&before), sent, wall))
 }
 
 /// Runs the measurement.
@@ -438,21 +445,12 @@ fn legit_during_flood(
     let flooder = flood(ns, opts)?;
     let legit = dnsperf(ns, qfile, opts)?;
     let out = flooder.wait_with_output()?;
-    let sent: u64 = String::from_utf8_lossy(&out.stdout)
-        .split_whitespace()
-        .find_map(|w| w.strip_prefix("sent="))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
+    let sent = sent_by(&out);
     let after = counters(ns)?;
     Ok(During {
         legit,
         sent_qps: sent as f64 / opts.seconds as f64,
-        server: Counters {
-            request_bytes: after.request_bytes - before.request_bytes,
-            reply_bytes: after.reply_bytes - before.reply_bytes,
-            slipped: after.slipped - before.slipped,
-            dropped: after.dropped - before.dropped,
-        },
+        server: after.since(&before),
         queue_drops: rcvbuf_errors(ns)?.saturating_sub(drops_before),
     })
 }
