@@ -1,9 +1,13 @@
 //! `cargo xtask`: the one entry point for CI, benchmarks, fuzzing and performance runs.
 //!
 //! - `cargo xtask ci` makes sure the system tools the tests use are installed, then runs
-//!   `cargo fmt --check`, `cargo clippy --all-targets -- -D warnings`, builds the
-//!   container image unoptimised (tag [`CI_IMAGE`], which the end-to-end image test
-//!   runs), `cargo test` and `cargo doc` with warnings as errors.
+//!   `cargo fmt --check`, `cargo clippy --all-targets --all-features -- -D warnings`,
+//!   checks `dwara-dns-cache` without its default features, builds the container image
+//!   unoptimised (tag [`CI_IMAGE`], which the end-to-end image test runs), runs
+//!   `cargo test --all-features` with `DWARA_REQUIRE_ALL=1` (a test whose
+//!   prerequisite, Docker or network namespaces, is missing fails instead of skipping)
+//!   and `cargo doc` with warnings as errors.
+//! - `cargo xtask tools` installs the system tools the tests use.
 //! - `cargo xtask bench [ARGS]` runs the criterion benchmarks.
 //! - `cargo xtask perf dns [--names N]` compares the name server with dnsmasq and unbound.
 //! - `cargo xtask perf store [--names N] [--connections C]` times HTTP registration in
@@ -23,6 +27,8 @@
 //! - `cargo xtask fuzz [TARGET...] [--seconds N] [--idle]` runs the cargo-fuzz targets (nightly).
 //! - `cargo xtask image [--tag T] [--debug] [--no-save]` builds the container image
 //!   (`FROM scratch`, the static binary) and saves it as a tar for `docker load`.
+//!
+//! `cargo xtask help` prints the usage; an unknown command prints it and exits 2.
 //!
 //! `perf` always runs an optimised xtask (a debug one hands over to `cargo run
 //! --release -p xtask`): the harness is the client of what it measures.
@@ -47,6 +53,37 @@ use std::process::Command;
 
 use anyhow::{Context, bail};
 
+/// Every command, as `cargo xtask help` prints it.
+const USAGE: &str = "usage: cargo xtask COMMAND
+commands:
+  ci                   tools, fmt, clippy, image, tests (DWARA_REQUIRE_ALL=1), docs
+  tools                install the system tools the tests use
+  bench [ARGS]         the criterion benchmarks
+  fuzz [TARGET...] [--seconds N] [--idle]
+  image [--tag T] [--debug] [--no-save]
+  perf dns [--names N]
+  perf store [--names N] [--connections C] [--rounds R] [--dir PARENT]
+  perf cluster [--sizes 3,5,10] [--sync 10000,50000] | --faults | --simulate 100,1000
+  perf l4 [--rounds R] [--seconds S] [--proxies ...]
+  perf push [--rounds R] [--docker]
+  perf guard [--qps N] [--seconds S] [--legit-qps N]
+  perf guard-flood ... the flooder perf guard runs in a network namespace
+  help                 this text";
+
+/// What `cargo xtask perf` runs.
+const PERF_COMMANDS: [&str; 7] = [
+    "dns",
+    "store",
+    "cluster",
+    "l4",
+    "push",
+    "guard",
+    "guard-flood",
+];
+
+/// The exit status of a command line that names no command.
+const USAGE_ERROR: i32 = 2;
+
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let (cmd, rest) = match args.split_first() {
@@ -54,6 +91,10 @@ fn main() -> anyhow::Result<()> {
         None => ("help", &[][..]),
     };
     match cmd {
+        "help" | "--help" | "-h" => {
+            println!("{USAGE}");
+            Ok(())
+        }
         "ci" => ci(),
         "tools" => tools::ensure(),
         "bench" => cargo(&[&["bench", "-p", "dwara-benches"], &as_strs(rest)[..]].concat()),
@@ -62,6 +103,13 @@ fn main() -> anyhow::Result<()> {
         // The harnesses are clients too (registrations over HTTP, process control):
         // built for debugging, the client measured itself (perf dns registered at a
         // quarter of the server's rate). A debug xtask runs its release build instead.
+        "perf"
+            if !rest
+                .first()
+                .is_some_and(|w| PERF_COMMANDS.contains(&w.as_str())) =>
+        {
+            usage_error(&format!("perf {}", rest.first().map_or("", String::as_str)))
+        }
         "perf" if cfg!(debug_assertions) => cargo(
             &[
                 &[
@@ -91,13 +139,17 @@ fn main() -> anyhow::Result<()> {
                 perf_guard::run(rest)
             }
             Some((what, rest)) if what == "guard-flood" => perf_guard::flood_main(rest),
-            _ => bail!("usage: cargo xtask perf dns|store|cluster|l4|push|guard [OPTIONS]"),
+            Some((what, _)) => usage_error(&format!("perf {what}")),
+            None => usage_error("perf"),
         },
-        _ => {
-            println!("usage: cargo xtask <ci|tools|bench|fuzz|image|perf dns|store|cluster|l4>");
-            Ok(())
-        }
+        other => usage_error(other),
     }
+}
+
+/// An unknown command: the usage on stderr, exit status 2 (as for a bad command line).
+fn usage_error(what: &str) -> ! {
+    eprintln!("xtask: unknown command {what:?}\n{USAGE}");
+    std::process::exit(USAGE_ERROR);
 }
 
 /// The tag of the image `cargo xtask ci` builds and tests.
@@ -111,18 +163,28 @@ fn as_strs(v: &[String]) -> Vec<&str> {
 fn ci() -> anyhow::Result<()> {
     tools::ensure()?;
     cargo(&["fmt", "--all", "--check"])?;
+    // Every feature on: optional integrations (the dial-path cache's reqwest
+    // resolver) are built, linted and tested like the rest.
     cargo(&[
         "clippy",
         "--workspace",
         "--all-targets",
+        "--all-features",
         "--",
         "-D",
         "warnings",
     ])?;
+    // And the one crate with default features without them.
+    cargo(&["check", "-p", "dwara-dns-cache", "--no-default-features"])?;
     // The image from the repository's Dockerfile, which the tests run when
     // `DWARA_IMAGE` names it (the end-to-end container test).
     image::run(&image::ImageArgs::for_tests(CI_IMAGE))?;
-    cargo_with(&["test", "--workspace"], &[("DWARA_IMAGE", CI_IMAGE)])?;
+    // A test whose prerequisite (Docker, network namespaces) is missing fails here
+    // rather than skipping: a machine without them cannot pass.
+    cargo_with(
+        &["test", "--workspace", "--all-features"],
+        &[("DWARA_IMAGE", CI_IMAGE), ("DWARA_REQUIRE_ALL", "1")],
+    )?;
     // Crate docs are part of the change they describe: a broken link fails CI.
     cargo_with(
         &[
@@ -154,4 +216,49 @@ fn cargo_with(args: &[&str], env: &[(&str, &str)]) -> anyhow::Result<()> {
         bail!("`cargo {}` failed ({status})", args.join(" "));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    /// Every command `main` dispatches is in the usage and in the module docs.
+    #[test]
+    fn usage_and_module_docs_list_every_command() {
+        let src = include_str!("main.rs");
+        let main =
+            &src[src.find("fn main()").unwrap_or(0)..src.find("fn usage_error").unwrap_or(0)];
+        let mut commands: Vec<String> = main
+            .match_indices("what == \"")
+            .map(|(at, m)| {
+                let name = &main[at + m.len()..];
+                format!("perf {}", &name[..name.find('"').unwrap_or(0)])
+            })
+            .collect();
+        for line in main.lines().map(str::trim) {
+            if let Some(rest) = line.strip_prefix('"')
+                && let Some(end) = rest.find('"')
+                && line.contains("=>")
+                && !line.contains("--help")
+            {
+                commands.push(rest[..end].to_owned());
+            }
+        }
+        assert!(commands.len() >= 12, "found only {commands:?}");
+        let docs: String = src
+            .lines()
+            .filter_map(|l| l.strip_prefix("//!"))
+            .collect::<Vec<_>>()
+            .join("\n");
+        for c in &commands {
+            assert!(
+                super::USAGE.contains(&format!("  {c}")),
+                "{c} is not in USAGE"
+            );
+            if c != "perf guard-flood" && c != "help" {
+                assert!(
+                    docs.contains(&format!("cargo xtask {c}")),
+                    "{c} is not in the module docs"
+                );
+            }
+        }
+    }
 }

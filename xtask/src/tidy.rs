@@ -3,9 +3,13 @@
 //! - every Rust module starts with `//!` docs;
 //! - every crate root forbids unsafe code;
 //! - every workspace member inherits the workspace lints;
+//! - every crate is placed: on the name-server half, on the load-balancer half,
+//!   among the shared leaves or above both; a crate on no side fails the test;
 //! - the name-server half never depends on the load-balancer half and vice versa
-//!   (checked over `cargo metadata`, transitively); `dwara-store` depends on no
-//!   workspace crate;
+//!   (checked over `cargo metadata`, transitively); `dwara-store` and the shared
+//!   leaves depend on no workspace crate; `dwara-cluster` and `dwara-docker` use
+//!   `dwara-records`, not `dwara-nameserver`;
+//! - no function of a library crate is over 100 lines (the test prints the longest);
 //! - no library function with a `bool` parameter is called with a `true`/`false`
 //!   literal (split it or take an enum);
 //! - the reference docs (`README.md`, `ARCHITECTURE.md`, `docs/*.md`) name no issue
@@ -156,53 +160,224 @@ mod tests {
             .collect()
     }
 
+    /// The name-server half of the workspace.
+    const NAMESERVER_HALF: [&str; 5] = [
+        "dwara-records",
+        "dwara-nameserver",
+        "dwara-store",
+        "dwara-cluster",
+        "dwara-docker",
+    ];
+    /// The dataplane (load-balancer) half.
+    const LB_HALF: [&str; 9] = [
+        "dwara-lb",
+        "dwara-resolver",
+        "dwara-discovery",
+        "dwara-discovery-dns",
+        "dwara-discovery-consul",
+        "dwara-discovery-k8s",
+        "dwara-dns-cache",
+        "dwara-proxy",
+        "dwara-pingora",
+    ];
+    /// Leaves either half may use: they depend on no workspace crate.
+    const SHARED_LEAVES: [&str; 1] = ["dwara-resolv-conf"];
+    /// Where the halves meet, and what only tests, benchmarks and tools use.
+    const ABOVE_BOTH: [&str; 5] = [
+        "dwara",
+        "test-support",
+        "dwara-fuzz-checks",
+        "dwara-benches",
+        "xtask",
+    ];
+
     #[test]
-    fn nameserver_half_and_lb_half_stay_apart() {
+    fn every_crate_is_placed_and_the_halves_stay_apart() {
         let deps = internal_deps();
-        let nameserver_half = [
-            "dwara-nameserver",
-            "dwara-records",
-            "dwara-store",
-            "dwara-cluster",
-            "dwara-docker",
-        ];
-        let lb_half = [
-            "dwara-lb",
-            "dwara-discovery",
-            "dwara-discovery-dns",
-            "dwara-discovery-consul",
-            "dwara-discovery-k8s",
-            "dwara-dns-cache",
-            "dwara-proxy",
-            "dwara-resolver",
-        ];
-        for c in nameserver_half.iter().chain(&lb_half) {
-            assert!(
-                deps.contains_key(*c),
-                "{c} is listed here but is not a workspace crate"
-            );
-        }
-        for ns in nameserver_half {
-            for lb in lb_half {
-                assert!(
-                    !deps.get(ns).is_some_and(|d| d.contains(lb)),
-                    "{ns} depends on {lb}"
-                );
-                assert!(
-                    !deps.get(lb).is_some_and(|d| d.contains(ns)),
-                    "{lb} depends on {ns}"
-                );
+        let placed: Vec<&str> = NAMESERVER_HALF
+            .iter()
+            .chain(&LB_HALF)
+            .chain(&SHARED_LEAVES)
+            .chain(&ABOVE_BOTH)
+            .copied()
+            .collect();
+        // A new crate must be put on a side (or among the leaves) here first.
+        let unknown: Vec<&String> = deps
+            .keys()
+            .filter(|c| !placed.contains(&c.as_str()))
+            .collect();
+        assert!(
+            unknown.is_empty(),
+            "crates on no side of the halves rule: {unknown:?} (add them to xtask/src/tidy.rs)"
+        );
+        for ns in NAMESERVER_HALF.iter().filter(|c| deps.contains_key(**c)) {
+            for lb in LB_HALF.iter().filter(|c| deps.contains_key(**c)) {
+                assert!(!deps[*ns].contains(*lb), "{ns} depends on {lb}");
+                assert!(!deps[*lb].contains(*ns), "{lb} depends on {ns}");
             }
         }
-        // The store knows registrations, not the name server.
-        assert!(
-            deps.get("dwara-store").is_some_and(BTreeSet::is_empty),
-            "dwara-store depends on {:?}",
-            deps.get("dwara-store")
-        );
+        for leaf in SHARED_LEAVES.iter().chain(&["dwara-store"]) {
+            assert!(
+                deps.get(*leaf).is_some_and(BTreeSet::is_empty),
+                "{leaf} depends on {:?}",
+                deps.get(*leaf)
+            );
+        }
+        // The writers beside the name server need the records, not the server.
+        for writer in ["dwara-cluster", "dwara-docker"] {
+            assert!(
+                deps[writer].contains("dwara-records")
+                    && !deps[writer].contains("dwara-nameserver"),
+                "{writer} depends on {:?}",
+                deps[writer]
+            );
+        }
         // And the binary joins both halves.
         let bin = &deps["dwara"];
         assert!(bin.contains("dwara-nameserver") && bin.contains("dwara-lb"));
+    }
+
+    /// Functions of other owners' files over the limit today, to be split; the
+    /// test fails when one of them is split below it (take it off the list) and
+    /// when any function not listed grows over it.
+    const LONG_FUNCTIONS_TO_SPLIT: &[&str] = &[
+        // Files other work is changing at the same time; split when it lands.
+        "crates/proxy/src/dataplane.rs::apply",
+        "crates/discovery/src/refresh.rs::run",
+        "crates/nameserver/src/server.rs::start",
+        // Not split yet.
+        "crates/fuzz-checks/src/dns.rs::check_udp",
+        "crates/nameserver/src/metrics.rs::encode",
+        "crates/dwara/src/config.rs::validate",
+        "crates/test-support/src/dig.rs::parse",
+    ];
+
+    /// The most lines a function of a library crate may have.
+    const MAX_FUNCTION_LINES: usize = 100;
+
+    /// The source files of library code: every `src/` file of a crate with a
+    /// `lib.rs`, without the modules only its binary declares, without test files.
+    fn library_files() -> Vec<PathBuf> {
+        let mut files = Vec::new();
+        for dir in member_dirs() {
+            let src = dir.join("src");
+            if !src.join("lib.rs").exists() {
+                continue;
+            }
+            let main = std::fs::read_to_string(src.join("main.rs")).unwrap_or_default();
+            let bin_modules: Vec<String> = main
+                .lines()
+                .filter_map(|l| l.strip_prefix("mod ")?.strip_suffix(';'))
+                .map(str::to_owned)
+                .collect();
+            let mut all = Vec::new();
+            rust_files(&src, &mut all);
+            files.extend(all.into_iter().filter(|f| {
+                let rel = f.strip_prefix(&src).unwrap_or(f);
+                let first = rel
+                    .components()
+                    .next()
+                    .map(|c| c.as_os_str().to_string_lossy());
+                let first = first.as_deref().unwrap_or("").trim_end_matches(".rs");
+                rel != Path::new("main.rs")
+                    && !bin_modules.iter().any(|m| m == first)
+                    && f.file_name().is_some_and(|n| n != "tests.rs")
+                    && !rel.components().any(|c| c.as_os_str() == "tests")
+            }));
+        }
+        files
+    }
+
+    /// `(name, first line, lines)` of every function in rustfmt-formatted `text`,
+    /// up to its inline test module: a function ends at the first line that is its
+    /// indentation followed by `}`.
+    fn function_lengths(text: &str) -> Vec<(String, usize, usize)> {
+        let text = text
+            .split("#[cfg(test)]\nmod tests {")
+            .next()
+            .unwrap_or(text);
+        let lines: Vec<&str> = text.lines().collect();
+        let mut out = Vec::new();
+        for (i, line) in lines.iter().enumerate() {
+            let trimmed = line.trim_start();
+            let indent = &line[..line.len() - trimmed.len()];
+            let Some(at) = trimmed.find("fn ") else {
+                continue;
+            };
+            let head = &trimmed[..at];
+            let is_fn = head.split_whitespace().all(|w| {
+                matches!(
+                    w,
+                    "pub" | "pub(crate)" | "pub(super)" | "async" | "const" | "unsafe" | "extern"
+                )
+            });
+            if !is_fn || trimmed.contains("//") && trimmed.find("//") < Some(at) {
+                continue;
+            }
+            let name: String = trimmed[at + 3..]
+                .chars()
+                .take_while(|c| c.is_alphanumeric() || *c == '_')
+                .collect();
+            // A declaration without a body ends with `;` before any `{`.
+            let rest = lines[i..].join("\n");
+            let (brace, semi) = (rest.find('{'), rest.find(';'));
+            if brace.is_none() || semi.is_some_and(|s| Some(s) < brace) {
+                continue;
+            }
+            let close = format!("{indent}}}");
+            if let Some(end) = lines[i..]
+                .iter()
+                .position(|l| *l == close || l.starts_with(&format!("{close} ")))
+            {
+                out.push((name, i + 1, end + 1));
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn function_lengths_are_measured() {
+        let text = "fn short() {\n    1\n}\n\npub(crate) async fn longer(\n    a: u8,\n) -> u8 {\n    a\n}\ntrait T {\n    fn decl(&self);\n}\n";
+        let got = function_lengths(text);
+        assert_eq!(
+            got,
+            [("short".to_owned(), 1, 3), ("longer".to_owned(), 5, 5)]
+        );
+    }
+
+    #[test]
+    fn no_library_function_is_over_100_lines() {
+        let root = root();
+        let mut long: Vec<(usize, String)> = Vec::new();
+        let mut listed_and_short = Vec::new();
+        for file in library_files() {
+            let text = std::fs::read_to_string(&file).unwrap_or_default();
+            let rel = file
+                .strip_prefix(&root)
+                .unwrap_or(&file)
+                .display()
+                .to_string();
+            for (name, line, len) in function_lengths(&text) {
+                let id = format!("{rel}::{name}");
+                let listed = LONG_FUNCTIONS_TO_SPLIT.contains(&id.as_str());
+                if len > MAX_FUNCTION_LINES && !listed {
+                    long.push((len, format!("{rel}:{line} {name}: {len} lines")));
+                } else if listed && len <= MAX_FUNCTION_LINES {
+                    listed_and_short.push(id);
+                }
+            }
+        }
+        long.sort_unstable_by(|a, b| b.cmp(a));
+        let longest: Vec<&str> = long.iter().map(|(_, l)| l.as_str()).collect();
+        assert!(
+            long.is_empty(),
+            "functions over {MAX_FUNCTION_LINES} lines, longest first:\n{}",
+            longest.join("\n")
+        );
+        assert!(
+            listed_and_short.is_empty(),
+            "now at most {MAX_FUNCTION_LINES} lines, take them off LONG_FUNCTIONS_TO_SPLIT: {listed_and_short:?}"
+        );
     }
 
     /// Library functions with a `bool` parameter that some call passes a `true` or

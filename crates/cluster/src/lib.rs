@@ -74,6 +74,7 @@ pub use invalid::{
     SUMMARY_EVERY, WARNINGS_PER_WINDOW, count_invalid_datagram, count_suppressed_warning,
     invalid_datagrams, is_chitchat_warning, is_invalid_datagram_event, suppressed_warnings,
 };
+pub use metrics::ValueRejection;
 pub use node::{BUCKET_BYTES, Cluster};
 pub use peers::{PeerInfo, PeerState};
 pub use transport::{CODEC_WAIT, KeyReloader, SealedTransport};

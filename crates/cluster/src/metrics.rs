@@ -24,11 +24,38 @@ pub(crate) struct ReasonLabel {
     pub(crate) reason: &'static str,
 }
 
+/// Why a gossiped value was not applied (the `reason` label of
+/// `dwara_cluster_rejected_values`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ValueRejection {
+    /// The value does not decode (see [`crate::codec::DecodeError`]).
+    Malformed,
+    /// The value was published for another chitchat version than the key's: a replay.
+    Version,
+    /// An entry's name is not inside this node's domain.
+    OutsideDomain,
+}
+
+impl ValueRejection {
+    /// Every reason, in label order.
+    pub const ALL: [ValueRejection; 3] = [Self::Malformed, Self::Version, Self::OutsideDomain];
+
+    /// The metric label.
+    pub fn reason(self) -> &'static str {
+        match self {
+            Self::Malformed => "malformed",
+            Self::Version => "version",
+            Self::OutsideDomain => "outside_domain",
+        }
+    }
+}
+
 /// The counters and gauges one cluster node keeps.
 #[derive(Debug, Default)]
 pub(crate) struct Metrics {
     pub(crate) peers: Family<StateLabel, Gauge>,
-    pub(crate) keys_published: Gauge,
+    pub(crate) entries_published: Gauge,
     pub(crate) buckets_published: Gauge,
     pub(crate) entries_applied: Counter,
     pub(crate) rejected_values: Family<ReasonLabel, Counter>,
@@ -52,9 +79,9 @@ impl Metrics {
             self.peers.clone(),
         );
         registry.register(
-            "dwara_cluster_keys_published",
+            "dwara_cluster_entries_published",
             "This node's live entries published in gossip",
-            self.keys_published.clone(),
+            self.entries_published.clone(),
         );
         registry.register(
             "dwara_cluster_buckets_published",
@@ -133,16 +160,20 @@ impl Metrics {
         );
     }
 
-    pub(crate) fn reject(&self, reason: &'static str) {
+    pub(crate) fn reject(&self, why: ValueRejection) {
         self.rejected_values
-            .get_or_create(&ReasonLabel { reason })
+            .get_or_create(&ReasonLabel {
+                reason: why.reason(),
+            })
             .inc();
     }
 
     /// The rejected-values count for one reason.
-    pub(crate) fn rejected(&self, reason: &'static str) -> u64 {
+    pub(crate) fn rejected(&self, why: ValueRejection) -> u64 {
         self.rejected_values
-            .get_or_create(&ReasonLabel { reason })
+            .get_or_create(&ReasonLabel {
+                reason: why.reason(),
+            })
             .get()
     }
 }

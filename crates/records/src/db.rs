@@ -25,11 +25,12 @@ use tokio::sync::{broadcast, watch};
 
 use hickory_proto::rr::Name;
 
-use crate::answers::{NameRef, PtrRef, Rec, Srv, Tables};
+use crate::answers::{NameRef, Rec, Tables};
 use crate::error::Result;
 use crate::health::{Health, HealthFailMode};
 use crate::name::{Domain, parse_name, wire_lower};
 use crate::service::ServicePort;
+use edit::{Edit, Remote, Upsert};
 
 /// The default origin of entries made on this node when none is configured.
 pub const DEFAULT_ORIGIN: &str = "local";
@@ -109,34 +110,45 @@ pub struct Change {
 struct Writer {
     /// Names that have records of an id (any origin, any state).
     by_id: HashMap<Arc<str>, Box<[NameRef]>, foldhash::fast::RandomState>,
-    /// Interned origin names and whether their records are hidden.
-    origins: Vec<(Arc<str>, bool)>,
+    /// Interned origin names and whether their records are hidden; a record's
+    /// `origin` is an index into it.
+    origins: Vec<Origin>,
     live: usize,
     generation: u64,
 }
 
+/// One origin (node) of entries.
+#[derive(Debug)]
+struct Origin {
+    name: Arc<str>,
+    hidden: bool,
+}
+
 impl Writer {
     fn origin_index(&mut self, origin: &str) -> u32 {
-        if let Some(i) = self.origins.iter().position(|(o, _)| &**o == origin) {
-            return i as u32;
+        if let Some(i) = self.find_origin(origin) {
+            return i;
         }
-        self.origins.push((origin.into(), false));
+        self.origins.push(Origin {
+            name: origin.into(),
+            hidden: false,
+        });
         (self.origins.len() - 1) as u32
     }
 
     fn find_origin(&self, origin: &str) -> Option<u32> {
         self.origins
             .iter()
-            .position(|(o, _)| &**o == origin)
+            .position(|o| &*o.name == origin)
             .map(|i| i as u32)
     }
 
     fn hidden(&self, origin: u32) -> bool {
-        self.origins.get(origin as usize).is_some_and(|(_, h)| *h)
+        self.origins.get(origin as usize).is_some_and(|o| o.hidden)
     }
 
     fn origin_name(&self, origin: u32) -> &str {
-        self.origins.get(origin as usize).map_or("", |(o, _)| o)
+        self.origins.get(origin as usize).map_or("", |o| &o.name)
     }
 
     fn intern_id(&self, id: &str) -> Arc<str> {
@@ -204,38 +216,6 @@ pub struct Db {
 enum Visibility {
     Shown,
     Hidden,
-}
-
-/// What to do to the records of one name.
-enum Edit<'a> {
-    /// Add or revive (local origin) / merge (`apply`) one record.
-    Upsert {
-        id: &'a str,
-        ip: IpAddr,
-        service: Option<&'a ServicePort>,
-        origin: u32,
-        /// A local add: the health of a new (or revived) entry. A merge: the entry's.
-        health: Health,
-        /// `None`: a local add (version bumped as needed); `Some`: a merge.
-        remote: Option<(u64, bool)>,
-    },
-    /// Set the health of the live local records of `id` at `ip`.
-    Health {
-        id: &'a str,
-        ip: IpAddr,
-        origin: u32,
-        health: Health,
-    },
-    /// Tombstone the live local records of `id` (narrowed to `ip`).
-    Tombstone {
-        id: &'a str,
-        ip: Option<IpAddr>,
-        origin: u32,
-    },
-    /// Forget the records matching a predicate.
-    Forget(&'a dyn Fn(&Rec) -> bool),
-    /// Only recompute what is served (visibility changed).
-    Refresh,
 }
 
 impl Db {
@@ -328,14 +308,14 @@ impl Db {
         Ok(self.edit(
             &mut w,
             &name,
-            Edit::Upsert {
+            Edit::Upsert(Upsert {
                 id,
                 ip,
                 service,
                 origin: 0,
                 health,
                 remote: None,
-            },
+            }),
         ) > 0)
     }
 
@@ -478,14 +458,17 @@ impl Db {
         let mut w = self.writer.lock();
         let origin = w.origin_index(&entry.origin);
         let name = self.name_ref(&wire);
-        let edit = Edit::Upsert {
+        let edit = Edit::Upsert(Upsert {
             id: &entry.id,
             ip: entry.ip,
             service: entry.service.as_ref(),
             origin,
             health: entry.health,
-            remote: Some((entry.version, entry.tombstone)),
-        };
+            remote: Some(Remote {
+                version: entry.version,
+                tombstone: entry.tombstone,
+            }),
+        });
         Ok(self.edit(&mut w, &name, edit) > 0)
     }
 
@@ -532,10 +515,10 @@ impl Db {
         let hidden = visibility == Visibility::Hidden;
         let mut w = self.writer.lock();
         let o = w.origin_index(origin);
-        if w.origins[o as usize].1 == hidden {
+        if w.origins[o as usize].hidden == hidden {
             return;
         }
-        w.origins[o as usize].1 = hidden;
+        w.origins[o as usize].hidden = hidden;
         let pred = move |r: &Rec| r.origin == o;
         for name in self.names_where(&pred) {
             self.edit(&mut w, &name, Edit::Refresh);
@@ -650,243 +633,6 @@ impl Db {
         });
         names
     }
-
-    /// Applies `edit` to the records of `name`, recomputes what is served, keeps the
-    /// address and id indexes in step and publishes the changes. Returns how many
-    /// records changed.
-    fn edit(&self, w: &mut Writer, name: &NameRef, edit: Edit<'_>) -> usize {
-        let now = self.now();
-        let want = self.changes.receiver_count() > 0;
-        let mut events: Vec<(ChangeKind, Rec)> = Vec::new();
-        let mut touched: Vec<IpAddr> = Vec::new();
-        let mut unlinked: Vec<Arc<str>> = Vec::new();
-        let mut live_delta: isize = 0;
-        let mut changed = 0;
-        let is_upsert = matches!(edit, Edit::Upsert { .. });
-        let after: Vec<Rec> = self.tables.names.write(&name[..], |map| {
-            let mut recs: Vec<Rec> = map.get(&name[..]).map(|b| b.to_vec()).unwrap_or_default();
-            match edit {
-                Edit::Upsert {
-                    id,
-                    ip,
-                    service,
-                    origin,
-                    health,
-                    remote,
-                } => {
-                    let pos = recs
-                        .iter()
-                        .position(|r| r.origin == origin && r.ip == ip && &*r.id == id);
-                    let same_service = |r: &Rec| r.service.as_ref().map(|s| &s.spec) == service;
-                    let (version, tombstone) = match (pos.map(|p| &recs[p]), remote) {
-                        (Some(r), None) if !r.tombstone && same_service(r) => return recs,
-                        (Some(r), None) if !r.tombstone => (r.version + 1, false),
-                        (Some(r), None) => (r.version + 1, false),
-                        (None, None) => (1, false),
-                        (Some(r), Some((v, _))) if v <= r.version => return recs,
-                        (_, Some((v, t))) => (v, t),
-                    };
-                    let rec = match pos {
-                        Some(p) => {
-                            let r = &mut recs[p];
-                            live_delta += isize::from(r.tombstone) - isize::from(tombstone);
-                            // A revived local entry starts over; a merge takes the
-                            // owner's word; a live local one keeps its verdict.
-                            if r.tombstone || remote.is_some() {
-                                r.health = health;
-                            }
-                            r.version = version;
-                            r.tombstone = tombstone;
-                            r.changed = now;
-                            if !same_service(r) {
-                                r.service = service.map(Srv::new);
-                            }
-                            r.clone()
-                        }
-                        None => {
-                            live_delta += isize::from(!tombstone);
-                            let r = Rec {
-                                id: w.intern_id(id),
-                                ip,
-                                origin,
-                                version,
-                                changed: now,
-                                tombstone,
-                                health,
-                                serve: false,
-                                service: service.map(Srv::new),
-                                srv_serve: false,
-                                srv_addr: false,
-                            };
-                            recs.push(r.clone());
-                            r
-                        }
-                    };
-                    touched.push(ip);
-                    changed += 1;
-                    let kind = if tombstone {
-                        ChangeKind::Removed
-                    } else {
-                        ChangeKind::Added
-                    };
-                    events.push((kind, rec));
-                }
-                Edit::Tombstone { id, ip, origin } => {
-                    for r in recs.iter_mut().filter(|r| {
-                        !r.tombstone
-                            && r.origin == origin
-                            && &*r.id == id
-                            && ip.is_none_or(|ip| ip == r.ip)
-                    }) {
-                        r.tombstone = true;
-                        r.version += 1;
-                        r.changed = now;
-                        live_delta -= 1;
-                        changed += 1;
-                        touched.push(r.ip);
-                        events.push((ChangeKind::Removed, r.clone()));
-                    }
-                }
-                Edit::Health {
-                    id,
-                    ip,
-                    origin,
-                    health,
-                } => {
-                    for r in recs.iter_mut().filter(|r| {
-                        !r.tombstone
-                            && r.origin == origin
-                            && r.ip == ip
-                            && &*r.id == id
-                            && r.health != health
-                    }) {
-                        r.health = health;
-                        r.version += 1;
-                        r.changed = now;
-                        changed += 1;
-                        touched.push(r.ip);
-                        events.push((ChangeKind::Added, r.clone()));
-                    }
-                }
-                Edit::Forget(pred) => {
-                    recs.retain(|r| {
-                        if !pred(r) {
-                            return true;
-                        }
-                        live_delta -= isize::from(!r.tombstone);
-                        changed += 1;
-                        touched.push(r.ip);
-                        unlinked.push(r.id.clone());
-                        events.push((ChangeKind::Purged, r.clone()));
-                        false
-                    });
-                }
-                Edit::Refresh => touched.extend(recs.iter().map(|r| r.ip)),
-            }
-            // What is served: live, visible, passing its check (or every live one
-            // when none passes and the name fails open), first of its address.
-            let fail_open = self.config.health_fail == HealthFailMode::Open
-                && !recs
-                    .iter()
-                    .any(|r| !r.tombstone && !w.hidden(r.origin) && r.health.passing());
-            for i in 0..recs.len() {
-                let r = &recs[i];
-                let servable = !r.tombstone
-                    && !w.hidden(r.origin)
-                    && (r.health.passing() || (fail_open && r.health == Health::Unhealthy));
-                let first = !recs[..i].iter().any(|p| p.serve && p.ip == r.ip);
-                // First of its (service, address, port) for the SRV records, and of
-                // its (service, address) for the additional ones: one address may
-                // offer a service on several ports (two containers sharing a
-                // network namespace).
-                let same_service = |p: &Rec, s: &Srv| {
-                    p.ip == r.ip && p.service.as_ref().is_some_and(|ps| ps.labels == s.labels)
-                };
-                let srv_first = r.service.as_ref().is_some_and(|s| {
-                    !recs[..i].iter().any(|p| {
-                        p.srv_serve
-                            && same_service(p, s)
-                            && p.service.as_ref().map(|ps| ps.spec.port()) == Some(s.spec.port())
-                    })
-                });
-                let srv_addr_first = r
-                    .service
-                    .as_ref()
-                    .is_some_and(|s| !recs[..i].iter().any(|p| p.srv_addr && same_service(p, s)));
-                let serve = servable && first;
-                // A name that starts or stops failing open changes what is served of
-                // records the edit did not touch: their PTR entries follow.
-                if recs[i].serve != serve {
-                    touched.push(recs[i].ip);
-                }
-                recs[i].serve = serve;
-                recs[i].srv_serve = servable && srv_first;
-                recs[i].srv_addr = servable && srv_first && srv_addr_first;
-            }
-            if recs.is_empty() {
-                map.remove(&name[..]);
-            } else {
-                map.insert(name.clone(), recs.clone().into_boxed_slice());
-            }
-            recs
-        });
-        if changed == 0 && touched.is_empty() {
-            return 0;
-        }
-        // Address index: this name's membership and servability for every touched ip.
-        touched.sort_unstable();
-        touched.dedup();
-        for ip in touched {
-            let has = after.iter().any(|r| r.ip == ip);
-            let serve = after.iter().any(|r| r.ip == ip && r.serve);
-            let mut refs = self.tables.addr_refs(ip);
-            match refs.iter().position(|p| p.name == *name) {
-                Some(i) if has => refs[i].serve = serve,
-                Some(i) => {
-                    refs.remove(i);
-                }
-                None if has => refs.push(PtrRef {
-                    name: name.clone(),
-                    serve,
-                }),
-                None => {}
-            }
-            self.tables.set_addr(ip, refs);
-        }
-        // Id index.
-        if is_upsert {
-            for (_, r) in &events {
-                w.link_id(&r.id, name);
-            }
-        }
-        for id in unlinked {
-            if !after.iter().any(|r| r.id == id) {
-                w.unlink_id(&id, name);
-            }
-        }
-        w.live = w.live.saturating_add_signed(live_delta);
-        if changed > 0 {
-            self.bump(w);
-        }
-        if want || tracing::enabled!(tracing::Level::DEBUG) {
-            let fqdn = text_of_wire(name);
-            for (kind, r) in events {
-                let entry = entry_of(w, &fqdn, &r);
-                tracing::debug!(
-                    kind = ?kind,
-                    id = %entry.id,
-                    ip = %entry.ip,
-                    fqdn = %entry.fqdn,
-                    origin = %entry.origin,
-                    version = entry.version,
-                    "records db change"
-                );
-                // No receiver is fine: nobody is listening.
-                let _ = self.changes.send(Change { kind, entry });
-            }
-        }
-        changed
-    }
 }
 
 fn entry_of(w: &Writer, fqdn: &str, r: &Rec) -> Entry {
@@ -920,5 +666,6 @@ fn text_of_wire(wire: &[u8]) -> String {
     }
 }
 
+mod edit;
 #[cfg(test)]
 mod tests;

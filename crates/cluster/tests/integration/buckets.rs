@@ -12,7 +12,7 @@ use chitchat::{
     spawn_chitchat,
 };
 use dwara_cluster::codec::{Bucket, Item, Record, encode_bucket_value, encode_value};
-use dwara_cluster::{DEFAULT_CLUSTER_ID, DEFAULT_GOSSIP_INTERVAL};
+use dwara_cluster::{DEFAULT_CLUSTER_ID, DEFAULT_GOSSIP_INTERVAL, ValueRejection};
 use test_support::wait_until;
 
 use crate::support::*;
@@ -61,7 +61,7 @@ async fn entries_share_few_keys_and_no_entry_flickers_while_buckets_split() {
         "{buckets} keys for {TOTAL} entries"
     );
     assert_eq!(
-        metric(nodes[0].cluster(), "dwara_cluster_keys_published"),
+        metric(nodes[0].cluster(), "dwara_cluster_entries_published"),
         Some(f64::from(TOTAL))
     );
     for i in [0, 1, 1499, TOTAL - 1] {
@@ -236,7 +236,7 @@ async fn an_entry_stays_while_any_key_holds_it_and_old_single_entry_keys_are_rea
 
     // Values that do not decode, or carry another version, change nothing and are
     // counted; the bucket they would replace keeps what it held.
-    let before = node.cluster().rejected_values("malformed");
+    let before = node.cluster().rejected_values(ValueRejection::Malformed);
     let forged = {
         let b = Bucket {
             version: 1,
@@ -255,8 +255,11 @@ async fn an_entry_stays_while_any_key_holds_it_and_old_single_entry_keys_are_rea
     assert!(wait_shown(4).await);
     assert!(node.db.lookup("forged.weave.local").is_empty());
     assert!(sees("beta", 2));
-    assert_eq!(node.cluster().rejected_values("version"), 1);
-    assert_eq!(node.cluster().rejected_values("malformed"), before + 1);
+    assert_eq!(node.cluster().rejected_values(ValueRejection::Version), 1);
+    assert_eq!(
+        node.cluster().rejected_values(ValueRejection::Malformed),
+        before + 1
+    );
     let peers = node.cluster().peers();
     let raw_row = peers.iter().find(|p| p.node_id == "raw").unwrap();
     // beta and the five markers.

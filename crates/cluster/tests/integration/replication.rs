@@ -57,7 +57,7 @@ async fn three_nodes_converge_and_deletes_spread() {
     assert_eq!(peers.len(), 3, "{peers:?}");
     assert!(peers.iter().all(|p| p.entries == 1), "{peers:?}");
     assert_eq!(
-        metric(nodes[0].cluster(), "dwara_cluster_keys_published"),
+        metric(nodes[0].cluster(), "dwara_cluster_entries_published"),
         Some(1.0)
     );
     assert_eq!(
@@ -95,7 +95,7 @@ async fn a_lagging_change_receiver_resyncs_and_loses_nothing() {
         "the receiver never lagged: the test proves nothing"
     );
     assert_eq!(
-        metric(nodes[0].cluster(), "dwara_cluster_keys_published"),
+        metric(nodes[0].cluster(), "dwara_cluster_entries_published"),
         Some(4500.0)
     );
     let peers = nodes[1].cluster().peers();

@@ -31,8 +31,7 @@ impl Harness {
     /// `None` (after printing why) when no Docker engine is reachable.
     pub(crate) fn new(test: &str) -> Option<Self> {
         test_support::init_tracing();
-        if let Err(e) = engine_reachable() {
-            println!("SKIP {test}: no Docker engine reachable: {e}");
+        if !test_support::require(&format!("a Docker engine for {test}"), engine_reachable()) {
             return None;
         }
         busybox_image().expect("build the test image");

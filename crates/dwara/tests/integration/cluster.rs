@@ -747,6 +747,16 @@ pub(crate) fn ip(args: &[&str]) -> Result<(), String> {
 }
 
 impl Netns {
+    /// `count` namespaces on a bridge, or `None` (after one `SKIP` line) when this
+    /// user may not create namespaces; with `DWARA_REQUIRE_ALL=1` that fails the
+    /// test instead (see `test_support::require`).
+    pub(crate) fn required(count: usize) -> Option<Self> {
+        let ns = Self::create(count)
+            .unwrap()
+            .ok_or("`ip netns add` is not permitted for this user");
+        test_support::require_ok("network namespaces", ns)
+    }
+
     /// `Ok(None)` when this user may not create namespaces.
     pub(crate) fn create(count: usize) -> Result<Option<Self>, String> {
         Self::remove_stale();
@@ -846,10 +856,7 @@ impl Drop for Netns {
 
 #[test]
 fn hosts_on_a_bridge_partition_and_heal() {
-    let Some(ns) = Netns::create(3).unwrap() else {
-        eprintln!(
-            "SKIPPED hosts_on_a_bridge_partition_and_heal: `ip netns add` is not permitted for this user"
-        );
+    let Some(ns) = Netns::required(3) else {
         return;
     };
     let gossip = |i| SocketAddr::from((Netns::addr(i), 7946));

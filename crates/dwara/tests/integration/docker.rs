@@ -59,8 +59,10 @@ struct Engine {
 
 /// `None` (after printing why) when no Docker engine is reachable.
 fn engine(test: &str) -> Option<Engine> {
-    if let Err(e) = engine_reachable() {
-        println!("SKIP docker::{test}: no Docker engine reachable: {e}");
+    if !test_support::require(
+        &format!("a Docker engine for docker::{test}"),
+        engine_reachable(),
+    ) {
         return None;
     }
     busybox_image().expect("build the busybox test image");
@@ -669,8 +671,7 @@ fn logs(id: &str) -> String {
 #[test]
 fn end_to_end_dwara_in_a_container_is_the_dns_server_of_two_busybox_containers() {
     let Some(e) = engine("e2e") else { return };
-    if let Err(why) = dwara_image() {
-        println!("SKIP docker::end_to_end: the dwara image cannot be built: {why}");
+    if !test_support::require("the dwara image (built by dwara_image)", dwara_image()) {
         return;
     }
     let net = e.network("net");
@@ -746,8 +747,11 @@ fn end_to_end_dwara_in_a_container_is_the_dns_server_of_two_busybox_containers()
 /// by hand).
 #[test]
 fn the_image_from_the_dockerfile_resolves_containers_as_the_readme_runs_it() {
-    let Some(image) = std::env::var("DWARA_IMAGE").ok().filter(|i| !i.is_empty()) else {
-        println!("SKIP docker::image: DWARA_IMAGE is not set (cargo xtask ci sets it)");
+    let image = std::env::var("DWARA_IMAGE")
+        .ok()
+        .filter(|i| !i.is_empty())
+        .ok_or("DWARA_IMAGE is not set (cargo xtask ci sets it)");
+    let Some(image) = test_support::require_ok("the repository's image", image) else {
         return;
     };
     let Some(e) = engine("image") else { return };

@@ -44,11 +44,8 @@ fn gossip(i: usize) -> SocketAddr {
 
 impl Hosts {
     /// `None` when namespaces are not permitted here (the test is skipped).
-    fn start(test: &str, n: usize) -> Option<Self> {
-        let Some(ns) = Netns::create(n).unwrap() else {
-            eprintln!("SKIPPED {test}: `ip netns add` is not permitted for this user");
-            return None;
-        };
+    fn start(n: usize) -> Option<Self> {
+        let ns = Netns::required(n)?;
         let dir = tempfile::tempdir().unwrap();
         let key = keygen(dir.path(), "cluster.key");
         let mut hosts = Hosts {
@@ -269,8 +266,7 @@ fn await_registered(child: Child, count: usize) {
 
 #[test]
 fn registrations_reach_every_host_over_lossy_slow_links() {
-    let Some(mut hosts) = Hosts::start("registrations_reach_every_host_over_lossy_slow_links", 5)
-    else {
+    let Some(mut hosts) = Hosts::start(5) else {
         return;
     };
     // What one check of every host costs here (the resolution of the figures).
@@ -310,10 +306,7 @@ fn registrations_reach_every_host_over_lossy_slow_links() {
 
 #[test]
 fn a_split_hides_the_other_side_and_heals_to_the_exact_union() {
-    let Some(hosts) = Hosts::start(
-        "a_split_hides_the_other_side_and_heals_to_the_exact_union",
-        5,
-    ) else {
+    let Some(hosts) = Hosts::start(5) else {
         return;
     };
     let n = hosts.len();
@@ -402,7 +395,7 @@ fn a_split_hides_the_other_side_and_heals_to_the_exact_union() {
 
 #[test]
 fn a_one_way_cut_and_a_flapping_link_leave_no_ghosts() {
-    let Some(hosts) = Hosts::start("a_one_way_cut_and_a_flapping_link_leave_no_ghosts", 5) else {
+    let Some(hosts) = Hosts::start(5) else {
         return;
     };
     let n = hosts.len();

@@ -157,20 +157,9 @@ fn metric_in(ns: &str, series: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
-fn netns_or_skip(test: &str, count: usize) -> Option<Netns> {
-    let ns = Netns::create(count).unwrap();
-    if ns.is_none() {
-        eprintln!("SKIPPED {test}: `ip netns add` is not permitted for this user");
-    }
-    ns
-}
-
 #[test]
 fn outside_the_allow_list_every_name_is_refused_and_nothing_is_forwarded() {
-    let Some(ns) = netns_or_skip(
-        "outside_the_allow_list_every_name_is_refused_and_nothing_is_forwarded",
-        3,
-    ) else {
+    let Some(ns) = Netns::required(3) else {
         return;
     };
     let (server, allowed, outsider) = (&ns.nodes[0], &ns.nodes[1], &ns.nodes[2]);
@@ -232,10 +221,7 @@ fn outside_the_allow_list_every_name_is_refused_and_nothing_is_forwarded() {
 
 #[test]
 fn local_any_answers_the_domain_to_anyone_but_forwards_only_for_the_allowed() {
-    let Some(ns) = netns_or_skip(
-        "local_any_answers_the_domain_to_anyone_but_forwards_only_for_the_allowed",
-        3,
-    ) else {
+    let Some(ns) = Netns::required(3) else {
         return;
     };
     let (server, allowed, outsider) = (&ns.nodes[0], &ns.nodes[1], &ns.nodes[2]);
@@ -282,10 +268,7 @@ fn local_any_answers_the_domain_to_anyone_but_forwards_only_for_the_allowed() {
 
 #[test]
 fn by_default_the_subnets_of_the_hosts_interfaces_are_allowed_as_they_change() {
-    let Some(ns) = netns_or_skip(
-        "by_default_the_subnets_of_the_hosts_interfaces_are_allowed_as_they_change",
-        2,
-    ) else {
+    let Some(ns) = Netns::required(2) else {
         return;
     };
     let (server, client) = (&ns.nodes[0], &ns.nodes[1]);
@@ -324,10 +307,7 @@ fn by_default_the_subnets_of_the_hosts_interfaces_are_allowed_as_they_change() {
 
 #[test]
 fn over_the_rate_limit_udp_replies_are_truncated_and_tcp_still_answers() {
-    let Some(ns) = netns_or_skip(
-        "over_the_rate_limit_udp_replies_are_truncated_and_tcp_still_answers",
-        2,
-    ) else {
+    let Some(ns) = Netns::required(2) else {
         return;
     };
     let (server, client) = (&ns.nodes[0], &ns.nodes[1]);

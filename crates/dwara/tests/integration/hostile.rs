@@ -857,10 +857,7 @@ fn dns_and_http_listeners_have_deep_accept_queues() {
 #[test]
 fn across_hosts_a_wildcard_listener_answers_from_every_asked_address() {
     use super::cluster::{Netns, ip};
-    let Some(ns) = Netns::create(2).unwrap() else {
-        eprintln!(
-            "SKIPPED across_hosts_a_wildcard_listener_answers_from_every_asked_address: `ip netns add` is not permitted for this user"
-        );
+    let Some(ns) = Netns::required(2) else {
         return;
     };
     let (server_ns, client_ns) = (&ns.nodes[0], &ns.nodes[1]);

@@ -205,8 +205,7 @@ fn ipv4(id: &str) -> String {
 
 #[tokio::test]
 async fn an_unhealthy_container_leaves_an_upstream_fed_by_push_and_comes_back_when_healthy() {
-    if let Err(e) = engine_reachable() {
-        println!("SKIP push: no Docker engine reachable: {e}");
+    if !test_support::require("a Docker engine", engine_reachable()) {
         return;
     }
     busybox_image().expect("build the busybox test image");

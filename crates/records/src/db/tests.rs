@@ -392,3 +392,90 @@ fn fail_closed_answers_nothing_when_no_entry_passes_and_merges_carry_health() {
     let peer = listed.iter().find(|e| e.id == "p1").unwrap();
     assert_eq!(peer.health, Health::Healthy);
 }
+
+/// The serve flags, worked out the slow way from their definition: the first
+/// servable record of its address; of its (service, address, port); of its
+/// (service, address) among those.
+fn served_by_definition(db: &Db, recs: &[Rec]) -> Vec<(bool, bool, bool)> {
+    let w = db.writer.lock();
+    let visible = |r: &Rec| !r.tombstone && !w.hidden(r.origin);
+    let fail_open = !recs.iter().any(|r| visible(r) && r.health.passing());
+    let servable: Vec<bool> = recs
+        .iter()
+        .map(|r| visible(r) && (r.health.passing() || (fail_open && r.health == Health::Unhealthy)))
+        .collect();
+    let key = |r: &Rec| {
+        r.service
+            .as_ref()
+            .map(|s| (s.labels.clone(), r.ip, s.spec.port()))
+    };
+    (0..recs.len())
+        .map(|i| {
+            let r = &recs[i];
+            let earlier = |same: &dyn Fn(usize) -> bool| (0..i).any(|j| servable[j] && same(j));
+            let serve = servable[i] && !earlier(&|j| recs[j].ip == r.ip);
+            let srv_serve =
+                servable[i] && key(r).is_some() && !earlier(&|j| key(&recs[j]) == key(r));
+            let srv_addr = srv_serve
+                && !earlier(&|j| {
+                    key(&recs[j]).map(|(l, ip, _)| (l, ip)) == key(r).map(|(l, ip, _)| (l, ip))
+                });
+            (serve, srv_serve, srv_addr)
+        })
+        .collect()
+}
+
+/// Random registrations, health changes and removals on one name, checked after
+/// every change against the definition of what is served, and the PTR index.
+#[test]
+fn one_pass_serve_flags_match_their_definition() {
+    let db = db();
+    let http = ServicePort::parse("_http._tcp", "80").unwrap();
+    let alt = ServicePort::parse("_http._tcp", "8080").unwrap();
+    let dns = ServicePort::parse("_dns._udp", "53").unwrap();
+    let services = [None, Some(&http), Some(&alt), Some(&dns)];
+    let healths = [
+        Health::Unchecked,
+        Health::Healthy,
+        Health::Starting,
+        Health::Unhealthy,
+    ];
+    // A small linear congruential generator: the sequence is the same every run.
+    let mut seed: u64 = 0x2545_f491_4f6c_dd1d;
+    let mut next = |n: u64| {
+        seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+        usize::try_from((seed >> 33) % n).unwrap()
+    };
+    for _ in 0..600 {
+        let id = format!("c{}", next(6));
+        let addr = ip(&format!("10.0.0.{}", next(5) + 1));
+        match next(4) {
+            0 | 1 => {
+                let health = healths[next(4)];
+                db.add_checked(&id, addr, "web.weave.local", services[next(4)], health)
+                    .unwrap();
+            }
+            2 => {
+                db.set_health(&id, addr, healths[next(4)]);
+            }
+            _ => {
+                db.remove(&id, Some(addr), None);
+            }
+        }
+        let wire = wire_of_text("web.weave.local").unwrap();
+        let recs: Vec<Rec> = db
+            .tables()
+            .names
+            .read(&wire[..], |r| r.map(|r| r.to_vec()).unwrap_or_default());
+        let got: Vec<_> = recs
+            .iter()
+            .map(|r| (r.serve, r.srv_serve, r.srv_addr))
+            .collect();
+        assert_eq!(got, served_by_definition(&db, &recs));
+        for octet in 1..=5 {
+            let a = ip(&format!("10.0.0.{octet}"));
+            let ptr = !db.lookup_addr(a).is_empty();
+            assert_eq!(ptr, recs.iter().any(|r| r.ip == a && r.serve), "{a}");
+        }
+    }
+}
