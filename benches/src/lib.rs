@@ -2,6 +2,11 @@
 
 #![forbid(unsafe_code)]
 
+/// The README's Rust snippet, compiled as a doctest so it stays true.
+#[doc = include_str!("../../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
+
 #[cfg(test)]
 mod tests {
     //! The README tells proxy authors to use `dwara-lb` and `dwara-dns-cache`
