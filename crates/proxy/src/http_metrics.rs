@@ -48,7 +48,7 @@ const COUNTERS: [(&str, &str, Read); 8] = [
         |s| s.client_connections.load(Ordering::Relaxed),
     ),
     (
-        "dwara_http_requests_total_answered",
+        "dwara_http_answered",
         "Requests answered (every status)",
         HttpStats::requests,
     ),
