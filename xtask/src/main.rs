@@ -14,6 +14,12 @@
 //!   simulation of large clusters.
 //! - `cargo xtask perf l4 [--rounds R] [--seconds S] [--proxies …]` compares dwara's
 //!   L4 upstreams with HAProxy and nginx `stream` under wrk.
+//! - `cargo xtask perf http [--rounds R] [--seconds S]` compares dwara's HTTP upstreams
+//!   with HAProxy `mode http`, nginx `proxy_pass` and Caddy `reverse_proxy` under wrk.
+//! - `cargo xtask perf rolling [--replacements N] [--rate R]` replaces backend
+//!   instances one by one (each killed before its name is deleted) under a fixed-rate
+//!   keep-alive client, through dwara HTTP (push-fed and polled), dwara L4, HAProxy
+//!   and Caddy, and counts failed requests.
 //! - `cargo xtask perf push [--rounds R] [--docker]` times an endpoint into and out of
 //!   an upstream's rotation, fed by push from the name server in the same process vs
 //!   polling it over DNS.
@@ -36,8 +42,10 @@ mod perf_cluster;
 mod perf_cluster_faults;
 mod perf_dns;
 mod perf_guard;
+mod perf_http;
 mod perf_l4;
 mod perf_push;
+mod perf_rolling;
 mod perf_store;
 mod perf_util;
 mod tidy;
@@ -85,13 +93,17 @@ fn main() -> anyhow::Result<()> {
             Some((what, rest)) if what == "store" => perf_store::run(rest),
             Some((what, rest)) if what == "cluster" => perf_cluster::run(rest),
             Some((what, rest)) if what == "l4" => perf_l4::run(rest),
+            Some((what, rest)) if what == "http" => perf_http::run(rest),
+            Some((what, rest)) if what == "rolling" => perf_rolling::run(rest),
             Some((what, rest)) if what == "push" => perf_push::run(rest),
             Some((what, rest)) if what == "guard" => {
                 tools::ensure()?;
                 perf_guard::run(rest)
             }
             Some((what, rest)) if what == "guard-flood" => perf_guard::flood_main(rest),
-            _ => bail!("usage: cargo xtask perf dns|store|cluster|l4|push|guard [OPTIONS]"),
+            _ => bail!(
+                "usage: cargo xtask perf dns|store|cluster|l4|http|rolling|push|guard [OPTIONS]"
+            ),
         },
         _ => {
             println!("usage: cargo xtask <ci|tools|bench|fuzz|image|perf dns|store|cluster|l4>");
