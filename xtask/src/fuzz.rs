@@ -39,6 +39,7 @@ const TARGETS: &[&str] = &[
     "docker_event",
     "allow_list",
     "http_auth",
+    "http_headers",
 ];
 
 /// How the fuzzers run, from the command line.

@@ -2,11 +2,11 @@
 //!
 //! - `cargo xtask ci` makes sure the system tools the tests use are installed, then runs
 //!   `cargo fmt --check`, `cargo clippy --all-targets --all-features -- -D warnings`,
-//!   checks `dwara-dns-cache` without its default features, builds the container image
-//!   unoptimised (tag [`CI_IMAGE`], which the end-to-end image test runs), runs
-//!   `cargo test --all-features` with `DWARA_REQUIRE_ALL=1` (a test whose
-//!   prerequisite, Docker or network namespaces, is missing fails instead of skipping)
-//!   and `cargo doc` with warnings as errors.
+//!   checks `dwara-dns-cache` and `dwara-discovery` without their optional features,
+//!   builds the container image unoptimised (tag [`CI_IMAGE`], which the end-to-end
+//!   image test runs), runs `cargo test --all-features` with `DWARA_REQUIRE_ALL=1` (a
+//!   test whose prerequisite, Docker or network namespaces, is missing fails instead
+//!   of skipping) and `cargo doc` with warnings as errors.
 //! - `cargo xtask tools` installs the system tools the tests use.
 //! - `cargo xtask bench [ARGS]` runs the criterion benchmarks.
 //! - `cargo xtask perf dns [--names N]` compares the name server with dnsmasq and unbound.
@@ -18,6 +18,12 @@
 //!   simulation of large clusters.
 //! - `cargo xtask perf l4 [--rounds R] [--seconds S] [--proxies …]` compares dwara's
 //!   L4 upstreams with HAProxy and nginx `stream` under wrk.
+//! - `cargo xtask perf http [--rounds R] [--seconds S]` compares dwara's HTTP upstreams
+//!   with HAProxy `mode http`, nginx `proxy_pass` and Caddy `reverse_proxy` under wrk.
+//! - `cargo xtask perf rolling [--replacements N] [--rate R]` replaces backend
+//!   instances one by one (each killed before its name is deleted) under a fixed-rate
+//!   keep-alive client, through dwara HTTP (push-fed and polled), dwara L4, HAProxy
+//!   and Caddy, and counts failed requests.
 //! - `cargo xtask perf push [--rounds R] [--docker]` times an endpoint into and out of
 //!   an upstream's rotation, fed by push from the name server in the same process vs
 //!   polling it over DNS.
@@ -42,8 +48,10 @@ mod perf_cluster;
 mod perf_cluster_faults;
 mod perf_dns;
 mod perf_guard;
+mod perf_http;
 mod perf_l4;
 mod perf_push;
+mod perf_rolling;
 mod perf_store;
 mod perf_util;
 mod tidy;
@@ -65,17 +73,21 @@ commands:
   perf store [--names N] [--connections C] [--rounds R] [--dir PARENT]
   perf cluster [--sizes 3,5,10] [--sync 10000,50000] | --faults | --simulate 100,1000
   perf l4 [--rounds R] [--seconds S] [--proxies ...]
+  perf http [--rounds R] [--seconds S]
+  perf rolling [--replacements N] [--rate R]
   perf push [--rounds R] [--docker]
   perf guard [--qps N] [--seconds S] [--legit-qps N]
   perf guard-flood ... the flooder perf guard runs in a network namespace
   help                 this text";
 
 /// What `cargo xtask perf` runs.
-const PERF_COMMANDS: [&str; 7] = [
+const PERF_COMMANDS: [&str; 9] = [
     "dns",
     "store",
     "cluster",
     "l4",
+    "http",
+    "rolling",
     "push",
     "guard",
     "guard-flood",
@@ -133,6 +145,8 @@ fn main() -> anyhow::Result<()> {
             Some((what, rest)) if what == "store" => perf_store::run(rest),
             Some((what, rest)) if what == "cluster" => perf_cluster::run(rest),
             Some((what, rest)) if what == "l4" => perf_l4::run(rest),
+            Some((what, rest)) if what == "http" => perf_http::run(rest),
+            Some((what, rest)) if what == "rolling" => perf_rolling::run(rest),
             Some((what, rest)) if what == "push" => perf_push::run(rest),
             Some((what, rest)) if what == "guard" => {
                 tools::ensure()?;
@@ -174,8 +188,16 @@ fn ci() -> anyhow::Result<()> {
         "-D",
         "warnings",
     ])?;
-    // And the one crate with default features without them.
-    cargo(&["check", "-p", "dwara-dns-cache", "--no-default-features"])?;
+    // And the crates with optional features without any of them, as a proxy author
+    // who takes only the core gets them.
+    cargo(&[
+        "check",
+        "-p",
+        "dwara-dns-cache",
+        "-p",
+        "dwara-discovery",
+        "--no-default-features",
+    ])?;
     // The image from the repository's Dockerfile, which the tests run when
     // `DWARA_IMAGE` names it (the end-to-end container test).
     image::run(&image::ImageArgs::for_tests(CI_IMAGE))?;

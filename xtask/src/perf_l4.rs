@@ -57,14 +57,14 @@ const ALL_PROXIES: &[&str] = &[
 ];
 const BODY: usize = 1 << 20;
 
-struct Options {
-    rounds: usize,
-    seconds: u32,
-    idle: usize,
-    threads: u32,
-    proxies: Vec<String>,
-    before: Option<PathBuf>,
-    dwara: Option<PathBuf>,
+pub(crate) struct Options {
+    pub(crate) rounds: usize,
+    pub(crate) seconds: u32,
+    pub(crate) idle: usize,
+    pub(crate) threads: u32,
+    pub(crate) proxies: Vec<String>,
+    pub(crate) before: Option<PathBuf>,
+    pub(crate) dwara: Option<PathBuf>,
 }
 
 fn parse_args(args: &[String]) -> anyhow::Result<Options> {
@@ -114,9 +114,9 @@ fn parse_args(args: &[String]) -> anyhow::Result<Options> {
 }
 
 /// A process under test; killed on drop.
-struct Proc {
-    name: String,
-    child: Child,
+pub(crate) struct Proc {
+    pub(crate) name: String,
+    pub(crate) child: Child,
     stderr: PathBuf,
 }
 
@@ -141,7 +141,7 @@ impl Drop for Proc {
 }
 
 impl Proc {
-    fn spawn(name: &str, dir: &Path, cmd: &mut Command) -> anyhow::Result<Self> {
+    pub(crate) fn spawn(name: &str, dir: &Path, cmd: &mut Command) -> anyhow::Result<Self> {
         let stderr = dir.join(format!("{name}.stderr"));
         let child = cmd
             .stdin(Stdio::null())
@@ -157,7 +157,7 @@ impl Proc {
     }
 
     /// Waits until `GET /tiny` through `port` answers 200.
-    fn wait_http(&mut self, port: u16) -> anyhow::Result<()> {
+    pub(crate) fn wait_http(&mut self, port: u16) -> anyhow::Result<()> {
         let deadline = Instant::now() + Duration::from_secs(60);
         while Instant::now() < deadline {
             if let Some(status) = self.child.try_wait()? {
@@ -184,7 +184,7 @@ impl Proc {
     }
 
     /// User + system clock ticks of the process and its children (nginx workers).
-    fn cpu_ticks(&self) -> u64 {
+    pub(crate) fn cpu_ticks(&self) -> u64 {
         tree(self.child.id())
             .iter()
             .filter_map(|pid| stat_fields(*pid))
@@ -193,7 +193,7 @@ impl Proc {
     }
 
     /// Resident memory of the process and its children, KiB.
-    fn rss_kib(&self) -> u64 {
+    pub(crate) fn rss_kib(&self) -> u64 {
         tree(self.child.id())
             .iter()
             .filter_map(|pid| rss_kib(*pid))
@@ -248,7 +248,7 @@ fn tree(pid: u32) -> Vec<u32> {
 }
 
 /// nginx in the foreground with `conf`, its prefix (logs, temp files) in `dir`.
-fn spawn_nginx(name: &str, dir: &Path, conf: &Path) -> anyhow::Result<Proc> {
+pub(crate) fn spawn_nginx(name: &str, dir: &Path, conf: &Path) -> anyhow::Result<Proc> {
     Proc::spawn(
         name,
         dir,
@@ -256,11 +256,11 @@ fn spawn_nginx(name: &str, dir: &Path, conf: &Path) -> anyhow::Result<Proc> {
     )
 }
 
-fn local(port: u16) -> String {
+pub(crate) fn local(port: u16) -> String {
     format!("127.0.0.1:{port}")
 }
 
-fn nginx_head(dir: &Path, name: &str) -> String {
+pub(crate) fn nginx_head(dir: &Path, name: &str) -> String {
     // Run as root (no user switch) so the worker reads the temporary directory.
     format!(
         "daemon off;\nmaster_process on;\nworker_processes 1;\nuser root;\n\
@@ -270,7 +270,7 @@ fn nginx_head(dir: &Path, name: &str) -> String {
     )
 }
 
-fn start_backend(dir: &Path) -> anyhow::Result<(Proc, u16)> {
+pub(crate) fn start_backend(dir: &Path) -> anyhow::Result<(Proc, u16)> {
     let www = dir.join("www");
     std::fs::create_dir_all(&www)?;
     std::fs::write(www.join("1m"), vec![b'x'; BODY])?;
@@ -294,19 +294,32 @@ fn start_backend(dir: &Path) -> anyhow::Result<(Proc, u16)> {
 }
 
 /// A proxy under test: its process and its listening port.
-struct Proxy {
-    proc: Proc,
-    port: u16,
+pub(crate) struct Proxy {
+    pub(crate) proc: Proc,
+    pub(crate) port: u16,
 }
 
 /// `dwara serve` from `bin`, named `name`, with its own name server on `dns`.
-fn start_dwara(
+pub(crate) fn start_dwara(
     dir: &Path,
     name: &str,
     bin: &Path,
     backend: u16,
     dns: u16,
     one_thread: bool,
+) -> anyhow::Result<Proxy> {
+    start_dwara_with(dir, name, bin, (backend, dns), one_thread, "")
+}
+
+/// [`start_dwara`] with `extra` keys (YAML, indented for the upstream entry) on
+/// its upstream, e.g. `    protocol: http\n`.
+pub(crate) fn start_dwara_with(
+    dir: &Path,
+    name: &str,
+    bin: &Path,
+    (backend, dns): (u16, u16),
+    one_thread: bool,
+    extra: &str,
 ) -> anyhow::Result<Proxy> {
     let port = free_port(Ipv4Addr::LOCALHOST)?;
     let http = free_port(Ipv4Addr::LOCALHOST)?;
@@ -315,7 +328,7 @@ fn start_dwara(
         &conf,
         format!(
             "nameserver:\n  domain: perf.local\n  dns_listen: {dns}\n  ttl: 1\n  fallback: [127.0.0.1:9]\n\
-             upstreams:\n  - name: backend\n    listen: {listen}\n    dns_discovery:\n      \
+             upstreams:\n  - name: backend\n    listen: {listen}\n{extra}    dns_discovery:\n      \
              hostname: backend.perf.local\n      port: {backend}\n      refresh_interval_s: 1\n      \
              nameservers: [{dns}]\n",
             dns = local(dns),
@@ -404,16 +417,16 @@ fn start_nginx_stream(dir: &Path, backend: u16) -> anyhow::Result<Proxy> {
 
 /// One of the three wrk loads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Load {
+pub(crate) enum Load {
     KeepAlive,
     NewConnection,
     Bodies,
 }
 
 impl Load {
-    const ALL: [Load; 3] = [Load::KeepAlive, Load::NewConnection, Load::Bodies];
+    pub(crate) const ALL: [Load; 3] = [Load::KeepAlive, Load::NewConnection, Load::Bodies];
 
-    fn title(self) -> &'static str {
+    pub(crate) fn title(self) -> &'static str {
         match self {
             Load::KeepAlive => "keep-alive requests, 32 conns, tiny body",
             Load::NewConnection => "a new connection per request, 32 conns",
@@ -422,7 +435,7 @@ impl Load {
     }
 
     /// The unit of work of a rate and of the CPU per unit.
-    fn unit(self) -> &'static str {
+    pub(crate) fn unit(self) -> &'static str {
         match self {
             Load::KeepAlive => "req",
             Load::NewConnection => "conn",
@@ -440,13 +453,14 @@ impl Load {
 }
 
 #[derive(Debug, Clone, Default)]
-struct Run {
+pub(crate) struct Run {
     /// Units of work per second.
-    rate: f64,
+    pub(crate) rate: f64,
     /// Proxy CPU per unit, µs.
-    cpu_us: f64,
-    p99_ms: f64,
-    errors: u64,
+    pub(crate) cpu_us: f64,
+    pub(crate) p50_ms: f64,
+    pub(crate) p99_ms: f64,
+    pub(crate) errors: u64,
 }
 
 /// "12.34MB" (wrk's binary units) in bytes.
@@ -479,7 +493,7 @@ fn millis(s: &str) -> Option<f64> {
     Some(n.parse::<f64>().ok()? * scale)
 }
 
-fn wrk(proxy: &Proxy, load: Load, opts: &Options, ticks: f64) -> anyhow::Result<Run> {
+pub(crate) fn wrk(proxy: &Proxy, load: Load, opts: &Options, ticks: f64) -> anyhow::Result<Run> {
     let mut args = load.args();
     let path = args.pop().unwrap_or("/tiny");
     let url = format!("http://{}{path}", local(proxy.port));
@@ -513,12 +527,14 @@ fn wrk(proxy: &Proxy, load: Load, opts: &Options, ticks: f64) -> anyhow::Result<
         Load::Bodies => read / (1024.0 * 1024.0),
         Load::KeepAlive | Load::NewConnection => requests,
     };
-    let p99_ms = text
-        .lines()
-        .map(str::trim)
-        .find_map(|l| l.strip_prefix("99%"))
-        .and_then(|v| millis(v.trim()))
-        .unwrap_or(f64::NAN);
+    let percentile = |p: &str| {
+        text.lines()
+            .map(str::trim)
+            .find_map(|l| l.strip_prefix(p))
+            .and_then(|v| millis(v.trim()))
+            .unwrap_or(f64::NAN)
+    };
+    let (p50_ms, p99_ms) = (percentile("50%"), percentile("99%"));
     // "Socket errors: connect 0, read 0, write 0, timeout 0" and non-2xx answers.
     let mut errors = 0;
     for l in text.lines().map(str::trim) {
@@ -536,6 +552,7 @@ fn wrk(proxy: &Proxy, load: Load, opts: &Options, ticks: f64) -> anyhow::Result<
     Ok(Run {
         rate: units / secs.max(1e-9),
         cpu_us: cpu * 1e6 / units.max(1e-9),
+        p50_ms,
         p99_ms,
         errors,
     })

@@ -43,6 +43,14 @@ const PERF_L4_TOOLS: &[(&str, &str)] = &[
     ("wrk", "wrk"),
 ];
 
+/// What `cargo xtask perf http` and `perf rolling` run beside dwara.
+const PERF_HTTP_TOOLS: &[(&str, &str)] = &[
+    ("nginx", "nginx-light"),
+    ("haproxy", "haproxy"),
+    ("caddy", "caddy"),
+    ("wrk", "wrk"),
+];
+
 fn on_path(program: &str) -> bool {
     if program.starts_with('/') {
         return Path::new(program).is_file();
@@ -74,6 +82,12 @@ pub(crate) fn ensure() -> anyhow::Result<()> {
 /// Installs the missing `perf l4` tools, or fails naming the install command.
 pub(crate) fn ensure_perf_l4() -> anyhow::Result<()> {
     install_missing(PERF_L4_TOOLS)
+}
+
+/// Installs the missing `perf http` / `perf rolling` tools, or fails naming the
+/// install command.
+pub(crate) fn ensure_perf_http() -> anyhow::Result<()> {
+    install_missing(PERF_HTTP_TOOLS)
 }
 
 fn install_missing(tools: &[(&str, &str)]) -> anyhow::Result<()> {

@@ -423,6 +423,20 @@ upstreams:
     }
 
     #[test]
+    fn the_readme_http_example_is_valid() {
+        let readme = include_str!("../../../README.md");
+        let section = &readme[readme.find("## HTTP upstreams").unwrap()..];
+        let start = section.find("```yaml\n").unwrap() + "```yaml\n".len();
+        let end = start + section[start..].find("```").unwrap();
+        let c = Config::parse(&section[start..end]).unwrap();
+        assert_eq!(c.upstreams[0].protocol, dwara_proxy::Protocol::Http);
+        assert_eq!(
+            c.upstreams[1].address_parts(),
+            Some(("api.weave.local".to_owned(), 8080))
+        );
+    }
+
+    #[test]
     fn the_guard_keys_parse() {
         let c = Config::parse(
             "nameserver:

@@ -6,8 +6,10 @@
 //! an entry is answered when it is unchecked or healthy, or, when the zone fails open
 //! and no entry of its name is, when it is unhealthy (never while starting); a name
 //! with no answered entry does not exist; `<service>.<name>` holds one SRV record per
-//! port of the answered entries carrying that service, and `_tcp.<name>` (`_udp`)
-//! exists, empty, above such a service.
+//! (address, port) of the answered entries carrying that service, each targeting
+//! `<hex address>.addr.weave.local.`, which answers that address while some name
+//! answers it; `addr.weave.local.` exists, empty, and so does `_tcp.<name>` (`_udp`)
+//! above a service.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -21,11 +23,25 @@ use crate::{fixture, handler};
 
 /// The TTL of every record of the zone, and of its negative answers.
 const TTL: u32 = 1;
-/// Sizes of records whose owner is a compression pointer: A, AAAA, and SRV whose
-/// target is one too.
+/// Sizes of records whose owner is a compression pointer: A, AAAA.
 const A_LEN: usize = 16;
 const AAAA_LEN: usize = 28;
-const SRV_LEN: usize = 20;
+
+/// The size of an SRV record whose owner is a compression pointer and whose target,
+/// written out, is `target`.
+fn srv_len(target: &Name) -> usize {
+    18 + target.len()
+}
+
+/// The target name of the instance at `ip`: `<hex address>.addr.weave.local.`,
+/// the address's bytes in lower-case hex.
+fn target_of(ip: IpAddr) -> Name {
+    let hex: String = match ip {
+        IpAddr::V4(a) => a.octets().iter().map(|b| format!("{b:02x}")).collect(),
+        IpAddr::V6(a) => a.octets().iter().map(|b| format!("{b:02x}")).collect(),
+    };
+    Name::from_ascii(format!("{hex}.addr.weave.local.")).expect("a valid name")
+}
 
 /// The labels of a name, ASCII-lower-cased, from the left (`web`, `weave`, `local`).
 fn lower_labels(name: &Name) -> Vec<Vec<u8>> {
@@ -37,13 +53,13 @@ fn lower_labels(name: &Name) -> Vec<Vec<u8>> {
 struct Served {
     /// The addresses of its answered entries.
     addrs: BTreeSet<IpAddr>,
-    /// Service (its two labels, `_http` and `_tcp`) → the ports and addresses of the
+    /// Service (its two labels, `_http` and `_tcp`) → the (address, port) of the
     /// answered entries carrying it.
     services: BTreeMap<(Vec<u8>, Vec<u8>), Offered>,
 }
 
-/// The ports and the addresses of one service of one name.
-type Offered = (BTreeSet<u16>, BTreeSet<IpAddr>);
+/// The instances, (address, port), of one service of one name.
+type Offered = BTreeSet<(IpAddr, u16)>;
 
 /// The zone as a client sees it, for one fail mode.
 #[derive(Debug)]
@@ -53,6 +69,8 @@ struct Zone {
     names: BTreeMap<Vec<u8>, Served>,
     /// Reverse name (lower-case labels) → the names answering that address.
     reverse: BTreeMap<Vec<Vec<u8>>, BTreeSet<Vec<u8>>>,
+    /// SRV target first label (lower-case hex) → the address it answers.
+    targets: BTreeMap<Vec<u8>, IpAddr>,
 }
 
 /// Whether an entry in `health` is answered on its own merits.
@@ -78,9 +96,7 @@ impl Zone {
                 if let Some((service, port)) = e.service {
                     let (svc, proto) = service.split_once('.').expect("two labels");
                     let key = (svc.as_bytes().to_vec(), proto.as_bytes().to_vec());
-                    let (ports, addrs) = served.services.entry(key).or_default();
-                    ports.insert(port);
-                    addrs.insert(e.ip);
+                    served.services.entry(key).or_default().insert((e.ip, port));
                 }
             }
             if !served.addrs.is_empty() {
@@ -88,15 +104,22 @@ impl Zone {
             }
         }
         let mut reverse: BTreeMap<Vec<Vec<u8>>, BTreeSet<Vec<u8>>> = BTreeMap::new();
+        let mut targets = BTreeMap::new();
         for (name, served) in &names {
             for ip in &served.addrs {
                 reverse
                     .entry(lower_labels(&Name::from(*ip)))
                     .or_default()
                     .insert(name.clone());
+                let label = lower_labels(&target_of(*ip)).swap_remove(0);
+                targets.insert(label, *ip);
             }
         }
-        Self { names, reverse }
+        Self {
+            names,
+            reverse,
+            targets,
+        }
     }
 
     /// The model of the zone served when failing `fail`.
@@ -117,6 +140,12 @@ impl Zone {
         }
         match &labels[..n - 2] {
             [] => Node::Apex,
+            [addr] if addr == b"addr" => Node::Empty,
+            [hex, addr] if addr == b"addr" => self
+                .targets
+                .get(hex)
+                .map_or(Node::Absent, |ip| Node::Target(*ip)),
+            [.., addr] if addr == b"addr" => Node::Absent,
             [name] => self.names.get(name).map_or(Node::Absent, Node::Name),
             [proto, name] => match self.names.get(name) {
                 Some(s) if s.services.keys().any(|(_, p)| p == proto) => Node::Empty,
@@ -126,10 +155,7 @@ impl Zone {
                 .names
                 .get(name)
                 .and_then(|s| s.services.get(&(svc.clone(), proto.clone())))
-                .map_or(Node::Absent, |(ports, addrs)| Node::Service {
-                    ports,
-                    addrs,
-                }),
+                .map_or(Node::Absent, Node::Service),
             _ => Node::Absent,
         }
     }
@@ -142,12 +168,11 @@ enum Node<'a> {
     Apex,
     /// A name with answered entries.
     Name(&'a Served),
-    /// `<service>.<name>`: SRV records of these ports (target `<name>`), and these
-    /// addresses as additional records.
-    Service {
-        ports: &'a BTreeSet<u16>,
-        addrs: &'a BTreeSet<IpAddr>,
-    },
+    /// `<service>.<name>`: an SRV record per instance (address, port), targeting
+    /// the address's target name, whose address is an additional record.
+    Service(&'a Offered),
+    /// `<hex address>.addr.<domain>`: an SRV target, answering this address.
+    Target(IpAddr),
     /// `_tcp.<name>` or `_udp.<name>` above a service: exists, holds nothing.
     Empty,
     /// Below the domain, but nothing there.
@@ -444,69 +469,105 @@ fn check_udp(data: &[u8], reply: &[u8], zone: &Zone) {
                 "TC does not say whether answers are missing"
             );
         }
-        Node::Service { ports, addrs } => {
+        Node::Target(ip) => {
+            let want = BTreeSet::from([ip]);
+            if family(&want, qtype).is_empty() {
+                check_negative(&decoded, ResponseCode::NoError);
+                return;
+            }
+            check_positive(&decoded);
+            assert!(!tc, "a target's answer truncated");
+            assert!(
+                decoded.additionals.is_empty(),
+                "additional records to a target"
+            );
+            let [v4, v6] = addresses(&decoded.answers, qname, "target answer");
+            let got: BTreeSet<IpAddr> = v4.union(&v6).copied().collect();
+            assert_eq!(got, want, "target {qname} answers another address");
+        }
+        Node::Service(instances) => {
             if qtype != RecordType::SRV {
                 check_negative(&decoded, ResponseCode::NoError);
                 return;
             }
             check_positive(&decoded);
-            // The target is the question's name after the two service labels.
-            let target = Name::from_labels(qname.iter().skip(2)).expect("a shorter name");
-            let mut got = BTreeSet::new();
-            for r in &decoded.answers {
-                check_head(r, qname, "SRV");
-                let RData::SRV(srv) = &r.data else {
-                    panic!("non-SRV answer {r:?}");
-                };
-                assert_eq!((srv.priority, srv.weight), (0, 1), "SRV priority, weight");
-                assert!(
-                    same_labels(&srv.target, target.iter()),
-                    "SRV target {} is not {target}",
-                    srv.target
-                );
-                assert!(got.insert(srv.port), "two SRV records of port {}", srv.port);
-            }
-            assert!(got.is_subset(ports), "SRV ports {got:?} not in {ports:?}");
-            let [v4, v6] = addresses(&decoded.additionals, &target, "additional");
-            let base = reply.len() - got.len() * SRV_LEN - v4.len() * A_LEN - v6.len() * AAAA_LEN;
-            assert_eq!(
-                got.len(),
-                ports.len().min(room(limit, base, SRV_LEN)),
-                "not as many SRV records as fit"
-            );
-            assert_eq!(
-                tc,
-                got.len() < ports.len(),
-                "TC does not say whether SRV records are missing"
-            );
-            if tc {
-                assert!(
-                    v4.is_empty() && v6.is_empty(),
-                    "additional records in a truncated SRV answer"
-                );
-                return;
-            }
-            // Then the addresses: every A record that fits, then AAAA records if
-            // all A did; a cut here never sets TC.
-            let (want4, want6) = (
-                family(addrs, RecordType::A),
-                family(addrs, RecordType::AAAA),
-            );
-            assert!(v4.is_subset(&want4), "additional {v4:?} not in {want4:?}");
-            assert!(v6.is_subset(&want6), "additional {v6:?} not in {want6:?}");
-            let base = base + ports.len() * SRV_LEN;
-            let fit4 = want4.len().min(room(limit, base, A_LEN));
-            let fit6 = if fit4 == want4.len() {
-                want6.len().min(room(limit, base + fit4 * A_LEN, AAAA_LEN))
-            } else {
-                0
-            };
-            assert_eq!(
-                (v4.len(), v6.len()),
-                (fit4, fit6),
-                "not as many additional addresses as fit"
-            );
+            check_srv(&decoded, reply.len(), limit, qname, instances);
         }
+    }
+}
+
+/// An SRV answer to `qname` (`reply_len` bytes for a query allowing `limit`) against
+/// the service's `instances`: one record per instance, priority 0, weight 1, its
+/// target written for its address; as many as fit, TC exactly when some are
+/// missing (then no additional records); else each answered target's address in
+/// the additional section, A records then AAAA records, as many as fit.
+fn check_srv(decoded: &Message, reply_len: usize, limit: usize, qname: &Name, instances: &Offered) {
+    let tc = decoded.metadata.truncation;
+    let mut got = BTreeSet::new();
+    for r in &decoded.answers {
+        check_head(r, qname, "SRV");
+        let RData::SRV(srv) = &r.data else {
+            panic!("non-SRV answer {r:?}");
+        };
+        assert_eq!((srv.priority, srv.weight), (0, 1), "SRV priority, weight");
+        let instance = instances
+            .iter()
+            .find(|(ip, port)| *port == srv.port && target_of(*ip).eq_case(&srv.target))
+            .unwrap_or_else(|| panic!("SRV {} {} is no instance", srv.port, srv.target));
+        assert!(got.insert(*instance), "two SRV records of {instance:?}");
+    }
+    let left = limit.saturating_sub(reply_len);
+    let missing = instances.difference(&got);
+    let largest_missing = missing.map(|(ip, _)| srv_len(&target_of(*ip))).max();
+    assert_eq!(
+        tc,
+        largest_missing.is_some(),
+        "TC does not say whether SRV records are missing"
+    );
+    if let Some(size) = largest_missing {
+        assert!(left < size, "an SRV record that fits is missing");
+        assert!(
+            decoded.additionals.is_empty(),
+            "additional records in a truncated SRV answer"
+        );
+        return;
+    }
+    // The additional section: the answered targets' addresses, A then AAAA; a cut
+    // here never sets TC.
+    let mut extra = [BTreeSet::new(), BTreeSet::new()];
+    for r in &decoded.additionals {
+        let (i, ip) = match &r.data {
+            RData::A(a) => (0, IpAddr::V4(a.0)),
+            RData::AAAA(a) => (1, IpAddr::V6(a.0)),
+            other => panic!("unexpected additional record {other:?}"),
+        };
+        assert!(
+            r.name.eq_case(&target_of(ip)),
+            "additional {ip} owned by {}",
+            r.name
+        );
+        assert_eq!(
+            (r.dns_class, r.ttl),
+            (DNSClass::IN, TTL),
+            "additional class, TTL"
+        );
+        assert!(extra[i].insert(ip), "duplicate additional record {ip}");
+    }
+    let addrs: BTreeSet<IpAddr> = got.iter().map(|(ip, _)| *ip).collect();
+    let (want4, want6) = (
+        family(&addrs, RecordType::A),
+        family(&addrs, RecordType::AAAA),
+    );
+    let [v4, v6] = extra;
+    assert!(v4.is_subset(&want4), "additional {v4:?} not in {want4:?}");
+    assert!(v6.is_subset(&want6), "additional {v6:?} not in {want6:?}");
+    if v4.len() < want4.len() {
+        assert!(
+            left < A_LEN && v6.is_empty(),
+            "an A record that fits is missing"
+        );
+    } else if v6.len() < want6.len() {
+        assert!(left < AAAA_LEN, "an AAAA record that fits is missing");
     }
 }
 
@@ -545,6 +606,11 @@ pub(crate) fn comparable(
     let questions = format!("{:?}", m.queries);
     let edns = format!("{:?}", m.edns);
     let mut head = reply[2..12].to_vec();
+    if m.metadata.truncation {
+        // Records of different sizes (SRV targets of IPv4 and IPv6 instances): how
+        // many fit depends on which were picked.
+        head[4..6].fill(0);
+    }
     head.extend_from_slice(&reply[..2]);
     (head, questions, answers, others, edns)
 }
@@ -589,6 +655,12 @@ mod tests {
         list.iter().map(|s| s.parse().unwrap()).collect()
     }
 
+    fn instances(list: &[(&str, u16)]) -> Offered {
+        list.iter()
+            .map(|(ip, port)| (ip.parse().unwrap(), *port))
+            .collect()
+    }
+
     /// The model's rules on the fixture, spelled out by hand.
     #[test]
     fn the_model_answers_what_the_readme_says() {
@@ -619,25 +691,33 @@ mod tests {
             assert_eq!(z.node(&name("x._http._tcp.api.weave.local.")), Node::Absent);
             assert_eq!(
                 z.node(&name("_HTTP._tcp.api.weave.local.")),
-                Node::Service {
-                    ports: &[80, 8080, 8082].into(),
-                    addrs: &ips(&["10.40.0.1", "10.40.0.3", "fd00::40:2"])
-                }
+                Node::Service(&instances(&[
+                    ("10.40.0.1", 80),
+                    ("10.40.0.3", 80),
+                    ("10.40.0.3", 8082),
+                    ("fd00::40:2", 8080)
+                ]))
             );
             assert_eq!(
                 z.node(&name("_dns._udp.api.weave.local.")),
-                Node::Service {
-                    ports: &[53].into(),
-                    addrs: &ips(&["10.40.0.4"])
-                }
+                Node::Service(&instances(&[("10.40.0.4", 53)]))
             );
             assert_eq!(
                 z.node(&name("_http._tcp.mixed.weave.local.")),
-                Node::Service {
-                    ports: &[80].into(),
-                    addrs: &ips(&["10.41.0.1"])
-                }
+                Node::Service(&instances(&[("10.41.0.1", 80)]))
             );
+            // Targets: of answered addresses only; `addr` itself is empty.
+            assert_eq!(
+                z.node(&name("0A280001.addr.weave.local.")),
+                Node::Target("10.40.0.1".parse().unwrap())
+            );
+            assert_eq!(
+                z.node(&name("fd000000000000000000000000400002.addr.weave.local.")),
+                Node::Target("fd00::40:2".parse().unwrap())
+            );
+            assert_eq!(z.node(&name("addr.weave.local.")), Node::Empty);
+            assert_eq!(z.node(&name("0a2b0001.addr.weave.local.")), Node::Absent);
+            assert_eq!(z.node(&name("x.0a280001.addr.weave.local.")), Node::Absent);
             assert!(z.reverse.contains_key(&name("1.0.41.10.in-addr.arpa.")));
             assert!(!z.reverse.contains_key(&name("2.0.41.10.in-addr.arpa.")));
             assert!(!z.reverse.contains_key(&name("1.0.43.10.in-addr.arpa.")));
@@ -648,10 +728,7 @@ mod tests {
         );
         assert_eq!(
             open.node(&name("_http._tcp.down.weave.local.")),
-            Node::Service {
-                ports: &[80].into(),
-                addrs: &ips(&["10.42.0.1", "fd00::42:2"])
-            }
+            Node::Service(&instances(&[("10.42.0.1", 80), ("fd00::42:2", 80)]))
         );
         assert_eq!(closed.node(&name("down.weave.local.")), Node::Absent);
         assert_eq!(closed.node(&name("_tcp.down.weave.local.")), Node::Absent);

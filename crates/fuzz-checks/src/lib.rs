@@ -23,6 +23,7 @@
 //! | `config_yaml`, `resolv_conf`, `http_form` | text | no panic, bounded results |
 //! | `allow_list` | text as a DNS allow list | entries print back to themselves, one per word; errors are one line |
 //! | `http_auth` | bytes as a token file and an `Authorization` value | an accepted token matches itself and survives its header |
+//! | `http_headers` | header lines through the HTTP upstreams' rewriting, the first line as `address:` | no hop-by-hop or `Connection`-named header left, the others kept, `X-Forwarded-*` set |
 //!
 //! ```
 //! // A query for web.weave.local A, checked against the model zone.
@@ -39,6 +40,7 @@ mod answers;
 mod dns;
 mod gossip;
 mod http;
+mod proxy_headers;
 mod records;
 mod tcp;
 
@@ -46,6 +48,7 @@ pub use answers::dns_answers;
 pub use dns::{dns_differential, dns_udp};
 pub use gossip::{cluster_datagram, cluster_keyfile};
 pub use http::http_path;
+pub use proxy_headers::http_headers;
 pub use records::{cluster_bucket, cluster_value, docker_event, store_record};
 pub use tcp::dns_tcp;
 

@@ -104,3 +104,8 @@ fn allow_list_regressions() {
 fn http_auth_regressions() {
     replay("http_auth", dwara_fuzz_checks::http_auth);
 }
+
+#[test]
+fn http_headers_regressions() {
+    replay("http_headers", dwara_fuzz_checks::http_headers);
+}

@@ -19,10 +19,10 @@ use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
 use crate::access::{AllowEntry, AllowList, is_loopback, spawn_interface_watcher};
-use crate::handler::{Handler, Outcome, Transport, refused, truncated};
-use crate::metrics::{Counters, Metrics, RateLimited, Refused};
+use crate::handler::{Outcome, Transport, Worker, refused, truncated};
+use crate::metrics::{Metrics, RateLimited, Refused};
 use crate::rate_limit::{RateLimit, RateLimiter, Verdict};
-use crate::wire::FastRng;
+use crate::wire::Rcode;
 
 /// Whether clients outside the allow list get answers for the local domain.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -91,23 +91,20 @@ impl Guard {
         &self.allow
     }
 
-    /// The checks, then `handler` for what passes them.
+    /// The checks, then the worker's handler for what passes them.
     #[inline]
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn handle(
         &self,
-        handler: &Handler,
+        worker: &mut Worker<'_>,
         client: IpAddr,
         packet: &[u8],
         out: &mut [u8],
-        transport: Transport,
-        rng: &mut FastRng,
-        counters: &Counters,
     ) -> Outcome {
+        let counters = worker.counters;
         if is_loopback(client) {
-            return handler.handle(packet, out, transport, rng, counters);
+            return worker.handle(packet, out);
         }
-        if transport == Transport::Udp
+        if worker.transport == Transport::Udp
             && let Some(limiter) = &self.limiter
         {
             match limiter.check(client, Instant::now()) {
@@ -123,11 +120,11 @@ impl Guard {
             }
         }
         if self.allow.allows(client) {
-            return handler.handle(packet, out, transport, rng, counters);
+            return worker.handle(packet, out);
         }
         let reason = match self.local_names {
             LocalNames::AllowedClients => Refused::ClientNotAllowed,
-            LocalNames::Anyone => match handler.handle(packet, out, transport, rng, counters) {
+            LocalNames::Anyone => match worker.handle(packet, out) {
                 Outcome::Forward { .. } => Refused::ForwardNotAllowed,
                 other => return other,
             },
@@ -135,7 +132,7 @@ impl Guard {
         match refused(packet, out) {
             Some((len, qtype)) => {
                 counters.refused(reason);
-                counters.record(qtype, crate::wire::rcode::REFUSED.into());
+                counters.record(qtype, Rcode::REFUSED.code());
                 Outcome::Reply(len)
             }
             None => {
@@ -150,7 +147,8 @@ impl Guard {
 mod tests {
     use super::*;
     use crate::access::AllowEntry;
-    use crate::handler::MAX_MESSAGE;
+    use crate::handler::{Handler, MAX_MESSAGE, WorkerState};
+    use crate::metrics::Counters;
     use crate::rate_limit::RateLimit;
     use dwara_records::Domain;
     use dwara_records::{Db, DbConfig};
@@ -191,11 +189,17 @@ mod tests {
             },
         });
         let counters = Counters::default();
-        let mut rng = FastRng::seeded(1);
+        let mut state = WorkerState::seeded(1);
         let mut out = vec![0u8; MAX_MESSAGE];
         // One query through the guard; the reply (if any) is in `out`.
         let mut ask = |client: IpAddr, q: &[u8], transport: Transport, out: &mut [u8]| {
-            g.handle(&handler, client, q, out, transport, &mut rng, &counters)
+            let mut worker = Worker {
+                handler: &handler,
+                counters: &counters,
+                transport,
+                state: &mut state,
+            };
+            g.handle(&mut worker, client, q, out)
         };
         let big = query(b"\x03big\x05weave\x05local\x00");
         for (edns, q) in [(false, big.clone()), (true, with_edns(big))] {
@@ -209,7 +213,8 @@ mod tests {
             let Outcome::Reply(n) = ask(client, &q, Transport::Udp, &mut out) else {
                 panic!("no slip")
             };
-            assert!(n <= q.len() && out[2] & 0x02 != 0, "{:02x?}", &out[..n]);
+            let tc = out[2] & crate::wire::flags::TC != 0;
+            assert!(n <= q.len() && tc, "{:02x?}", &out[..n]);
             assert_eq!(&out[6..8], &[0, 0], "no answers");
             // Over TCP the same client is never limited.
             let Outcome::Reply(n) = ask(client, &q, Transport::Tcp, &mut out) else {
@@ -224,7 +229,7 @@ mod tests {
                 panic!("no REFUSED")
             };
             assert!(n <= q.len());
-            assert_eq!(out[3] & 0x0f, crate::wire::rcode::REFUSED);
+            assert_eq!(Rcode::of(&out), Some(Rcode::REFUSED));
         }
         // Loopback is neither limited nor refused.
         let lo: IpAddr = "127.0.0.1".parse().unwrap();

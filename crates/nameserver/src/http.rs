@@ -4,7 +4,7 @@
 //!
 //! | request | effect |
 //! |---|---|
-//! | `PUT /name/<id>/<ip>`, form `fqdn=…`, optional `port=1..65535`, `service=_name._tcp`, `check=tcp` | add (or replace the entry's service, port and check); 204; 400 with a message for a bad IP, a missing fqdn or one outside the domain, a bad port or service, a service without a port, an unknown check or a check without a port |
+//! | `PUT /name/<id>/<ip>`, form `fqdn=…`, optional `port=1..65535`, `service=_name._tcp`, `check=tcp` | add (or replace the entry's service, port and check); 204; 400 with a message for a bad IP, a missing fqdn or one outside the domain or at or below `addr.<domain>` (reserved for SRV targets), a bad port or service, a service without a port, an unknown check or a check without a port |
 //! | `DELETE /name/<id>/<ip>` (`fqdn` optional, form body or query) | tombstone; 204 also when nothing matched |
 //! | `DELETE /name/<id>` | tombstone every entry of the id; 204 |
 //! | either DELETE matching only other nodes' live entries | 409, JSON `{"error", "owners": [node…]}` |
@@ -156,6 +156,9 @@ async fn add(
     if id.is_empty() {
         return bad_request("empty id");
     }
+    if let Some(reason) = reserved(state.db.domain(), &fqdn) {
+        return bad_request(reason);
+    }
     let port = param(&body, query.as_deref(), "port");
     let service = param(&body, query.as_deref(), "service");
     let service = match service_param(port.as_deref(), service.as_deref()) {
@@ -176,6 +179,19 @@ async fn add(
     };
     let durable = state.durable.as_ref();
     outcome(crate::durable::add(&state.db, &state.checks, durable, add).await)
+}
+
+/// Why `fqdn` may not be registered, when it is `addr.<domain>` or below it: those
+/// names are the targets of SRV answers (`<hex address>.addr.<domain>`), answered
+/// from the addresses alone.
+fn reserved(domain: &crate::Domain, fqdn: &str) -> Option<String> {
+    let name = domain.normalize_member(fqdn).ok()?;
+    let addr = format!("addr.{}", domain.as_str());
+    (name == addr || name.ends_with(&format!(".{addr}"))).then(|| {
+        format!(
+            "fqdn {fqdn} is reserved: names at and below {addr} are the per-instance targets of SRV answers"
+        )
+    })
 }
 
 fn outcome(done: Result<(), crate::durable::Failure>) -> Response {

@@ -110,7 +110,7 @@ pub use server::{
 #[derive(Debug)]
 pub struct QueryHandler {
     handler: handler::Handler,
-    rng: wire::FastRng,
+    state: handler::WorkerState,
     counters: metrics::Counters,
     out: Vec<u8>,
     /// With [`QueryHandler::with_access`]: the allow list and rate limit, and the
@@ -131,7 +131,7 @@ impl QueryHandler {
     pub fn new(db: &Db) -> Self {
         Self {
             handler: handler::Handler::new(db),
-            rng: wire::FastRng::new(),
+            state: handler::WorkerState::new(),
             counters: metrics::Counters::default(),
             out: vec![0; handler::MAX_MESSAGE],
             guard: None,
@@ -159,15 +159,13 @@ impl QueryHandler {
         let Some((guard, _)) = &self.guard else {
             return self.answer(packet, handler::Transport::Udp);
         };
-        match guard.handle(
-            &self.handler,
-            client,
-            packet,
-            &mut self.out,
-            handler::Transport::Udp,
-            &mut self.rng,
-            &self.counters,
-        ) {
+        let mut worker = handler::Worker {
+            handler: &self.handler,
+            counters: &self.counters,
+            transport: handler::Transport::Udp,
+            state: &mut self.state,
+        };
+        match guard.handle(&mut worker, client, packet, &mut self.out) {
             handler::Outcome::Reply(n) => Some(&self.out[..n]),
             handler::Outcome::Forward { .. } | handler::Outcome::Drop => None,
         }
@@ -185,13 +183,13 @@ impl QueryHandler {
     }
 
     fn answer(&mut self, packet: &[u8], transport: handler::Transport) -> Option<&[u8]> {
-        match self.handler.handle(
-            packet,
-            &mut self.out,
+        let mut worker = handler::Worker {
+            handler: &self.handler,
+            counters: &self.counters,
             transport,
-            &mut self.rng,
-            &self.counters,
-        ) {
+            state: &mut self.state,
+        };
+        match worker.handle(packet, &mut self.out) {
             handler::Outcome::Reply(n) => Some(&self.out[..n]),
             handler::Outcome::Forward { .. } | handler::Outcome::Drop => None,
         }

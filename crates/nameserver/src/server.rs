@@ -54,9 +54,9 @@ use crate::access::{AllowList, Cidr};
 use crate::error::{Error, Result};
 use crate::forward::Forwarder;
 use crate::guard::{AccessConfig, Guard};
-use crate::handler::{Handler, MAX_MESSAGE, Outcome, Transport, servfail};
+use crate::handler::{Handler, MAX_MESSAGE, Outcome, Transport, Worker, WorkerState, servfail};
 use crate::metrics::{Counters, Metrics};
-use crate::wire::FastRng;
+use crate::wire::Rcode;
 use dwara_records::Db;
 use pktinfo::{Family, Peer};
 use udp_batch::UdpBatch;
@@ -463,22 +463,23 @@ fn is_transient(e: &std::io::Error) -> bool {
 
 impl UdpWorker {
     fn run(self) {
-        let mut rng = FastRng::new();
+        let mut state = WorkerState::new();
         if let Some(max) = self.batch {
             let mut batch = UdpBatch::new(max, self.pktinfo);
-            if self.run_batched(&mut batch, &mut rng).is_break() {
+            if self.run_batched(&mut batch, &mut state).is_break() {
                 return;
             }
             tracing::warn!(
                 "recvmmsg is not available here; DNS/UDP falls back to one recv_from per datagram"
             );
         }
-        self.run_per_datagram(&mut rng);
+        self.run_per_datagram(&mut state);
     }
 
     /// Serves in batches until stopped (`Break`) or until `recvmmsg` turns out to be
     /// missing (`Continue`: use the per-datagram path).
-    fn run_batched(&self, batch: &mut UdpBatch, rng: &mut FastRng) -> ControlFlow<()> {
+    fn run_batched(&self, batch: &mut UdpBatch, state: &mut WorkerState) -> ControlFlow<()> {
+        let mut worker = self.worker(state);
         while !self.stop.load(Ordering::Relaxed) {
             match batch.recv(&self.sock) {
                 Ok(_) => {}
@@ -494,15 +495,7 @@ impl UdpWorker {
                 self.counters.udp_request(packet.len());
                 // Every received datagram has a sender address.
                 let peer = peer?;
-                match self.guard.handle(
-                    &self.handler,
-                    peer.addr.ip(),
-                    packet,
-                    out,
-                    Transport::Udp,
-                    rng,
-                    &self.counters,
-                ) {
+                match self.guard.handle(&mut worker, peer.addr.ip(), packet, out) {
                     Outcome::Reply(len) => {
                         self.counters.udp_reply(len);
                         Some(len)
@@ -520,7 +513,8 @@ impl UdpWorker {
     }
 
     /// Serves one datagram per `recv_from` / `send_to` until stopped.
-    fn run_per_datagram(&self, rng: &mut FastRng) {
+    fn run_per_datagram(&self, state: &mut WorkerState) {
+        let mut worker = self.worker(state);
         // A UDP datagram larger than the buffer is cut to it; it then parses as
         // garbage and gets FORMERR, as it should.
         let mut buf = vec![0u8; MAX_MESSAGE];
@@ -545,15 +539,10 @@ impl UdpWorker {
             };
             let packet = &buf[..n];
             self.counters.udp_request(n);
-            match self.guard.handle(
-                &self.handler,
-                src.addr.ip(),
-                packet,
-                &mut out,
-                Transport::Udp,
-                rng,
-                &self.counters,
-            ) {
+            match self
+                .guard
+                .handle(&mut worker, src.addr.ip(), packet, &mut out)
+            {
                 Outcome::Reply(len) => {
                     self.counters.udp_reply(len);
                     let _ = pktinfo::send_to(&self.sock, &out[..len], src);
@@ -564,11 +553,21 @@ impl UdpWorker {
         }
     }
 
+    /// This worker's answering context over `state`.
+    fn worker<'a>(&'a self, state: &'a mut WorkerState) -> Worker<'a> {
+        Worker {
+            handler: &self.handler,
+            counters: &self.counters,
+            transport: Transport::Udp,
+            state,
+        }
+    }
+
     fn forward(&self, packet: &[u8], src: Peer, qtype: u16, out: &mut [u8]) {
         let Ok(permit) = self.forwards.clone().try_acquire_owned() else {
             // Too many in flight: answer at once rather than queue without bound.
             if let Some(len) = servfail(packet, out) {
-                self.counters.record(Some(qtype), 2);
+                self.counters.record(Some(qtype), Rcode::SERVFAIL.code());
                 self.counters.udp_reply(len);
                 let _ = pktinfo::send_to(&self.sock, &out[..len], src);
             }
@@ -593,7 +592,8 @@ impl UdpWorker {
                     out
                 }
             };
-            counters.record(Some(qtype), u16::from(reply.get(3).map_or(2, |b| b & 0x0f)));
+            let rc = Rcode::of(&reply).unwrap_or(Rcode::SERVFAIL);
+            counters.record(Some(qtype), rc.code());
             counters.udp_reply(reply.len());
             // The socket is blocking, but a UDP send only waits when the socket
             // buffer is full, and then only briefly.
@@ -721,7 +721,13 @@ async fn serve_tcp_conn(
     let end_of_life = Instant::now() + limits.lifetime;
     // Buffered: a client that sends several messages in one write costs one read.
     let mut stream = BufReader::new(stream);
-    let mut rng = FastRng::new();
+    let mut state = WorkerState::new();
+    let mut worker = Worker {
+        handler,
+        counters,
+        transport: Transport::Tcp,
+        state: &mut state,
+    };
     let mut query = vec![0u8; MAX_MESSAGE];
     let mut out = vec![0u8; MAX_MESSAGE + 2];
     loop {
@@ -730,15 +736,7 @@ async fn serve_tcp_conn(
             NextFrame::Close => return Ok(()),
         };
         let packet = &query[..len];
-        let reply_len = match guard.handle(
-            handler,
-            peer.ip(),
-            packet,
-            &mut out[2..],
-            Transport::Tcp,
-            &mut rng,
-            counters,
-        ) {
+        let reply_len = match guard.handle(&mut worker, peer.ip(), packet, &mut out[2..]) {
             Outcome::Reply(n) => n,
             Outcome::Drop => continue,
             Outcome::Forward { qtype } => {
@@ -756,7 +754,8 @@ async fn serve_tcp_conn(
                         }
                     }
                 };
-                counters.record(Some(qtype), u16::from(out[5] & 0x0f));
+                let rc = Rcode::of(&out[2..]).unwrap_or(Rcode::SERVFAIL);
+                counters.record(Some(qtype), rc.code());
                 n
             }
         };

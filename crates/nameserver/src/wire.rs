@@ -25,16 +25,82 @@ pub(crate) mod rtype {
     pub(crate) const OPT: u16 = 41;
 }
 
-/// Response codes the server produces itself.
-pub(crate) mod rcode {
-    pub(crate) const NOERROR: u8 = 0;
-    pub(crate) const FORMERR: u8 = 1;
-    pub(crate) const SERVFAIL: u8 = 2;
-    pub(crate) const NXDOMAIN: u8 = 3;
-    pub(crate) const NOTIMP: u8 = 4;
-    pub(crate) const REFUSED: u8 = 5;
+/// A response code (RFC 1035 §4.1.1, extended by RFC 6891): the low four bits go in
+/// the header, the rest in the OPT record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Rcode(u16);
+
+impl Rcode {
+    pub(crate) const NOERROR: Self = Self(0);
+    pub(crate) const FORMERR: Self = Self(1);
+    pub(crate) const SERVFAIL: Self = Self(2);
+    pub(crate) const NXDOMAIN: Self = Self(3);
+    pub(crate) const NOTIMP: Self = Self(4);
+    pub(crate) const REFUSED: Self = Self(5);
     /// Extended (EDNS) response code 16; its high bits go in the OPT record.
-    pub(crate) const BADVERS: u16 = 16;
+    pub(crate) const BADVERS: Self = Self(16);
+
+    /// The code as a number (for metrics).
+    pub(crate) const fn code(self) -> u16 {
+        self.0
+    }
+
+    /// The four bits of the header.
+    const fn header_bits(self) -> u8 {
+        (self.0 as u8) & flags::RCODE_MASK
+    }
+
+    /// The upper eight bits, which go in the OPT record's extended-rcode field.
+    const fn ext_bits(self) -> u8 {
+        (self.0 >> 4) as u8
+    }
+
+    /// The (header) response code of a DNS message; `None` without a header.
+    pub(crate) fn of(message: &[u8]) -> Option<Self> {
+        message
+            .get(3)
+            .map(|b| Self(u16::from(b & flags::RCODE_MASK)))
+    }
+}
+
+impl From<Rcode> for u16 {
+    fn from(rc: Rcode) -> Self {
+        rc.0
+    }
+}
+
+/// The bits of the header's third and fourth bytes (RFC 1035 §4.1.1).
+pub(crate) mod flags {
+    /// Third byte: a response.
+    pub(crate) const QR: u8 = 0x80;
+    /// Third byte: the opcode's four bits.
+    pub(crate) const OPCODE_MASK: u8 = 0x78;
+    /// Third byte: authoritative answer.
+    pub(crate) const AA: u8 = 0x04;
+    /// Third byte: truncated.
+    pub(crate) const TC: u8 = 0x02;
+    /// Third byte: recursion desired.
+    pub(crate) const RD: u8 = 0x01;
+    /// Fourth byte: recursion available.
+    pub(crate) const RA: u8 = 0x80;
+    /// Fourth byte: checking disabled (DNSSEC).
+    pub(crate) const CD: u8 = 0x10;
+    /// Fourth byte: the response code's four bits.
+    pub(crate) const RCODE_MASK: u8 = 0x0f;
+    /// The OPT record's flags (third byte of its TTL): DNSSEC OK (RFC 3225).
+    pub(crate) const DO: u8 = 0x80;
+}
+
+/// Whether a message (at least a header) is a response.
+#[inline]
+pub(crate) fn is_response(message: &[u8]) -> bool {
+    message.get(2).is_some_and(|b| b & flags::QR != 0)
+}
+
+/// Sets TC in a message whose header was written.
+#[inline]
+pub(crate) fn set_truncated(message: &mut [u8]) {
+    message[2] |= flags::TC;
 }
 
 /// The EDNS part of a query.
@@ -115,10 +181,10 @@ fn plain_options(mut rdata: &[u8]) -> bool {
 /// Parses an ordinary query, writing its lower-cased question name to `lower`.
 #[inline]
 pub(crate) fn parse<'a>(packet: &'a [u8], lower: &mut [u8; 256]) -> Parse<'a> {
-    if packet.len() < HEADER_LEN || packet[2] & 0x80 != 0 {
+    if packet.len() < HEADER_LEN || is_response(packet) {
         return Parse::Drop;
     }
-    let opcode = (packet[2] >> 3) & 0x0f;
+    let opcode = (packet[2] & flags::OPCODE_MASK) >> 3;
     let (qd, an, ns, ar) = (
         u16_at(packet, 4),
         u16_at(packet, 6),
@@ -181,7 +247,7 @@ pub(crate) fn parse<'a>(packet: &'a [u8], lower: &mut [u8; 256]) -> Parse<'a> {
         }
         edns = Some(Edns {
             payload,
-            dnssec_ok: packet[pos + 7] & 0x80 != 0,
+            dnssec_ok: packet[pos + 7] & flags::DO != 0,
         });
         pos += OPT_LEN + rdlen;
     }
@@ -222,8 +288,8 @@ impl Answer {
     fn flag_bits(self) -> u8 {
         match self {
             Self::NotAuthoritative => 0,
-            Self::Authoritative => 0x04,
-            Self::AuthoritativeTruncated => 0x04 | 0x02,
+            Self::Authoritative => flags::AA,
+            Self::AuthoritativeTruncated => flags::AA | flags::TC,
         }
     }
 }
@@ -234,15 +300,15 @@ pub(crate) fn write_header(
     out: &mut [u8],
     query_header: &[u8],
     answer: Answer,
-    rcode: u8,
+    rcode: Rcode,
     counts: [u16; 4],
 ) {
     out[0] = query_header[0];
     out[1] = query_header[1];
     // QR, the query's opcode and RD; AA and TC as the answer says.
-    out[2] = 0x80 | (query_header[2] & 0x79) | answer.flag_bits();
+    out[2] = flags::QR | (query_header[2] & (flags::OPCODE_MASK | flags::RD)) | answer.flag_bits();
     // RA (we forward), the query's CD, the low rcode bits.
-    out[3] = 0x80 | (query_header[3] & 0x10) | (rcode & 0x0f);
+    out[3] = flags::RA | (query_header[3] & flags::CD) | rcode.header_bits();
     for (i, c) in counts.iter().enumerate() {
         out[4 + 2 * i..6 + 2 * i].copy_from_slice(&c.to_be_bytes());
     }
@@ -253,33 +319,33 @@ pub(crate) fn write_header(
 #[inline]
 pub(crate) fn write_opt(out: &mut [u8], pos: usize, ext_rcode: u8, dnssec_ok: bool) -> usize {
     let p = MAX_UDP_PAYLOAD.to_be_bytes();
-    let flags = if dnssec_ok { 0x80 } else { 0 };
-    out[pos..pos + OPT_LEN].copy_from_slice(&[0, 0, 41, p[0], p[1], ext_rcode, 0, flags, 0, 0, 0]);
+    let do_bit = if dnssec_ok { flags::DO } else { 0 };
+    out[pos..pos + OPT_LEN].copy_from_slice(&[0, 0, 41, p[0], p[1], ext_rcode, 0, do_bit, 0, 0, 0]);
     pos + OPT_LEN
 }
 
 /// An error response to a parsed query: header, its question, OPT if it had one.
-pub(crate) fn write_error(q: &Query<'_>, out: &mut [u8], rcode: u16) -> usize {
+pub(crate) fn write_error(q: &Query<'_>, out: &mut [u8], rcode: Rcode) -> usize {
     let question = q.question();
     let mut pos = HEADER_LEN;
     out[pos..pos + question.len()].copy_from_slice(question);
     pos += question.len();
     let ar = u16::from(q.edns.is_some());
     if let Some(e) = q.edns {
-        pos = write_opt(out, pos, (rcode >> 4) as u8, e.dnssec_ok);
+        pos = write_opt(out, pos, rcode.ext_bits(), e.dnssec_ok);
     }
     write_header(
         out,
         q.packet,
         Answer::NotAuthoritative,
-        (rcode & 0x0f) as u8,
+        rcode,
         [1, 0, 0, ar],
     );
     pos
 }
 
 /// A bare error response (header only) to a packet that has at least a header.
-pub(crate) fn write_bare_error(packet: &[u8], out: &mut [u8], rcode: u8) -> Option<usize> {
+pub(crate) fn write_bare_error(packet: &[u8], out: &mut [u8], rcode: Rcode) -> Option<usize> {
     if packet.len() < HEADER_LEN {
         return None;
     }
@@ -353,7 +419,7 @@ pub(crate) fn opt_flags_at(packet: &[u8]) -> Option<usize> {
 
 /// Whether `packet` carries an OPT record with the DO bit set.
 pub(crate) fn dnssec_ok(packet: &[u8]) -> bool {
-    opt_flags_at(packet).is_some_and(|at| packet.get(at).is_some_and(|f| f & 0x80 != 0))
+    opt_flags_at(packet).is_some_and(|at| packet.get(at).is_some_and(|f| f & flags::DO != 0))
 }
 
 /// A small, fast, non-cryptographic generator (xorshift64*) for answer shuffling.

@@ -3,6 +3,13 @@
 //! Parsing is strict (unknown keys are errors, through serde) and validation names the
 //! offending key by its path relative to the list, e.g.
 //! `upstreams[0].dns_discovery.port: must be 1..=65535, got 0`.
+//!
+//! An upstream is `protocol: tcp` (the default: L4 forwarding) or `protocol: http`
+//! (a reverse proxy that balances each request). The keys that only mean something
+//! for HTTP are options here, so that validation can refuse them on a TCP upstream
+//! instead of silently ignoring them; [`HttpSettings`] resolves them with their
+//! defaults. An HTTP upstream may name `address: HOST:PORT` instead of a discovery
+//! block: its connections are then dialled through a DNS cache.
 
 use std::collections::HashSet;
 use std::net::SocketAddr;
@@ -43,6 +50,190 @@ pub struct UpstreamConfig {
     /// Passive ejection of endpoints that keep failing to connect; off when absent.
     #[serde(default)]
     pub ejection: Option<EjectionSection>,
+    /// `tcp` (L4, the default) or `http` (per-request balancing).
+    #[serde(default)]
+    pub protocol: Protocol,
+    /// HTTP only, instead of a discovery block: `HOST:PORT`, resolved through a DNS
+    /// cache for every new connection.
+    #[serde(default)]
+    pub address: Option<String>,
+    /// HTTP with `address` only: the name servers that resolve it (default: the
+    /// system resolver).
+    #[serde(default)]
+    pub nameservers: Option<Vec<SocketAddr>>,
+    /// HTTP only: how long the response head may take after the request was sent
+    /// (default 30000), else 504.
+    #[serde(default)]
+    pub response_timeout_ms: Option<u64>,
+    /// HTTP only, `consistent_hash` only: the request header whose value is the hash
+    /// key (default: the client's IP address).
+    #[serde(default)]
+    pub hash_header: Option<String>,
+    /// HTTP only: tries per request, the first included (default 3).
+    #[serde(default)]
+    pub max_tries: Option<u32>,
+    /// HTTP only: the keep-alive connections kept to each endpoint.
+    #[serde(default)]
+    pub pool: Option<PoolSection>,
+    /// HTTP only: limits of the client side.
+    #[serde(default)]
+    pub limits: Option<HttpLimitsSection>,
+}
+
+/// `protocol:` of an upstream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Protocol {
+    /// Bytes are forwarded per connection (L4).
+    #[default]
+    Tcp,
+    /// HTTP/1.1: each request is balanced on its own over pooled connections.
+    Http,
+}
+
+/// `pool:` of an HTTP upstream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoolSection {
+    /// Idle connections kept per endpoint (default 64).
+    #[serde(default = "default_max_idle")]
+    pub max_idle_per_endpoint: usize,
+    /// An idle connection unused this long is closed, in seconds (default 60).
+    #[serde(default = "default_idle_timeout_s")]
+    pub idle_timeout_s: u64,
+}
+
+fn default_max_idle() -> usize {
+    64
+}
+
+fn default_idle_timeout_s() -> u64 {
+    60
+}
+
+impl Default for PoolSection {
+    fn default() -> Self {
+        Self {
+            max_idle_per_endpoint: default_max_idle(),
+            idle_timeout_s: default_idle_timeout_s(),
+        }
+    }
+}
+
+/// `limits:` of an HTTP upstream: what one client may hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpLimitsSection {
+    /// A request's head must arrive within this, in milliseconds, which also
+    /// closes a keep-alive connection idle that long (default 10000).
+    #[serde(default = "default_header_read_timeout_ms")]
+    pub header_read_timeout_ms: u64,
+    /// Largest request head (request line and headers) in bytes; larger gets 431
+    /// (default 65536).
+    #[serde(default = "default_max_header_bytes")]
+    pub max_header_bytes: usize,
+    /// Client connections open at once; one more is closed at once (default 10000).
+    #[serde(default = "default_max_connections")]
+    pub max_connections: usize,
+}
+
+fn default_header_read_timeout_ms() -> u64 {
+    10_000
+}
+
+fn default_max_header_bytes() -> usize {
+    64 * 1024
+}
+
+fn default_max_connections() -> usize {
+    10_000
+}
+
+impl Default for HttpLimitsSection {
+    fn default() -> Self {
+        Self {
+            header_read_timeout_ms: default_header_read_timeout_ms(),
+            max_header_bytes: default_max_header_bytes(),
+            max_connections: default_max_connections(),
+        }
+    }
+}
+
+/// The HTTP keys of an upstream with their defaults filled in.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HttpSettings {
+    /// See [`UpstreamConfig::response_timeout_ms`].
+    pub response_timeout: Duration,
+    /// See [`UpstreamConfig::hash_header`] (lower case).
+    pub hash_header: Option<http::HeaderName>,
+    /// See [`UpstreamConfig::max_tries`].
+    pub max_tries: u32,
+    /// See [`PoolSection`].
+    pub pool: PoolSection,
+    /// See [`HttpLimitsSection`].
+    pub limits: HttpLimitsSection,
+}
+
+impl UpstreamConfig {
+    /// The HTTP settings of a (validated) HTTP upstream; `None` for TCP.
+    pub fn http_settings(&self) -> Option<HttpSettings> {
+        if self.protocol != Protocol::Http {
+            return None;
+        }
+        Some(HttpSettings {
+            response_timeout: Duration::from_millis(self.response_timeout_ms.unwrap_or(30_000)),
+            hash_header: self
+                .hash_header
+                .as_deref()
+                .and_then(|h| http::HeaderName::from_bytes(h.as_bytes()).ok()),
+            max_tries: self.max_tries.unwrap_or(3),
+            pool: self.pool.unwrap_or_default(),
+            limits: self.limits.unwrap_or_default(),
+        })
+    }
+
+    /// `address:` split into host and port (validated: [`split_address`]).
+    pub fn address_parts(&self) -> Option<(String, u16)> {
+        self.address.as_deref().and_then(|a| split_address(a).ok())
+    }
+}
+
+/// Splits `HOST:PORT` (`[v6]:PORT` for an IPv6 literal). The host is a DNS name
+/// or an IP literal, the port 1..=65535.
+pub fn split_address(text: &str) -> Result<(String, u16), String> {
+    let (host, port) = text
+        .rsplit_once(':')
+        .ok_or_else(|| format!("{text:?} is not HOST:PORT"))?;
+    let port: u16 = port
+        .parse()
+        .map_err(|_| format!("{text:?}: port {port:?} is not 1..=65535"))?;
+    if port == 0 {
+        return Err(format!("{text:?}: port 0 cannot be dialled"));
+    }
+    let host = match host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+        Some(v6) => {
+            v6.parse::<std::net::Ipv6Addr>()
+                .map_err(|_| format!("{text:?}: {v6:?} is not an IPv6 address"))?;
+            v6
+        }
+        None => host,
+    };
+    if host.parse::<std::net::IpAddr>().is_ok() {
+        return Ok((host.to_owned(), port));
+    }
+    let name = host.strip_suffix('.').unwrap_or(host);
+    let label_ok = |l: &str| {
+        !l.is_empty()
+            && l.len() <= 63
+            && l.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+    };
+    if name.is_empty() || name.len() > 253 || !name.split('.').all(label_ok) {
+        return Err(format!("{text:?}: {host:?} is not a host name"));
+    }
+    Ok((name.to_ascii_lowercase(), port))
 }
 
 fn default_connect_timeout_ms() -> u64 {
@@ -138,6 +329,7 @@ pub fn validate_upstreams(upstreams: &[UpstreamConfig]) -> Result<(), Error> {
                 format!("{} is used by another upstream", up.listen),
             ));
         }
+        validate_http(up, &at)?;
         let sources = [
             up.dns_discovery.is_some(),
             up.consul.is_some(),
@@ -146,9 +338,20 @@ pub fn validate_upstreams(upstreams: &[UpstreamConfig]) -> Result<(), Error> {
         .iter()
         .filter(|s| **s)
         .count();
-        match sources {
-            0 => return Err(invalid(at, "needs a discovery block (dns_discovery)")),
-            1 => {}
+        match (sources, up.address.is_some()) {
+            (0, false) => {
+                return Err(invalid(
+                    at,
+                    "needs a discovery block (dns_discovery), or address: with protocol: http",
+                ));
+            }
+            (1, false) | (0, true) => {}
+            (_, true) => {
+                return Err(invalid(
+                    key("address"),
+                    "an upstream with address: has no discovery block; pick one",
+                ));
+            }
             _ => {
                 return Err(invalid(at, "has more than one discovery block; pick one"));
             }
@@ -173,4 +376,198 @@ pub fn validate_upstreams(upstreams: &[UpstreamConfig]) -> Result<(), Error> {
         }
     }
     Ok(())
+}
+
+/// The HTTP-only keys: refused on a TCP upstream, range-checked on an HTTP one.
+fn validate_http(up: &UpstreamConfig, at: &str) -> Result<(), Error> {
+    let key = |k: &str| format!("{at}.{k}");
+    if up.protocol == Protocol::Tcp {
+        let http_only = [
+            ("address", up.address.is_some()),
+            ("nameservers", up.nameservers.is_some()),
+            ("response_timeout_ms", up.response_timeout_ms.is_some()),
+            ("hash_header", up.hash_header.is_some()),
+            ("max_tries", up.max_tries.is_some()),
+            ("pool", up.pool.is_some()),
+            ("limits", up.limits.is_some()),
+        ];
+        if let Some((k, _)) = http_only.iter().find(|(_, set)| *set) {
+            return Err(invalid(
+                key(k),
+                "only for protocol: http (this upstream is tcp)",
+            ));
+        }
+        return Ok(());
+    }
+    if let Some(address) = &up.address {
+        split_address(address).map_err(|m| invalid(key("address"), m))?;
+    }
+    if up.nameservers.is_some() && up.address.is_none() {
+        return Err(invalid(
+            key("nameservers"),
+            "only with address: (a discovery block has its own nameservers)",
+        ));
+    }
+    if let Some(ms) = up.response_timeout_ms
+        && (ms == 0 || ms > 3_600_000)
+    {
+        return Err(invalid(
+            key("response_timeout_ms"),
+            format!("must be 1..=3600000, got {ms}"),
+        ));
+    }
+    if let Some(h) = &up.hash_header {
+        if http::HeaderName::from_bytes(h.as_bytes()).is_err() {
+            return Err(invalid(
+                key("hash_header"),
+                format!("{h:?} is not a header name"),
+            ));
+        }
+        if up.policy != Policy::ConsistentHash {
+            return Err(invalid(
+                key("hash_header"),
+                "only with policy: consistent_hash",
+            ));
+        }
+    }
+    if let Some(n) = up.max_tries
+        && !(1..=10).contains(&n)
+    {
+        return Err(invalid(
+            key("max_tries"),
+            format!("must be 1..=10, got {n}"),
+        ));
+    }
+    if let Some(p) = up.pool {
+        if p.max_idle_per_endpoint > 100_000 {
+            return Err(invalid(
+                key("pool.max_idle_per_endpoint"),
+                format!("must be 0..=100000, got {}", p.max_idle_per_endpoint),
+            ));
+        }
+        if p.idle_timeout_s == 0 || p.idle_timeout_s > 86_400 {
+            return Err(invalid(
+                key("pool.idle_timeout_s"),
+                format!("must be 1..=86400, got {}", p.idle_timeout_s),
+            ));
+        }
+    }
+    if let Some(l) = up.limits {
+        if l.header_read_timeout_ms == 0 || l.header_read_timeout_ms > 600_000 {
+            return Err(invalid(
+                key("limits.header_read_timeout_ms"),
+                format!("must be 1..=600000, got {}", l.header_read_timeout_ms),
+            ));
+        }
+        if !(1024..=1024 * 1024).contains(&l.max_header_bytes) {
+            return Err(invalid(
+                key("limits.max_header_bytes"),
+                format!("must be 1024..=1048576, got {}", l.max_header_bytes),
+            ));
+        }
+        if l.max_connections == 0 {
+            return Err(invalid(key("limits.max_connections"), "must be at least 1"));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(yaml: &str) -> Result<(), String> {
+        let ups: Vec<UpstreamConfig> = serde_yaml_ng::from_str(yaml).map_err(|e| e.to_string())?;
+        validate_upstreams(&ups).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn addresses_split_or_say_why_not() {
+        assert_eq!(split_address("Web.Local:80"), Ok(("web.local".into(), 80)));
+        assert_eq!(
+            split_address("10.0.0.1:8080"),
+            Ok(("10.0.0.1".into(), 8080))
+        );
+        assert_eq!(split_address("[::1]:8080"), Ok(("::1".into(), 8080)));
+        for bad in [
+            "web",
+            "web:0",
+            "web:99999",
+            ":80",
+            "-a.b:80",
+            "a..b:80",
+            "[zz]:80",
+            "a b:80",
+        ] {
+            assert!(split_address(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn http_keys_are_checked_with_their_paths() {
+        let base = "- {name: a, listen: 127.0.0.1:9000, ";
+        let ok =
+            format!("{base}protocol: http, address: web.local:80, nameservers: [127.0.0.1:53]}}");
+        assert_eq!(check(&ok), Ok(()));
+        let cases = [
+            (
+                "address: web.local:80}",
+                "upstreams[0].address: only for protocol: http",
+            ),
+            (
+                "response_timeout_ms: 5, dns_discovery: {hostname: a.b, port: 1}}",
+                "upstreams[0].response_timeout_ms: only for protocol: http",
+            ),
+            (
+                "protocol: http, address: web}",
+                "upstreams[0].address: \"web\" is not HOST:PORT",
+            ),
+            (
+                "protocol: http, address: a:1, dns_discovery: {hostname: a.b, port: 1}}",
+                "upstreams[0].address: an upstream with address: has no discovery block",
+            ),
+            (
+                "protocol: http, nameservers: [127.0.0.1:53], dns_discovery: {hostname: a.b, port: 1}}",
+                "upstreams[0].nameservers: only with address:",
+            ),
+            (
+                "protocol: http, address: a:1, response_timeout_ms: 0}",
+                "upstreams[0].response_timeout_ms: must be 1..=3600000, got 0",
+            ),
+            (
+                "protocol: http, address: a:1, hash_header: x-user}",
+                "upstreams[0].hash_header: only with policy: consistent_hash",
+            ),
+            (
+                "protocol: http, address: a:1, max_tries: 0}",
+                "upstreams[0].max_tries: must be 1..=10",
+            ),
+            (
+                "protocol: http, address: a:1, pool: {idle_timeout_s: 0}}",
+                "upstreams[0].pool.idle_timeout_s: must be 1..=86400",
+            ),
+            (
+                "protocol: http, address: a:1, limits: {max_header_bytes: 10}}",
+                "upstreams[0].limits.max_header_bytes: must be 1024..=1048576",
+            ),
+        ];
+        for (tail, want) in cases {
+            let got = check(&format!("{base}{tail}")).unwrap_err();
+            assert!(got.starts_with(want), "{tail}: {got}");
+        }
+    }
+
+    #[test]
+    fn http_settings_fill_in_the_defaults() {
+        let ups: Vec<UpstreamConfig> = serde_yaml_ng::from_str(
+            "- {name: a, listen: 127.0.0.1:9000, protocol: http, policy: consistent_hash, hash_header: X-User, address: a:1}",
+        )
+        .unwrap();
+        let s = ups[0].http_settings().unwrap();
+        assert_eq!(s.response_timeout, Duration::from_secs(30));
+        assert_eq!(s.max_tries, 3);
+        assert_eq!(s.hash_header.unwrap().as_str(), "x-user");
+        assert_eq!(s.pool, PoolSection::default());
+        assert_eq!(ups[0].address_parts(), Some(("a".into(), 1)));
+    }
 }

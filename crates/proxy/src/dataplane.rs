@@ -33,6 +33,7 @@ use dwara_discovery_dns::{DnsDiscoveryConfig, DnsSource};
 use dwara_lb::UpstreamLb;
 use serde_json::json;
 use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{info, warn};
 
@@ -48,8 +49,10 @@ pub struct Upstream {
     /// Its configuration.
     pub config: UpstreamConfig,
     pub(crate) target: Arc<Target>,
-    /// Its discovery (load balancer, source, policy, statistics).
-    pub discovery: UpstreamDiscovery,
+    /// Its discovery (load balancer, source, policy, statistics); `None` for an
+    /// HTTP upstream with `address:`, whose connections resolve through a DNS cache
+    /// instead.
+    pub discovery: Option<UpstreamDiscovery>,
 }
 
 /// One immutable configuration generation.
@@ -109,6 +112,8 @@ pub struct Dataplane {
     inner: tokio::sync::Mutex<Inner>,
     connections: TaskTracker,
     worker_stats: Vec<Arc<WorkerStats>>,
+    /// Cancelled at shutdown: HTTP client connections finish their request and close.
+    http_shutdown: CancellationToken,
 }
 
 impl Dataplane {
@@ -126,6 +131,7 @@ impl Dataplane {
             inner: tokio::sync::Mutex::new(Inner::default()),
             connections: TaskTracker::new(),
             worker_stats: (0..n.get()).map(|_| Arc::default()).collect(),
+            http_shutdown: CancellationToken::new(),
         })
     }
 
@@ -178,38 +184,50 @@ impl Dataplane {
             let conn_stats = prev.map_or_else(Default::default, |p| p.target.stats.clone());
             let disc_stats = prev.map_or_else(
                 || Arc::new(DiscoveryStats::default()),
-                |p| p.discovery.stats.clone(),
+                |p| {
+                    p.discovery
+                        .as_ref()
+                        .map_or_else(Default::default, |d| d.stats.clone())
+                },
             );
-            let key = format!("upstreams[{i}].dns_discovery");
-            // Validation rejects upstreams without a DNS block (the others are stubs).
-            let dns = up
-                .dns_discovery
-                .as_ref()
-                .ok_or_else(|| Error::InvalidConfig {
-                    key: format!("upstreams[{i}]"),
-                    message: "needs a discovery block (dns_discovery)".into(),
-                })?;
-            let local = self.local.get().and_then(|l| l.source(&up.name, dns));
-            let source: Arc<dyn DiscoverySource> = match local {
-                Some(source) => source,
-                None => Arc::new(
-                    DnsSource::new(dns).map_err(|source| Error::Discovery { key, source })?,
-                ),
-            };
             let name: Arc<str> = up.name.as_str().into();
+            let http = crate::build::http_upstream(i, up, &lb, p, &old, &self.http_shutdown)?;
             let target = Arc::new(Target {
                 name: name.clone(),
                 policy: up.policy,
                 lb: lb.clone(),
                 stats: conn_stats,
                 connect_timeout: Duration::from_millis(up.connect_timeout_ms),
+                http,
             });
-            let discovery = UpstreamDiscovery {
-                name,
-                lb,
-                source,
-                policy: dns.refresh_policy(),
-                stats: disc_stats,
+            let discovery = match &up.dns_discovery {
+                Some(dns) => {
+                    let key = format!("upstreams[{i}].dns_discovery");
+                    let local = self.local.get().and_then(|l| l.source(&up.name, dns));
+                    let source: Arc<dyn DiscoverySource> = match local {
+                        Some(source) => source,
+                        None => Arc::new(
+                            DnsSource::new(dns)
+                                .map_err(|source| Error::Discovery { key, source })?,
+                        ),
+                    };
+                    Some(UpstreamDiscovery {
+                        name,
+                        lb,
+                        source,
+                        policy: dns.refresh_policy(),
+                        stats: disc_stats,
+                    })
+                }
+                // Validation lets only an HTTP upstream with `address:` through
+                // without a DNS block (the other blocks are stubs).
+                None if up.address.is_some() => None,
+                None => {
+                    return Err(Error::InvalidConfig {
+                        key: format!("upstreams[{i}]"),
+                        message: "needs a discovery block (dns_discovery)".into(),
+                    });
+                }
             };
             upstreams.push(Arc::new(Upstream {
                 config: up.clone(),
@@ -267,7 +285,10 @@ impl Dataplane {
         inner.listeners.extend(started);
         let snapshot = DiscoverySnapshot {
             generation: number,
-            upstreams: upstreams.iter().map(|u| u.discovery.clone()).collect(),
+            upstreams: upstreams
+                .iter()
+                .filter_map(|u| u.discovery.clone())
+                .collect(),
         };
         self.current.store(Arc::new(Generation {
             number,
@@ -294,6 +315,7 @@ impl Dataplane {
             listener.stop().await;
         }
         inner.tasks.shutdown().await;
+        self.http_shutdown.cancel();
         self.connections.close();
         let open = self.connections.len();
         if open > 0 {
@@ -340,11 +362,16 @@ impl Dataplane {
                     "policy": up.config.policy.to_string(),
                     "ejection": up.config.ejection,
                     "generation": generation.number,
-                    "source": up.discovery.source.describe(),
+                    "protocol": up.config.protocol,
+                    "source": up.discovery.as_ref().map_or_else(
+                        || format!("address {}", up.config.address.as_deref().unwrap_or_default()),
+                        |d| d.source.describe(),
+                    ),
                     "endpoints": endpoints,
                     "draining": lb.draining,
-                    "last_resolution": up.discovery.stats.last(),
-                    "resolutions": up.discovery.stats.counters(),
+                    "last_resolution": up.discovery.as_ref().and_then(|d| d.stats.last()),
+                    "resolutions": up.discovery.as_ref().map(|d| d.stats.counters()),
+                    "http": up.target.http.as_ref().map(|h| crate::build::status(h)),
                     "connections": {
                         "accepted": stats.accepted.load(Ordering::Relaxed),
                         "active": stats.active.load(Ordering::Relaxed),

@@ -38,4 +38,13 @@ pub enum Error {
     /// The L4 worker threads could not be started.
     #[error("cannot start the L4 worker threads: {0}")]
     Workers(#[source] std::io::Error),
+    /// The resolver or DNS cache of an `address:` upstream could not be built.
+    #[error("{key}: cannot build its resolver: {source}")]
+    AddressResolver {
+        /// Path of the `address` key.
+        key: String,
+        /// The resolver's or cache's error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
 }

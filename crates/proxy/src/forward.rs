@@ -43,6 +43,8 @@ pub(crate) struct Target {
     pub(crate) lb: Arc<UpstreamLb>,
     pub(crate) stats: Arc<ConnStats>,
     pub(crate) connect_timeout: Duration,
+    /// The HTTP path's state, for a `protocol: http` upstream.
+    pub(crate) http: Option<Arc<crate::reverse::HttpUpstream>>,
 }
 
 const MAX_TRIES: usize = 3;

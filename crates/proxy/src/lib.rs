@@ -1,4 +1,5 @@
-//! The dataplane of `dwara serve`: L4 upstreams whose endpoints follow discovery.
+//! The dataplane of `dwara serve`: L4 and HTTP upstreams whose endpoints follow
+//! discovery.
 //!
 //! - [`UpstreamConfig`] / [`validate_upstreams`]: the `upstreams:` entries of the
 //!   configuration file, strictly parsed, errors naming their key.
@@ -11,6 +12,12 @@
 //!   address, one per core by default), drains on shutdown, and reports its status
 //!   ([`Dataplane::router`]: `GET /upstreams`) and metrics
 //!   ([`Dataplane::register_metrics`]). It owns no HTTP listener.
+//! - `protocol: http` upstreams ([`Protocol::Http`]) are served on the same
+//!   workers as a reverse proxy: hyper's HTTP/1.1 server on the client side, each
+//!   request picked and sent over a per-endpoint pool of keep-alive connections,
+//!   with retries, a retry budget and 503/502/504 made here; an `address:` upstream
+//!   dials through a `dwara-dns-cache` `DnsCache`. [`headers`] is its header
+//!   rewriting.
 //! - [`LocalSources`]: lets the composing program serve some upstreams from a
 //!   source of its own instead of DNS (`dwara serve`: its name server's records,
 //!   by push), via [`Dataplane::set_local_sources`].
@@ -35,19 +42,28 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod build;
 mod config;
 mod dataplane;
 mod error;
 mod forward;
+pub mod headers;
 mod http;
+mod http_metrics;
+mod http_stats;
 mod metrics;
 pub mod plan;
+mod pool;
 mod pump;
+mod reverse;
 mod workers;
 
 use std::sync::Arc;
 
-pub use config::{EjectionSection, UpstreamConfig, validate_upstreams};
+pub use config::{
+    EjectionSection, HttpLimitsSection, HttpSettings, PoolSection, Protocol, UpstreamConfig,
+    split_address, validate_upstreams,
+};
 pub use dataplane::{Dataplane, Generation, LocalSources, Upstream};
 pub use error::Error;
 pub use plan::plan;

@@ -68,7 +68,11 @@ const PER_UPSTREAM: [(&str, &str, MetricType, Read); 9] = [
         "dwara_upstream_endpoint_updates",
         "Changes of the endpoint set published by discovery",
         MetricType::Counter,
-        |u| u.discovery.stats.counters().updates,
+        |u| {
+            u.discovery
+                .as_ref()
+                .map_or(0, |d| d.stats.counters().updates)
+        },
     ),
     (
         "dwara_upstream_endpoints_ejected",
@@ -81,7 +85,7 @@ const PER_UPSTREAM: [(&str, &str, MetricType, Read); 9] = [
     ),
 ];
 
-fn encode_value(
+pub(crate) fn encode_value(
     family: &mut prometheus_client::encoding::MetricEncoder<'_>,
     kind: MetricType,
     labels: &[(&str, &str)],
@@ -154,7 +158,8 @@ impl Collector for DataplaneCollector {
             MetricType::Counter,
         )?;
         for up in &generation.upstreams {
-            let c = up.discovery.stats.counters();
+            let Some(d) = &up.discovery else { continue };
+            let c = d.stats.counters();
             for (outcome, n) in [
                 ("ok", c.answers_nonempty),
                 ("empty", c.answers_empty),
@@ -164,6 +169,6 @@ impl Collector for DataplaneCollector {
                 encode_value(&mut family, MetricType::Counter, &labels, n)?;
             }
         }
-        Ok(())
+        crate::http_metrics::encode(&generation, &mut encoder)
     }
 }

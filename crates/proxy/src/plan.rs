@@ -72,7 +72,12 @@ fn same_target(a: &UpstreamConfig, b: &UpstreamConfig) -> bool {
                 && x.port == y.port
                 && x.nameservers == y.nameservers
         }
-        (None, None) => a.consul == b.consul && a.kubernetes == b.kubernetes,
+        (None, None) => {
+            a.consul == b.consul
+                && a.kubernetes == b.kubernetes
+                && a.address == b.address
+                && a.nameservers == b.nameservers
+        }
         _ => false,
     }
 }

@@ -33,6 +33,7 @@ use tokio_util::task::TaskTracker;
 use tracing::{info, warn};
 
 use crate::forward::{self, Target};
+use crate::reverse;
 
 /// Pending connections per listening socket.
 const BACKLOG: i32 = 1024;
@@ -221,14 +222,15 @@ async fn accept_loop(
     run: RunOn,
 ) {
     let mut turn = 0usize;
+    let current = target;
     loop {
         match listener.accept().await {
             Ok((socket, peer)) => {
-                let target = target.load_full();
+                let target = current.load_full();
                 match &run {
                     RunOn::Here(stats) => {
                         stats.accepted.fetch_add(1, Ordering::Relaxed);
-                        tracker.spawn(forward::handle(socket, peer, target));
+                        tracker.spawn(connection(socket, peer, target, current.clone()));
                     }
                     RunOn::InTurn(workers) => {
                         let worker = &workers[turn % workers.len()];
@@ -242,10 +244,11 @@ async fn accept_loop(
                             }
                         };
                         worker.stats.accepted.fetch_add(1, Ordering::Relaxed);
+                        let current = current.clone();
                         tracker.spawn_on(
                             async move {
                                 match TcpStream::from_std(socket) {
-                                    Ok(s) => forward::handle(s, peer, target).await,
+                                    Ok(s) => connection(s, peer, target, current).await,
                                     Err(e) => warn!(error = %e, "cannot register a connection"),
                                 }
                             },
@@ -260,5 +263,19 @@ async fn accept_loop(
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
         }
+    }
+}
+
+/// Serves one accepted connection by its upstream's protocol: bytes (L4) or HTTP.
+async fn connection(
+    socket: TcpStream,
+    peer: SocketAddr,
+    target: Arc<Target>,
+    current: Arc<ArcSwap<Target>>,
+) {
+    if target.http.is_some() {
+        reverse::serve(socket, peer, target, current).await;
+    } else {
+        forward::handle(socket, peer, target).await;
     }
 }

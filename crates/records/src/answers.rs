@@ -41,8 +41,6 @@ pub type NameRef = Arc<[u8]>;
 pub const A_RR_LEN: usize = 16;
 /// Size of one AAAA record in wire form.
 pub const AAAA_RR_LEN: usize = 28;
-/// Size of one SRV record in wire form whose target is a compression pointer.
-pub const SRV_RR_LEN: usize = 20;
 
 /// One record of a name (an entry of the database minus its name).
 #[derive(Debug, Clone)]

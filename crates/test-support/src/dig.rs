@@ -229,6 +229,16 @@ pub fn parse(raw: &str) -> Option<DigAnswer> {
     })
 }
 
+/// The target name dwara's SRV answers give the instance at `ip` under `domain`
+/// (`<hex address>.addr.<domain>.`), worked out independently of the server's code.
+pub fn srv_target(ip: std::net::IpAddr, domain: &str) -> String {
+    let hex: String = match ip {
+        std::net::IpAddr::V4(a) => a.octets().iter().map(|b| format!("{b:02x}")).collect(),
+        std::net::IpAddr::V6(a) => a.octets().iter().map(|b| format!("{b:02x}")).collect(),
+    };
+    format!("{hex}.addr.{}.", domain.trim_end_matches('.'))
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

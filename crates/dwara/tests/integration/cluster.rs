@@ -163,10 +163,15 @@ impl Node {
     /// dig's answer for `name A`, or `None` when the node does not answer
     /// (stopped, or unreachable).
     fn dig(&self, name: &str) -> Option<DigAnswer> {
+        self.query(name, "A")
+    }
+
+    /// dig's answer for `name rtype`, or `None` when the node does not answer.
+    fn query(&self, name: &str, rtype: &str) -> Option<DigAnswer> {
         let out = command_in(self.spec.netns.as_deref(), "dig")
             .arg(format!("@{}", self.dns.ip()))
             .args(["-p", &self.dns.port().to_string()])
-            .args(["+tries=1", "+time=1", "+nocookie", name, "A"])
+            .args(["+tries=1", "+time=1", "+nocookie", name, rtype])
             .output()
             .unwrap();
         parse(&String::from_utf8_lossy(&out.stdout))
@@ -444,14 +449,23 @@ fn three_processes_replicate_fail_over_restart_and_delete() {
     assert_eq!(n2.addrs("web2.weave.local").unwrap(), ["10.32.2.1"]);
 }
 
-/// Awaits every node answering SRV for `name` with `srv` records and `extra` addresses.
-fn await_srv(nodes: &[&Node], name: &str, srv: &[&str], extra: &[&str]) -> Duration {
+/// Awaits every node answering SRV for `name` with one record per `(port, ip)`
+/// instance, each targeting its own name, and the `extra` addresses.
+fn await_srv(nodes: &[&Node], name: &str, srv: &[(u16, &str)], extra: &[&str]) -> Duration {
+    let mut want: Vec<String> = srv
+        .iter()
+        .map(|(port, ip)| {
+            let target = test_support::dig::srv_target(ip.parse().unwrap(), "weave.local");
+            format!("0 1 {port} {target}")
+        })
+        .collect();
+    want.sort();
     let started = Instant::now();
     for n in nodes {
         await_that(
-            &format!("{} answers SRV {name} with {srv:?} {extra:?}", n.id()),
+            &format!("{} answers SRV {name} with {want:?} {extra:?}", n.id()),
             CONVERGE,
-            || n.srv(name).is_some_and(|(s, e)| s == srv && e == extra),
+            || n.srv(name).is_some_and(|(s, e)| s == want && e == extra),
         );
     }
     started.elapsed()
@@ -506,14 +520,24 @@ fn srv_records_with_ports_are_answered_by_every_node() {
     let took = await_srv(
         &all,
         "_http._tcp.api.weave.local",
-        &["0 1 8080 api.weave.local."],
+        &[
+            (8080, "10.33.0.1"),
+            (8080, "10.33.0.2"),
+            (8080, "fd00::33:3"),
+        ],
         &["10.33.0.1", "10.33.0.2", "fd00::33:3"],
     );
     eprintln!("SRV with three nodes' entries on every node after {took:?}");
+    // Every node answers every instance's target name with its address.
+    let target = test_support::dig::srv_target("fd00::33:3".parse().unwrap(), "weave.local");
+    for n in all {
+        let a = n.query(&target, "AAAA").unwrap();
+        assert_eq!(a.data("AAAA"), ["fd00::33:3"], "{}: {}", n.id(), a.raw);
+    }
     await_srv(
         &all,
         "_dns._udp.dns.weave.local",
-        &["0 1 53 dns.weave.local."],
+        &[(53, "10.33.0.4")],
         &["10.33.0.4"],
     );
     for n in all {
@@ -536,7 +560,11 @@ fn srv_records_with_ports_are_answered_by_every_node() {
     await_srv(
         &all,
         "_http._tcp.api.weave.local",
-        &["0 1 8080 api.weave.local.", "0 1 9090 api.weave.local."],
+        &[
+            (9090, "10.33.0.1"),
+            (8080, "10.33.0.2"),
+            (8080, "fd00::33:3"),
+        ],
         &["10.33.0.1", "10.33.0.2", "fd00::33:3"],
     );
     assert_eq!(pushes(&s1) - s1_pushes, 1.0, "s1 pushes to one peer");
@@ -550,7 +578,12 @@ fn srv_records_with_ports_are_answered_by_every_node() {
     await_srv(
         &all,
         "_http._tcp.api.weave.local",
-        &["0 1 8080 api.weave.local.", "0 1 9090 api.weave.local."],
+        &[
+            (9090, "10.33.0.1"),
+            (8080, "10.33.0.2"),
+            (8080, "10.33.0.5"),
+            (8080, "fd00::33:3"),
+        ],
         &["10.33.0.1", "10.33.0.2", "10.33.0.5", "fd00::33:3"],
     );
     assert_eq!(pushes(&s2) - s2_pushes, 2.0, "s2 pushes to both peers");
@@ -558,7 +591,11 @@ fn srv_records_with_ports_are_answered_by_every_node() {
     await_srv(
         &all,
         "_http._tcp.api.weave.local",
-        &["0 1 8080 api.weave.local.", "0 1 9090 api.weave.local."],
+        &[
+            (9090, "10.33.0.1"),
+            (8080, "10.33.0.2"),
+            (8080, "fd00::33:3"),
+        ],
         &["10.33.0.1", "10.33.0.2", "fd00::33:3"],
     );
     // The node with a data dir restarts from its store: its services come back.
@@ -569,13 +606,17 @@ fn srv_records_with_ports_are_answered_by_every_node() {
     await_srv(
         &all,
         "_dns._udp.dns.weave.local",
-        &["0 1 53 dns.weave.local."],
+        &[(53, "10.33.0.4")],
         &["10.33.0.4"],
     );
     await_srv(
         &all,
         "_http._tcp.api.weave.local",
-        &["0 1 8080 api.weave.local.", "0 1 9090 api.weave.local."],
+        &[
+            (9090, "10.33.0.1"),
+            (8080, "10.33.0.2"),
+            (8080, "fd00::33:3"),
+        ],
         &["10.33.0.1", "10.33.0.2", "fd00::33:3"],
     );
     // Deleted on its owner: gone everywhere, the rest stays.
@@ -583,7 +624,7 @@ fn srv_records_with_ports_are_answered_by_every_node() {
     await_srv(
         &all,
         "_http._tcp.api.weave.local",
-        &["0 1 8080 api.weave.local.", "0 1 9090 api.weave.local."],
+        &[(9090, "10.33.0.1"), (8080, "fd00::33:3")],
         &["10.33.0.1", "fd00::33:3"],
     );
 }

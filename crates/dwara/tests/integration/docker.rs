@@ -974,9 +974,21 @@ fn labels_register_ports_answered_as_srv() {
         (a.status.clone(), a.data("SRV"), extra)
     };
     let web_srv = format!("_http._tcp.{}.{DOMAIN}", host("web"));
+    // One SRV record per address, each targeting its own name.
+    let records = |port: u16, ips: &[String]| {
+        let mut v: Vec<String> = ips
+            .iter()
+            .map(|ip| {
+                let target = test_support::dig::srv_target(ip.parse().unwrap(), DOMAIN);
+                format!("0 1 {port} {target}")
+            })
+            .collect();
+        v.sort();
+        v
+    };
     let want = (
         "NOERROR".to_owned(),
-        vec![format!("0 1 8080 {}.{DOMAIN}.", host("web"))],
+        records(8080, &ipv4s(&web)),
         ipv4s(&web),
     );
     let up = poll(PATIENCE, || srv(&web_srv) == want);
@@ -987,11 +999,7 @@ fn labels_register_ports_answered_as_srv() {
     );
     // No dwara.service: `_<port>._<proto>`, udp from the exposure.
     let dns_srv = format!("_53._udp.{}.{DOMAIN}", host("dns"));
-    let want = (
-        "NOERROR".to_owned(),
-        vec![format!("0 1 53 {}.{DOMAIN}.", host("dns"))],
-        ipv4s(&dns),
-    );
+    let want = ("NOERROR".to_owned(), records(53, &ipv4s(&dns)), ipv4s(&dns));
     assert!(
         poll(PATIENCE, || srv(&dns_srv) == want).is_some(),
         "{:?}",
@@ -1021,7 +1029,11 @@ fn labels_register_ports_answered_as_srv() {
         "{:?}",
         srv(&web_srv)
     );
-    assert_eq!(srv(&dns_srv).1.len(), 1, "the other container's SRV stays");
+    assert_eq!(
+        srv(&dns_srv).1,
+        records(53, &ipv4s(&dns)),
+        "the other container's SRV stays"
+    );
 }
 
 /// The sorted union of two address lists.

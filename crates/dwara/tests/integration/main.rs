@@ -9,6 +9,7 @@ mod faults;
 mod guard;
 mod hostile;
 mod hostile_http;
+mod http_upstreams;
 mod nameserver;
 mod push;
 mod serve;

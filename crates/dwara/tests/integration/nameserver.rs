@@ -276,12 +276,26 @@ fn dns_add_with_a_port_is_answered_as_srv() {
     ok(&s.dns(&["add", "c3", "10.32.0.3", "db.weave.local", "--port", "5432"]));
     let a = s.dig().query("_http._tcp.web.weave.local", "SRV").unwrap();
     assert_eq!(a.status, "NOERROR", "{}", a.raw);
-    assert_eq!(a.data("SRV"), ["0 1 8080 web.weave.local."], "{}", a.raw);
+    let target = |ip: &str| test_support::dig::srv_target(ip.parse().unwrap(), "weave.local");
+    assert_eq!(
+        a.data("SRV"),
+        [
+            format!("0 1 8080 {}", target("10.32.0.1")),
+            format!("0 1 8080 {}", target("10.32.0.2"))
+        ],
+        "{}",
+        a.raw
+    );
     let mut extra: Vec<&str> = a.additional.iter().map(|r| r.data.as_str()).collect();
     extra.sort_unstable();
     assert_eq!(extra, ["10.32.0.1", "10.32.0.2"], "{}", a.raw);
     let d = s.dig().query("_5432._tcp.db.weave.local", "SRV").unwrap();
-    assert_eq!(d.data("SRV"), ["0 1 5432 db.weave.local."], "{}", d.raw);
+    assert_eq!(
+        d.data("SRV"),
+        [format!("0 1 5432 {}", target("10.32.0.3"))],
+        "{}",
+        d.raw
+    );
     let mut eps: Vec<String> = ok(&s.dns(&["lookup", "_http._tcp.web.weave.local"]))
         .lines()
         .map(str::to_owned)

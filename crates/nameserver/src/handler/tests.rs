@@ -15,7 +15,7 @@ struct Fixture {
     db: Db,
     handler: Handler,
     out: Vec<u8>,
-    rng: FastRng,
+    state: WorkerState,
     counters: Counters,
 }
 
@@ -34,7 +34,7 @@ fn fixture() -> Fixture {
         db,
         handler,
         out: vec![0; MAX_MESSAGE],
-        rng: FastRng::seeded(1),
+        state: WorkerState::seeded(1),
         counters: Counters::default(),
     }
 }
@@ -53,13 +53,13 @@ fn query(name: &str, rtype: RecordType, edns: Option<u16>) -> Vec<u8> {
 
 impl Fixture {
     fn ask(&mut self, packet: &[u8], transport: Transport) -> Outcome {
-        self.handler.handle(
-            packet,
-            &mut self.out,
+        let mut worker = Worker {
+            handler: &self.handler,
+            counters: &self.counters,
             transport,
-            &mut self.rng,
-            &self.counters,
-        )
+            state: &mut self.state,
+        };
+        worker.handle(packet, &mut self.out)
     }
 
     fn answer(&mut self, packet: &[u8], transport: Transport) -> Message {
@@ -399,16 +399,21 @@ fn reads_beside_writes_see_whole_record_sets() {
         })
     };
     let handler = Handler::new(&db);
-    let (mut out, mut rng, counters) = (
+    let (mut out, mut state, counters) = (
         vec![0; MAX_MESSAGE],
-        FastRng::seeded(3),
+        WorkerState::seeded(3),
         Counters::default(),
     );
+    let mut worker = Worker {
+        handler: &handler,
+        counters: &counters,
+        transport: Transport::Udp,
+        state: &mut state,
+    };
     let q = query("busy.weave.local.", RecordType::A, Some(1232));
     let mut sizes = std::collections::HashSet::new();
     for _ in 0..5_000 {
-        let Outcome::Reply(n) = handler.handle(&q, &mut out, Transport::Udp, &mut rng, &counters)
-        else {
+        let Outcome::Reply(n) = worker.handle(&q, &mut out) else {
             panic!("no reply");
         };
         let m = Message::from_vec(&out[..n]).unwrap();
@@ -447,8 +452,56 @@ fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
 }
 
+/// The SRV records of an answer as (priority, weight, port, target), sorted.
+fn srv_records(m: &Message) -> Vec<(u16, u16, u16, String)> {
+    let mut srv: Vec<_> = m
+        .answers
+        .iter()
+        .map(|r| match &r.data {
+            RData::SRV(s) => (s.priority, s.weight, s.port, s.target.to_ascii()),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    srv.sort();
+    srv
+}
+
+/// The additional records of an answer as (owner, address), sorted.
+fn additional_addrs(m: &Message) -> Vec<(String, IpAddr)> {
+    let mut extra: Vec<_> = m
+        .additionals
+        .iter()
+        .map(|r| match &r.data {
+            RData::A(a) => (r.name.to_ascii(), IpAddr::V4(a.0)),
+            RData::AAAA(a) => (r.name.to_ascii(), IpAddr::V6(a.0)),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    extra.sort();
+    extra
+}
+
+/// The raw rdata of each SRV record of a response (walked by hand: hickory's
+/// decoder hides whether a name was compressed).
+fn raw_srv_rdata(reply: &[u8]) -> Vec<&[u8]> {
+    let an = usize::from(u16::from_be_bytes([reply[6], reply[7]]));
+    let mut pos = HEADER_LEN;
+    while reply[pos] != 0 {
+        pos += 1 + usize::from(reply[pos]);
+    }
+    pos += 5;
+    let mut out = Vec::new();
+    for _ in 0..an {
+        assert_eq!(&reply[pos..pos + 2], &[0xc0, 0x0c], "owner: the question");
+        let rdlen = usize::from(u16::from_be_bytes([reply[pos + 10], reply[pos + 11]]));
+        out.push(&reply[pos + 12..pos + 12 + rdlen]);
+        pos += 12 + rdlen;
+    }
+    out
+}
+
 #[test]
-fn srv_answers_carry_ports_and_addresses() {
+fn srv_answers_one_record_per_instance_with_its_own_target() {
     let mut f = srv_fixture();
     for transport in [Transport::Udp, Transport::Tcp] {
         let q = query("_HTTP._tcp.Api.weave.local.", RecordType::SRV, None);
@@ -456,50 +509,54 @@ fn srv_answers_carry_ports_and_addresses() {
         assert_eq!(m.metadata.response_code, ResponseCode::NoError);
         assert!(m.metadata.authoritative);
         assert!(!m.metadata.truncation);
-        let mut srv: Vec<(u16, u16, u16, String)> = m
-            .answers
-            .iter()
-            .map(|r| match &r.data {
-                RData::SRV(s) => {
-                    assert!(
-                        r.name
-                            .to_ascii()
-                            .eq_ignore_ascii_case("_http._tcp.api.weave.local.")
-                    );
-                    (
-                        s.priority,
-                        s.weight,
-                        s.port,
-                        s.target.to_ascii().to_lowercase(),
-                    )
-                }
-                other => panic!("{other:?}"),
-            })
-            .collect();
-        srv.sort();
-        // One record per distinct port, target the entry's own name (the query's case).
+        for r in &m.answers {
+            assert!(
+                r.name
+                    .to_ascii()
+                    .eq_ignore_ascii_case("_http._tcp.api.weave.local.")
+            );
+        }
+        // One record per (address, port), each naming its own instance.
         assert_eq!(
-            srv,
+            srv_records(&m),
             vec![
-                (0, 1, 80, "api.weave.local.".to_owned()),
-                (0, 1, 8080, "api.weave.local.".to_owned()),
+                (0, 1, 80, "0a010001.addr.weave.local.".to_owned()),
+                (
+                    0,
+                    1,
+                    80,
+                    "fd000000000000000000000000000002.addr.weave.local.".to_owned()
+                ),
+                (0, 1, 8080, "0a010003.addr.weave.local.".to_owned()),
             ]
         );
-        // The addresses of the entries with that service, none other.
-        let mut extra: Vec<IpAddr> = m
-            .additionals
-            .iter()
-            .filter_map(|r| {
-                assert!(r.name.to_ascii().eq_ignore_ascii_case("api.weave.local."));
-                match &r.data {
-                    RData::A(a) => Some(IpAddr::V4(a.0)),
-                    RData::AAAA(a) => Some(IpAddr::V6(a.0)),
-                    _ => None,
-                }
-            })
-            .collect();
-        extra.sort();
-        assert_eq!(extra, vec![ip("10.1.0.1"), ip("10.1.0.3"), ip("fd00::2")]);
+        // Each target's address, none other.
+        assert_eq!(
+            additional_addrs(&m),
+            vec![
+                ("0a010001.addr.weave.local.".to_owned(), ip("10.1.0.1")),
+                ("0a010003.addr.weave.local.".to_owned(), ip("10.1.0.3")),
+                (
+                    "fd000000000000000000000000000002.addr.weave.local.".to_owned(),
+                    ip("fd00::2")
+                ),
+            ]
+        );
+    }
+    // The targets are written out, never compressed (RFC 2782).
+    let q = query("_http._tcp.api.weave.local.", RecordType::SRV, None);
+    let Outcome::Reply(n) = f.ask(&q, Transport::Udp) else {
+        panic!("no reply")
+    };
+    let rdata = raw_srv_rdata(&f.out[..n]);
+    assert_eq!(rdata.len(), 3);
+    for r in rdata {
+        let mut pos = 6;
+        while r[pos] != 0 {
+            assert!(r[pos] <= 63, "a label, not a pointer: {r:02x?}");
+            pos += 1 + usize::from(r[pos]);
+        }
+        assert_eq!(pos + 1, r.len(), "the name fills the rdata");
     }
     assert_eq!(
         f.db.lookup_service("_http._tcp.api.weave.local"),
@@ -509,6 +566,51 @@ fn srv_answers_carry_ports_and_addresses() {
             "10.1.0.3:8080".parse().unwrap()
         ]
     );
+}
+
+#[test]
+fn srv_targets_answer_their_address_while_it_is_served() {
+    let mut f = srv_fixture();
+    let ask = |f: &mut Fixture, name: &str, t: RecordType| {
+        let m = f.answer(&query(name, t, None), Transport::Udp);
+        (m.metadata.response_code, addrs(&m), m.authorities.len())
+    };
+    let v4 = "0A010001.addr.weave.local.";
+    let v6 = "fd000000000000000000000000000002.addr.weave.local.";
+    assert_eq!(
+        ask(&mut f, v4, RecordType::A),
+        (ResponseCode::NoError, vec![ip("10.1.0.1")], 0)
+    );
+    assert_eq!(
+        ask(&mut f, v6, RecordType::AAAA),
+        (ResponseCode::NoError, vec![ip("fd00::2")], 0)
+    );
+    // Other types, and the other family: NODATA.
+    let nodata = (ResponseCode::NoError, vec![], 1);
+    assert_eq!(ask(&mut f, v4, RecordType::AAAA), nodata);
+    assert_eq!(ask(&mut f, v4, RecordType::TXT), nodata);
+    assert_eq!(ask(&mut f, v6, RecordType::A), nodata);
+    // `addr.<domain>` is an empty non-terminal.
+    assert_eq!(ask(&mut f, "addr.weave.local.", RecordType::A), nodata);
+    // Any address some name serves has a target, with a service or not.
+    assert_eq!(
+        ask(&mut f, "0a010005.addr.weave.local.", RecordType::A).1,
+        vec![ip("10.1.0.5")]
+    );
+    // Unknown addresses, malformed hex, deeper names: no such name.
+    let nxdomain = (ResponseCode::NXDomain, vec![], 1);
+    for name in [
+        "0a0100ff.addr.weave.local.",
+        "0a01000g.addr.weave.local.",
+        "0a0100010.addr.weave.local.",
+        "a010001.addr.weave.local.",
+        "x.0a010001.addr.weave.local.",
+    ] {
+        assert_eq!(ask(&mut f, name, RecordType::A), nxdomain, "{name}");
+    }
+    // A removed instance's target goes with it.
+    f.db.remove_all("s1");
+    assert_eq!(ask(&mut f, v4, RecordType::A), nxdomain);
 }
 
 #[test]
@@ -599,9 +701,10 @@ fn srv_negative_answers() {
         ask(&mut f, "_http._tcp.api.weave.local.", RecordType::SRV),
         nxdomain
     );
+    // One record per instance: s1 and s2.
     assert_eq!(
         ask(&mut f, "_web._tcp.api.weave.local.", RecordType::SRV).1,
-        1
+        2
     );
 }
 
@@ -619,18 +722,12 @@ fn srv_answers_every_port_of_a_shared_address() {
         &query("_http._tcp.pod.weave.local.", RecordType::SRV, None),
         Transport::Udp,
     );
-    let mut ports: Vec<u16> = m
-        .answers
-        .iter()
-        .map(|r| match &r.data {
-            RData::SRV(s) => s.port,
-            other => panic!("{other:?}"),
-        })
-        .collect();
-    ports.sort_unstable();
-    assert_eq!(ports, [80, 8080]);
-    let extra: Vec<String> = m.additionals.iter().map(|r| r.data.to_string()).collect();
-    assert_eq!(extra, ["10.4.0.1"]);
+    let target = "0a040001.addr.weave.local.".to_owned();
+    assert_eq!(
+        srv_records(&m),
+        [(0, 1, 80, target.clone()), (0, 1, 8080, target.clone())]
+    );
+    assert_eq!(additional_addrs(&m), [(target, ip("10.4.0.1"))]);
     let mut eps = f.db.lookup_service("_http._tcp.pod.weave.local");
     eps.sort_unstable();
     assert_eq!(
@@ -652,7 +749,7 @@ fn srv_answers_every_port_of_a_shared_address() {
 #[test]
 fn srv_answers_truncate_and_leave_out_additionals() {
     let mut f = fixture();
-    // 40 ports: 40 SRV records of 20 bytes do not fit 512 bytes.
+    // 40 instances: 40 SRV records of 45 bytes do not fit 512 bytes.
     for i in 0..40u16 {
         let s = crate::ServicePort::parse("_x._tcp", &(1000 + i).to_string()).unwrap();
         let ip = IpAddr::from([10, 2, 0, i as u8]);
@@ -673,8 +770,8 @@ fn srv_answers_truncate_and_leave_out_additionals() {
     let m = f.answer(&q, Transport::Tcp);
     assert!(!m.metadata.truncation);
     assert_eq!((m.answers.len(), m.additionals.len()), (40, 40));
-    // One port, many addresses: the SRV record fits, the additionals are cut.
-    for i in 0..100u8 {
+    // 24 instances in 1232 bytes: the SRV records fit, the additionals are cut.
+    for i in 0..24u8 {
         let s = crate::ServicePort::parse("_y._tcp", "9").unwrap();
         f.db.add_service(
             &format!("u{i}"),
@@ -692,13 +789,58 @@ fn srv_answers_truncate_and_leave_out_additionals() {
     assert!(n <= 1232);
     let m = Message::from_vec(&f.out[..n]).unwrap();
     assert!(!m.metadata.truncation);
-    assert_eq!(m.answers.len(), 1);
+    assert_eq!(m.answers.len(), 24);
     assert!(
-        m.additionals.len() > 10 && m.additionals.len() < 100,
+        !m.additionals.is_empty() && m.additionals.len() < 24,
         "{}",
         m.additionals.len()
     );
+    // Each additional record is the address of an answered target.
+    let targets = srv_records(&m);
+    for (owner, addr) in additional_addrs(&m) {
+        assert!(targets.iter().any(|t| t.3 == owner), "{owner}");
+        assert_eq!(Some(addr), parse_target_text(&owner));
+    }
     assert!(m.edns.is_some(), "the OPT record is kept");
+}
+
+/// The address a target name (text) stands for.
+fn parse_target_text(name: &str) -> Option<IpAddr> {
+    let hex = name.strip_suffix(".addr.weave.local.")?;
+    let mut label = vec![u8::try_from(hex.len()).ok()?];
+    label.extend_from_slice(hex.as_bytes());
+    parse_target(&label)
+}
+
+/// Over TCP an answer can pass 16 KiB, beyond a compression pointer's reach: the
+/// additional records of targets written there carry their owner written out.
+#[test]
+fn srv_answers_past_16k_write_additional_owners_out() {
+    let mut f = fixture();
+    let s = crate::ServicePort::parse("_z._tcp", "7").unwrap();
+    for i in 0..600u16 {
+        let [hi, lo] = i.to_be_bytes();
+        f.db.add_service(
+            &format!("v{i}"),
+            IpAddr::from([10, 5, hi, lo]),
+            "huge.weave.local",
+            Some(&s),
+        )
+        .unwrap();
+    }
+    let q = query("_z._tcp.huge.weave.local.", RecordType::SRV, None);
+    let Outcome::Reply(n) = f.ask(&q, Transport::Tcp) else {
+        panic!("no reply")
+    };
+    assert!(n > 0x4000, "{n}");
+    let m = Message::from_vec(&f.out[..n]).unwrap();
+    assert!(!m.metadata.truncation);
+    assert_eq!(m.answers.len(), 600);
+    let extra = additional_addrs(&m);
+    assert!(extra.len() > 100, "{}", extra.len());
+    for (owner, addr) in extra {
+        assert_eq!(Some(addr), parse_target_text(&owner), "{owner}");
+    }
 }
 
 /// A query with EDNS: `version`, flags (DO is 0x8000) and options as given.
@@ -766,7 +908,11 @@ fn the_do_bit_is_echoed_and_other_flags_are_not() {
                 panic!("{name}: no reply")
             };
             let reply = &f.out[..n];
-            assert_eq!(reply[3] & 0x0f, 0, "BADVERS is 16: low bits 0");
+            assert_eq!(
+                Rcode::of(reply),
+                Some(Rcode::NOERROR),
+                "BADVERS is 16: low bits 0"
+            );
             assert_eq!(opt_of(reply), (1, 0, want_flags, 0), "{name} {flags:#x}");
         }
     }

@@ -45,22 +45,34 @@ fn srv_answers_carry_the_registered_ports() {
     let a = s.dig().query("_http._tcp.api.weave.local", "SRV").unwrap();
     assert_eq!(a.status, "NOERROR", "{}", a.raw);
     assert!(a.has_flag("aa"), "{}", a.raw);
-    // One SRV record per port, target the entries' own name.
-    assert_eq!(a.data("SRV"), ["0 1 80 api.weave.local."], "{}", a.raw);
-    // The addresses of the entries with that service are in the additional section.
+    // One SRV record per instance, each targeting a name of its own.
+    const T1: &str = "0a200001.addr.weave.local.";
+    const T2: &str = "0a200002.addr.weave.local.";
+    const T3: &str = "fd000000000000000000000000000003.addr.weave.local.";
+    assert_eq!(
+        a.data("SRV"),
+        [
+            format!("0 1 80 {T1}"),
+            format!("0 1 80 {T2}"),
+            format!("0 1 80 {T3}")
+        ],
+        "{}",
+        a.raw
+    );
+    // Each target's address is in the additional section.
     let mut extra: Vec<(String, String, String)> = a
         .additional
         .iter()
         .map(|r| (r.name.clone(), r.rtype.clone(), r.data.clone()))
         .collect();
     extra.sort();
-    let want = |t: &str, ip: &str| ("api.weave.local.".to_owned(), t.to_owned(), ip.to_owned());
+    let want = |n: &str, t: &str, ip: &str| (n.to_owned(), t.to_owned(), ip.to_owned());
     assert_eq!(
         extra,
         [
-            want("A", "10.32.0.1"),
-            want("A", "10.32.0.2"),
-            want("AAAA", "fd00::3")
+            want(T1, "A", "10.32.0.1"),
+            want(T2, "A", "10.32.0.2"),
+            want(T3, "AAAA", "fd00::3")
         ],
         "{}",
         a.raw
@@ -70,14 +82,37 @@ fn srv_answers_carry_the_registered_ports() {
         .dig()
         .query_with("_HTTP._tcp.API.weave.local", "SRV", &["+tcp"])
         .unwrap();
-    assert_eq!(t.data("SRV"), ["0 1 80 API.weave.local."], "{}", t.raw);
+    assert_eq!(t.data("SRV"), a.data("SRV"), "{}", t.raw);
     assert_eq!(t.answers[0].name, "_HTTP._tcp.API.weave.local.");
     // Another service of the same name, and a port alone (`_<port>._tcp`).
     let d = s.dig().query("_dns._udp.api.weave.local", "SRV").unwrap();
-    assert_eq!(d.data("SRV"), ["0 1 5353 api.weave.local."], "{}", d.raw);
+    assert_eq!(
+        d.data("SRV"),
+        ["0 1 5353 0a200004.addr.weave.local."],
+        "{}",
+        d.raw
+    );
     let p = s.dig().query("_5432._tcp.db.weave.local", "SRV").unwrap();
-    assert_eq!(p.data("SRV"), ["0 1 5432 db.weave.local."], "{}", p.raw);
-    // The target resolves to every address of the name, as before.
+    assert_eq!(
+        p.data("SRV"),
+        ["0 1 5432 0a200006.addr.weave.local."],
+        "{}",
+        p.raw
+    );
+    // Each target resolves to its own address, and only of its family.
+    for (target, rtype, ip) in [(T1, "A", "10.32.0.1"), (T3, "AAAA", "fd00::3")] {
+        let r = s.dig().query(target, rtype).unwrap();
+        assert_eq!(r.data(rtype), [ip], "{}", r.raw);
+        assert!(r.has_flag("aa"), "{}", r.raw);
+    }
+    let r = s.dig().query(T1, "AAAA").unwrap();
+    assert_eq!(
+        (r.status.as_str(), r.answers.len()),
+        ("NOERROR", 0),
+        "{}",
+        r.raw
+    );
+    // The name itself still resolves to every address.
     assert_eq!(
         s.dig()
             .query("api.weave.local", "A")
@@ -112,7 +147,10 @@ fn srv_names_have_nodata_and_nxdomain_right() {
     check("_http._udp.api.weave.local", "SRV", "NXDOMAIN");
     check("_dns._udp.db.weave.local", "SRV", "NXDOMAIN");
     check("_http._tcp.nope.weave.local", "SRV", "NXDOMAIN");
-    // Reverse lookups are unchanged.
+    // Targets of addresses nobody serves do not exist; `addr` itself is empty.
+    check("0a2000ff.addr.weave.local", "A", "NXDOMAIN");
+    check("addr.weave.local", "A", "NOERROR");
+    // Reverse lookups are unchanged: the registered name.
     let r = s.dig().reverse("10.32.0.1").unwrap();
     assert_eq!(r.data("PTR"), ["api.weave.local."], "{}", r.raw);
     // Deleting the last entry with a service removes its name.
@@ -160,10 +198,16 @@ fn http_shows_ports_and_rejects_bad_ones() {
     let a = s.dig().query("_http._tcp.api.weave.local", "SRV").unwrap();
     assert_eq!(
         a.data("SRV"),
-        ["0 1 80 api.weave.local.", "0 1 8080 api.weave.local."]
+        [
+            "0 1 80 0a200002.addr.weave.local.",
+            "0 1 80 fd000000000000000000000000000003.addr.weave.local.",
+            "0 1 8080 0a200001.addr.weave.local."
+        ]
     );
     // Bad input: 400 naming the problem; nothing changes.
     for (form, needle) in [
+        ("fqdn=addr.weave.local", "reserved"),
+        ("fqdn=0a200001.ADDR.weave.local&port=80", "reserved"),
         ("fqdn=x.weave.local&port=0", "invalid port"),
         ("fqdn=x.weave.local&port=65536", "invalid port"),
         ("fqdn=x.weave.local&port=http", "invalid port"),

@@ -31,6 +31,8 @@ pub(crate) fn endpoints(dp: &dwara_proxy::Dataplane, i: usize) -> Vec<String> {
     let g = dp.generation();
     let mut v: Vec<String> = g.upstreams[i]
         .discovery
+        .as_ref()
+        .expect("a discovery upstream")
         .lb
         .endpoints()
         .iter()

@@ -1,0 +1,534 @@
+//! `dwara serve` with `protocol: http` upstreams: a real `dwara` process, real
+//! HTTP/1.1 backends (hyper servers on 127.0.0.x that answer with what they
+//! received), the in-process test DNS server, and clients that keep one
+//! connection open (hyper's client connection API) or speak raw HTTP over TCP.
+
+use std::collections::BTreeMap;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use http_body_util::{BodyExt, Full};
+use hyper::body::{Bytes, Incoming};
+use hyper::{Request, Response};
+use hyper_util::rt::TokioIo;
+use test_support::dns_server::TestDnsServer;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::{JoinHandle, JoinSet};
+
+use crate::serve::{Serve, WAIT, http};
+
+/// One HTTP backend on `ip:port`: answers every request with a JSON object of its
+/// IP, the method, the headers it received and the request body.
+struct Backend {
+    ip: Ipv4Addr,
+    task: JoinHandle<()>,
+}
+
+impl Backend {
+    async fn start(ip: Ipv4Addr, port: u16) -> Self {
+        let listener = TcpListener::bind((ip, port)).await.unwrap();
+        Self {
+            ip,
+            task: tokio::spawn(serve_backend(listener, ip)),
+        }
+    }
+
+    /// Stops at once: the listener and every open connection close (a crash).
+    fn crash(self) {
+        self.task.abort();
+    }
+}
+
+impl Drop for Backend {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn serve_backend(listener: TcpListener, ip: Ipv4Addr) {
+    // Dropped with the task: a crash closes every connection.
+    let mut conns = JoinSet::new();
+    loop {
+        let Ok((sock, _)) = listener.accept().await else {
+            return;
+        };
+        conns.spawn(async move {
+            let service = hyper::service::service_fn(move |req| answer(req, ip));
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(sock), service)
+                .await;
+        });
+        while conns.try_join_next().is_some() {}
+    }
+}
+
+async fn answer(
+    req: Request<Incoming>,
+    ip: Ipv4Addr,
+) -> Result<Response<Full<Bytes>>, hyper::Error> {
+    let (parts, body) = req.into_parts();
+    let headers: BTreeMap<String, String> = parts
+        .headers
+        .iter()
+        .map(|(k, v)| (k.as_str().to_owned(), v.to_str().unwrap_or("?").to_owned()))
+        .collect();
+    let body = body.collect().await?.to_bytes();
+    let json = serde_json::json!({
+        "ip": ip.to_string(),
+        "method": parts.method.as_str(),
+        "uri": parts.uri.to_string(),
+        "headers": headers,
+        "body": String::from_utf8_lossy(&body),
+    });
+    let mut resp = Response::new(Full::new(Bytes::from(json.to_string())));
+    // A hop-by-hop header the proxy must not pass on to the client.
+    resp.headers_mut()
+        .insert("keep-alive", "timeout=30".parse().unwrap());
+    Ok(resp)
+}
+
+/// A free port that every one of `ips` can bind.
+async fn common_port(ips: &[Ipv4Addr]) -> u16 {
+    'retry: loop {
+        let first = TcpListener::bind((ips[0], 0)).await.unwrap();
+        let port = first.local_addr().unwrap().port();
+        for ip in &ips[1..] {
+            if TcpListener::bind((*ip, port)).await.is_err() {
+                continue 'retry;
+            }
+        }
+        return port;
+    }
+}
+
+fn ip(last: u8) -> Ipv4Addr {
+    Ipv4Addr::new(127, 0, 0, last)
+}
+
+/// One client connection kept open across requests.
+struct KeepAlive {
+    sender: hyper::client::conn::http1::SendRequest<Full<Bytes>>,
+    proxy: SocketAddr,
+}
+
+/// A response: status, headers, body.
+struct Answer {
+    status: u16,
+    headers: hyper::HeaderMap,
+    body: String,
+}
+
+impl Answer {
+    fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("{e}: {}", self.body))
+    }
+}
+
+impl KeepAlive {
+    async fn open(proxy: SocketAddr) -> Self {
+        let stream = TcpStream::connect(proxy).await.unwrap();
+        let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        Self { sender, proxy }
+    }
+
+    async fn send(&mut self, req: Request<Full<Bytes>>) -> Result<Answer, String> {
+        self.sender.ready().await.map_err(|e| e.to_string())?;
+        let resp = tokio::time::timeout(WAIT, self.sender.send_request(req))
+            .await
+            .map_err(|_| "timed out".to_owned())?
+            .map_err(|e| e.to_string())?;
+        let (parts, body) = resp.into_parts();
+        let body = body.collect().await.map_err(|e| e.to_string())?.to_bytes();
+        Ok(Answer {
+            status: parts.status.as_u16(),
+            headers: parts.headers,
+            body: String::from_utf8_lossy(&body).into_owned(),
+        })
+    }
+
+    async fn get(&mut self, path: &str) -> Result<Answer, String> {
+        let req = Request::get(path)
+            .header("host", "web.test")
+            .body(Full::default())
+            .unwrap();
+        self.send(req).await
+    }
+
+    /// The backend that answered a GET.
+    async fn backend(&mut self) -> String {
+        let a = self.get("/").await.unwrap();
+        assert_eq!(a.status, 200, "{}", a.body);
+        a.json()["ip"].as_str().unwrap().to_owned()
+    }
+}
+
+fn upstream(proxy: SocketAddr, port: u16, ns: SocketAddr, extra: &str) -> String {
+    format!(
+        "upstreams:
+  - name: web
+    listen: {proxy}
+    protocol: http
+    connect_timeout_ms: 500
+{extra}    dns_discovery:
+      hostname: web.test
+      port: {port}
+      refresh_interval_s: 1
+      min_endpoints: 0
+      nameservers: [{ns}]
+"
+    )
+}
+
+async fn dns(ips: &[Ipv4Addr]) -> TestDnsServer {
+    let dns = TestDnsServer::start().await.unwrap();
+    dns.set_negative_ttl(1);
+    dns.set_a("web.test", ips, 1);
+    dns
+}
+
+async fn wait_listening(addr: SocketAddr) {
+    let ok =
+        test_support::wait_until(WAIT, || async { TcpStream::connect(addr).await.is_ok() }).await;
+    assert!(ok, "nothing listens on {addr}");
+}
+
+async fn metrics(serve: &Serve) -> String {
+    let (code, text) = http(serve.http, "GET", "/metrics").await;
+    assert_eq!(code, 200);
+    text
+}
+
+#[tokio::test]
+async fn a_keep_alive_client_reaches_new_instances_and_gets_503_when_none_is_left() {
+    let port = common_port(&[ip(2), ip(3)]).await;
+    let _a = Backend::start(ip(2), port).await;
+    let dns = dns(&[ip(2)]).await;
+    let proxy = test_support::free_addr();
+    let serve = Serve::spawn(&upstream(proxy, port, dns.addr(), ""));
+    serve.wait_endpoints(&[format!("127.0.0.2:{port}")]).await;
+    wait_listening(proxy).await;
+    let mut client = KeepAlive::open(proxy).await;
+    assert_eq!(client.backend().await, "127.0.0.2");
+
+    // A new instance: the same client connection reaches it, request by request.
+    let _b = Backend::start(ip(3), port).await;
+    dns.set_a("web.test", &[ip(2), ip(3)], 1);
+    let mut seen = std::collections::HashSet::new();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while seen.len() < 2 && tokio::time::Instant::now() < deadline {
+        seen.insert(client.backend().await);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(seen.len(), 2, "one keep-alive connection saw only {seen:?}");
+
+    // Nothing left: 503 with Retry-After and the upstream's name, at once.
+    dns.set_a("web.test", &[], 1);
+    serve.wait_endpoints(&[]).await;
+    let started = std::time::Instant::now();
+    let a = client.get("/").await.unwrap();
+    let took = started.elapsed();
+    assert_eq!(a.status, 503, "{}", a.body);
+    assert_eq!(a.headers["retry-after"], "1");
+    assert_eq!(a.body, "no endpoints for upstream web\n");
+    // Not a timing assertion on speed: the answer must not wait for a connect
+    // timeout or a retry, which take at least 500 ms here.
+    assert!(took < Duration::from_millis(500), "503 took {took:?}");
+    let status = serve.status().await;
+    let h = &status["upstreams"][0]["http"];
+    assert_eq!(h["no_endpoints_503"], 1, "{status}");
+    assert!(h["requests"]["2xx"].as_u64().unwrap() >= 2, "{status}");
+    let m = metrics(&serve).await;
+    assert!(
+        m.contains("dwara_http_generated_total{upstream=\"web\",status=\"503\"} 1"),
+        "{m}"
+    );
+    assert!(
+        m.contains("dwara_http_request_duration_seconds_bucket{"),
+        "{m}"
+    );
+}
+
+#[tokio::test]
+async fn headers_are_rewritten_and_bodies_stream_both_ways() {
+    let port = common_port(&[ip(2)]).await;
+    let _a = Backend::start(ip(2), port).await;
+    let dns = dns(&[ip(2)]).await;
+    let proxy = test_support::free_addr();
+    let serve = Serve::spawn(&upstream(proxy, port, dns.addr(), ""));
+    serve.wait_endpoints(&[format!("127.0.0.2:{port}")]).await;
+    wait_listening(proxy).await;
+
+    let mut client = KeepAlive::open(proxy).await;
+    let req = Request::post("/echo?x=1")
+        .header("host", "shop.example:8080")
+        .header("x-forwarded-for", "203.0.113.9")
+        .header("connection", "x-secret")
+        .header("x-secret", "hop")
+        .header("proxy-authorization", "Basic Zm9vOmJhcg==")
+        .header("te", "trailers")
+        .header("x-kept", "yes")
+        .body(Full::new(Bytes::from_static(b"hello body")))
+        .unwrap();
+    let a = client.send(req).await.unwrap();
+    assert_eq!(a.status, 200, "{}", a.body);
+    assert!(a.headers.get("keep-alive").is_none(), "{:?}", a.headers);
+    let seen = a.json();
+    let h = &seen["headers"];
+    assert_eq!(seen["uri"], "/echo?x=1");
+    assert_eq!(seen["body"], "hello body");
+    assert_eq!(h["host"], "shop.example:8080");
+    assert_eq!(h["x-forwarded-for"], "203.0.113.9, 127.0.0.1");
+    assert_eq!(h["x-forwarded-proto"], "http");
+    assert_eq!(h["x-kept"], "yes");
+    for gone in ["connection", "x-secret", "proxy-authorization", "te"] {
+        assert!(h.get(gone).is_none(), "{gone} passed on: {seen}");
+    }
+
+    // Raw HTTP: a chunked body behind Expect: 100-continue. The 100 comes before
+    // the body is sent, the body arrives whole, the answer is the backend's.
+    let mut raw = TcpStream::connect(proxy).await.unwrap();
+    raw.write_all(
+        b"PUT /up HTTP/1.1\r\nHost: web.test\r\nExpect: 100-continue\r\nTransfer-Encoding: chunked\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let mut buf = vec![0u8; 25];
+    tokio::time::timeout(WAIT, raw.read_exact(&mut buf))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(&buf, b"HTTP/1.1 100 Continue\r\n\r\n");
+    raw.write_all(b"5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n")
+        .await
+        .unwrap();
+    let text = read_response(&mut raw).await;
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    assert!(text.contains("\"body\":\"hello world\""), "{text}");
+    assert!(!text.contains("\"expect\""), "{text}");
+}
+
+/// Reads one response whose body is `Content-Length` long.
+async fn read_response(raw: &mut TcpStream) -> String {
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        let n = tokio::time::timeout(WAIT, raw.read(&mut buf))
+            .await
+            .expect("no response")
+            .unwrap();
+        got.extend_from_slice(&buf[..n]);
+        let text = String::from_utf8_lossy(&got).into_owned();
+        if n == 0 {
+            return text;
+        }
+        if let Some(end) = text.find("\r\n\r\n") {
+            let len = text[..end]
+                .lines()
+                .find_map(|l| {
+                    l.to_ascii_lowercase()
+                        .strip_prefix("content-length: ")
+                        .map(|v| v.trim().parse::<usize>().unwrap())
+                })
+                .unwrap_or(0);
+            if got.len() >= end + 4 + len {
+                return text;
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn oversized_heads_get_431_and_malformed_requests_400() {
+    let port = common_port(&[ip(2)]).await;
+    let _a = Backend::start(ip(2), port).await;
+    let dns = dns(&[ip(2)]).await;
+    let proxy = test_support::free_addr();
+    let serve = Serve::spawn(&upstream(
+        proxy,
+        port,
+        dns.addr(),
+        "    limits: {max_header_bytes: 4096, header_read_timeout_ms: 1000}\n",
+    ));
+    serve.wait_endpoints(&[format!("127.0.0.2:{port}")]).await;
+    wait_listening(proxy).await;
+
+    let mut raw = TcpStream::connect(proxy).await.unwrap();
+    let big = format!(
+        "GET / HTTP/1.1\r\nHost: web.test\r\nX-Big: {}\r\n\r\n",
+        "a".repeat(8000)
+    );
+    raw.write_all(big.as_bytes()).await.unwrap();
+    let text = read_response(&mut raw).await;
+    assert!(text.starts_with("HTTP/1.1 431"), "{text}");
+
+    for garbage in [
+        &b"GET / HTTP/1.1\r\nHost: web.test\r\nBad Header\r\n\r\n"[..],
+        b"\x00\x01\x02 nonsense\r\n\r\n",
+        b"GET / HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\nhello",
+    ] {
+        let mut raw = TcpStream::connect(proxy).await.unwrap();
+        raw.write_all(garbage).await.unwrap();
+        let text = read_response(&mut raw).await;
+        assert!(text.starts_with("HTTP/1.1 400"), "{garbage:?}: {text}");
+    }
+
+    // A client that never finishes its head is closed after the header timeout.
+    let mut slow = TcpStream::connect(proxy).await.unwrap();
+    slow.write_all(b"GET / HTTP/1.1\r\nHost: web")
+        .await
+        .unwrap();
+    let mut buf = [0u8; 512];
+    let closed = tokio::time::timeout(WAIT, slow.read(&mut buf)).await;
+    assert!(closed.is_ok(), "a slow head kept its connection");
+
+    // dwara is still serving.
+    let mut client = KeepAlive::open(proxy).await;
+    assert_eq!(client.backend().await, "127.0.0.2");
+}
+
+#[tokio::test]
+async fn no_request_fails_while_instances_are_replaced_crashing_before_they_leave_dns() {
+    let ips: Vec<Ipv4Addr> = (2..=7).map(ip).collect();
+    let port = common_port(&ips).await;
+    let mut live: Vec<Backend> = Vec::new();
+    for i in &ips[..3] {
+        live.push(Backend::start(*i, port).await);
+    }
+    let dns = dns(&ips[..3]).await;
+    let proxy = test_support::free_addr();
+    let serve = Serve::spawn(&upstream(proxy, port, dns.addr(), ""));
+    let want: Vec<String> = ips[..3].iter().map(|i| format!("{i}:{port}")).collect();
+    serve.wait_endpoints(&want).await;
+    wait_listening(proxy).await;
+
+    let ok = Arc::new(AtomicU64::new(0));
+    let failed = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(tokio::sync::Notify::new());
+    let mut clients = Vec::new();
+    for _ in 0..4 {
+        let (ok, failed, stop) = (ok.clone(), failed.clone(), stop.clone());
+        clients.push(tokio::spawn(async move {
+            let mut client = KeepAlive::open(proxy).await;
+            loop {
+                match client.get("/").await {
+                    Ok(a) if a.status == 200 => ok.fetch_add(1, Ordering::Relaxed),
+                    Ok(a) => {
+                        eprintln!("failed: {} {}", a.status, a.body);
+                        failed.fetch_add(1, Ordering::Relaxed)
+                    }
+                    Err(e) => {
+                        eprintln!("failed: {e}");
+                        failed.fetch_add(1, Ordering::Relaxed);
+                        client = KeepAlive::open(client.proxy).await;
+                        0
+                    }
+                };
+                tokio::select! {
+                    () = stop.notified() => return,
+                    () = tokio::time::sleep(Duration::from_millis(5)) => {}
+                }
+            }
+        }));
+    }
+
+    // Three replacements: the new instance joins, the old one crashes, and only
+    // later leaves DNS (as a crashed container's name does).
+    let mut in_dns: Vec<Ipv4Addr> = ips[..3].to_vec();
+    for new in &ips[3..] {
+        live.push(Backend::start(*new, port).await);
+        in_dns.push(*new);
+        dns.set_a("web.test", &in_dns, 1);
+        let want: Vec<String> = in_dns.iter().map(|i| format!("{i}:{port}")).collect();
+        serve.wait_endpoints(&want).await;
+        let old = live.remove(0);
+        let gone = old.ip;
+        old.crash();
+        let before = ok.load(Ordering::Relaxed);
+        let moved =
+            test_support::wait_until(WAIT, || async { ok.load(Ordering::Relaxed) > before + 50 })
+                .await;
+        assert!(moved, "requests stopped after {gone} crashed");
+        in_dns.retain(|i| *i != gone);
+        dns.set_a("web.test", &in_dns, 1);
+        let want: Vec<String> = in_dns.iter().map(|i| format!("{i}:{port}")).collect();
+        serve.wait_endpoints(&want).await;
+    }
+    stop.notify_waiters();
+    for c in clients {
+        let _ = tokio::time::timeout(WAIT, c).await;
+    }
+    let (ok, failed) = (ok.load(Ordering::Relaxed), failed.load(Ordering::Relaxed));
+    let status = serve.status().await;
+    assert_eq!(failed, 0, "{failed} of {} failed: {status}", ok + failed);
+    assert!(ok > 300, "only {ok} requests: {status}");
+    // The crashes were ridden over by retries, not by luck.
+    assert!(
+        status["upstreams"][0]["http"]["retries"].as_u64().unwrap() > 0
+            || status["upstreams"][0]["http"]["connect_failures"]
+                .as_u64()
+                .unwrap()
+                > 0,
+        "{status}"
+    );
+}
+
+#[tokio::test]
+async fn an_address_upstream_dials_through_the_dns_cache() {
+    let port = common_port(&[ip(2), ip(3)]).await;
+    let _a = Backend::start(ip(2), port).await;
+    let _b = Backend::start(ip(3), port).await;
+    let dns = dns(&[ip(2)]).await;
+    let proxy = test_support::free_addr();
+    let serve = Serve::spawn(&format!(
+        "upstreams:
+  - name: web
+    listen: {proxy}
+    protocol: http
+    address: web.test:{port}
+    nameservers: [{}]
+    pool: {{max_idle_per_endpoint: 4, idle_timeout_s: 1}}
+",
+        dns.addr()
+    ));
+    wait_listening(proxy).await;
+    let mut client = KeepAlive::open(proxy).await;
+    for _ in 0..5 {
+        assert_eq!(client.backend().await, "127.0.0.2");
+    }
+    // The answer changes: once its TTL has run out, requests go to the new address.
+    dns.set_a("web.test", &[ip(3)], 1);
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while client.backend().await != "127.0.0.3" {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "requests never moved to the new address"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let m = metrics(&serve).await;
+    let count = |outcome: &str| -> u64 {
+        let key = format!("dwara_http_dns_cache_total{{upstream=\"web\",outcome=\"{outcome}\"}} ");
+        m.lines()
+            .find_map(|l| l.strip_prefix(&key))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {key}: {m}"))
+    };
+    assert!(count("miss") >= 1, "{m}");
+    assert!(count("hit") >= 1, "{m}");
+    // The new answer came from DNS (a refresh-ahead, or a miss after expiry).
+    assert!(dns.query_count_for("web.test") >= 2);
+    let status = serve.status().await;
+    assert!(
+        status["upstreams"][0]["source"]
+            .as_str()
+            .unwrap()
+            .starts_with("address web.test:"),
+        "{status}"
+    );
+}

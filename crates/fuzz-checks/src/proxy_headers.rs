@@ -1,0 +1,90 @@
+//! `http_headers`: arbitrary header lines through the HTTP path's request and
+//! response rewriting (`dwara_proxy::headers`), and the first line as an
+//! `address:` value (`dwara_proxy::split_address`).
+
+use std::collections::HashSet;
+use std::net::{IpAddr, Ipv4Addr};
+
+use http::header::{HeaderMap, HeaderName, HeaderValue};
+
+/// Headers that must never reach the other side.
+const HOP: [&str; 10] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "expect",
+];
+
+/// Parses `data` as `name: value` lines (lines that are not valid headers are
+/// skipped), rewrites them as a request and as a response, and checks: no
+/// hop-by-hop header and nothing `Connection` named is left, every other header is
+/// kept, `X-Forwarded-For` ends with the client and `X-Forwarded-Proto` is `http`.
+/// A successful `split_address` gives a port that is not 0 and a host without `:`
+/// unless it is an IPv6 literal.
+pub fn http_headers(data: &[u8]) {
+    let text = String::from_utf8_lossy(data);
+    if let Some(first) = text.lines().next()
+        && let Ok((host, port)) = dwara_proxy::split_address(first)
+    {
+        assert_ne!(port, 0);
+        assert!(!host.contains(':') || host.parse::<std::net::Ipv6Addr>().is_ok());
+    }
+    let mut headers = HeaderMap::new();
+    for line in text.lines() {
+        let Some((name, value)) = line.split_once(':') else {
+            continue;
+        };
+        let (Ok(name), Ok(value)) = (
+            HeaderName::from_bytes(name.trim().as_bytes()),
+            HeaderValue::from_str(value.trim()),
+        ) else {
+            continue;
+        };
+        headers.append(name, value);
+    }
+    let named: HashSet<String> = headers
+        .get_all("connection")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(',').map(|t| t.trim().to_ascii_lowercase()))
+        .collect();
+    let gone = |name: &str| HOP.contains(&name) || named.contains(name);
+    let client = IpAddr::V4(Ipv4Addr::new(192, 0, 2, 7));
+
+    let mut request = headers.clone();
+    dwara_proxy::headers::to_upstream(&mut request, client, Some("example.test:80"));
+    for name in request.keys() {
+        assert!(!gone(name.as_str()), "{name} passed on");
+    }
+    for name in headers.keys() {
+        let n = name.as_str();
+        if !gone(n) && !n.starts_with("x-forwarded-") && n != "host" {
+            assert_eq!(
+                request.get_all(name).iter().count(),
+                headers.get_all(name).iter().count(),
+                "{n} lost"
+            );
+        }
+    }
+    if let Some(xff) = request.get("x-forwarded-for") {
+        assert!(xff.to_str().unwrap_or_default().ends_with("192.0.2.7"));
+    } else {
+        // Only when the earlier values could not be joined into one header.
+        assert!(headers.contains_key("x-forwarded-for"));
+    }
+    assert_eq!(request["x-forwarded-proto"], "http");
+    assert!(request.contains_key("host"));
+
+    let mut response = headers.clone();
+    dwara_proxy::headers::to_client(&mut response);
+    for name in response.keys() {
+        let n = name.as_str();
+        assert!(n == "expect" || !gone(n), "{n} passed on");
+    }
+}

@@ -1,0 +1,618 @@
+//! The HTTP path: a client connection served by hyper, each request balanced on
+//! its own over the upstream's pooled connections.
+//!
+//! A connection is served on the L4 worker that accepted it, by hyper's HTTP/1.1
+//! server (keep-alive; the request head within `header_read_timeout_ms`, else the
+//! connection closes; a head larger than `max_header_bytes` gets 431 and a
+//! malformed one 400, both from hyper). Per request ([`forward`]): the endpoint is
+//! picked from the upstream's load balancer (consistent hash keyed by
+//! `hash_header` or the client address) or, with `address:`, from the DNS cache's
+//! answer; the request goes out over a pooled connection to it (headers rewritten
+//! by [`crate::headers`], bodies streamed both ways, never buffered whole).
+//!
+//! What can go wrong, and what the client gets:
+//! - nothing to route to: `503` with `Retry-After: 1` and a line naming the
+//!   upstream;
+//! - the dial fails, or a pooled connection turns out closed before the request
+//!   was written (hyper hands the request back): another try, on another endpoint
+//!   when there is one; idempotent requests without a body (GET, HEAD, OPTIONS,
+//!   PUT, DELETE, TRACE) also when the connection closes before the response head.
+//!   Tries are bounded by `max_tries` and retries by the retry budget
+//!   ([`crate::http_stats`]); a pooled connection found closed before anything was
+//!   written costs no try and no budget (the pool is finite). Every failure of an
+//!   endpoint is reported to the load balancer's passive ejection;
+//! - every try failed: `502`; no response head within `response_timeout_ms`: `504`.
+//!
+//! Each 5xx dwara makes is counted and logged at debug with its reason.
+
+use std::convert::Infallible;
+use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use arc_swap::ArcSwap;
+use bytes::Bytes;
+use dwara_dns_cache::DnsCache;
+use dwara_lb::{PickGuard, Policy};
+use http::header::{self, HeaderMap, HeaderValue};
+use http::{Method, Request, Response, StatusCode, Uri, Version};
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Full};
+use hyper::body::{Body, Frame, Incoming, SizeHint};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::net::TcpStream;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tracing::debug;
+
+use crate::config::HttpSettings;
+use crate::forward::Target;
+use crate::headers;
+use crate::http_stats::{HttpStats, Made};
+use crate::pool::{Conn, Pool, ReqBody};
+
+/// The body of responses to clients.
+pub(crate) type RespBody = UnsyncBoxBody<Bytes, hyper::Error>;
+
+/// Where the endpoints of an HTTP upstream come from.
+#[derive(Debug)]
+pub(crate) enum Dial {
+    /// Picks of the upstream's load balancer (discovery fills it).
+    Lb,
+    /// `address: HOST:PORT`: the DNS cache's answer for HOST, in turn.
+    Address {
+        cache: DnsCache,
+        host: String,
+        port: u16,
+        next: AtomicUsize,
+    },
+}
+
+/// What the HTTP path needs of an upstream beside its [`Target`].
+#[derive(Debug)]
+pub(crate) struct HttpUpstream {
+    pub(crate) settings: HttpSettings,
+    pub(crate) pool: Arc<Pool>,
+    pub(crate) stats: Arc<HttpStats>,
+    pub(crate) dial: Arc<Dial>,
+    /// One permit per open client connection (`limits.max_connections`), shared
+    /// by every worker.
+    pub(crate) connections: Arc<Semaphore>,
+    /// Cancelled when the dataplane shuts down: connections finish their request
+    /// and close.
+    pub(crate) shutdown: CancellationToken,
+}
+
+/// Serves one client connection until it closes.
+pub(crate) async fn serve(
+    socket: TcpStream,
+    peer: SocketAddr,
+    accepted: Arc<Target>,
+    current: Arc<ArcSwap<Target>>,
+) {
+    let Some(http) = accepted.http.clone() else {
+        return;
+    };
+    let Ok(_permit) = http.connections.clone().try_acquire_owned() else {
+        http.stats.client_refused.fetch_add(1, Ordering::Relaxed);
+        debug!(upstream = %accepted.name, %peer, limit = http.settings.limits.max_connections, "too many client connections; closing");
+        return;
+    };
+    http.stats
+        .client_connections
+        .fetch_add(1, Ordering::Relaxed);
+    let limits = http.settings.limits;
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(std::time::Duration::from_millis(
+            limits.header_read_timeout_ms,
+        ))
+        .max_header_size(limits.max_header_bytes)
+        .max_buf_size(limits.max_header_bytes.max(8192));
+    let service = hyper::service::service_fn(move |req| {
+        // A reload applies to connections already open from their next request on,
+        // unless the listen address now belongs to a TCP upstream.
+        let loaded = current.load_full();
+        let target = if loaded.http.is_some() {
+            loaded
+        } else {
+            accepted.clone()
+        };
+        async move { Ok::<_, Infallible>(forward(req, peer, &target).await) }
+    });
+    let conn = builder.serve_connection(TokioIo::new(socket), service);
+    tokio::pin!(conn);
+    let result = tokio::select! {
+        r = conn.as_mut() => r,
+        () = http.shutdown.cancelled() => {
+            conn.as_mut().graceful_shutdown();
+            conn.await
+        }
+    };
+    if let Err(e) = result {
+        debug!(%peer, error = %e, "client connection ended with an error");
+    }
+    http.stats
+        .client_connections
+        .fetch_sub(1, Ordering::Relaxed);
+}
+
+/// Whether a request may be sent again after it went out without an answer.
+fn idempotent(method: &Method) -> bool {
+    matches!(
+        *method,
+        Method::GET | Method::HEAD | Method::OPTIONS | Method::PUT | Method::DELETE | Method::TRACE
+    )
+}
+
+/// A request head kept to send the request again.
+struct Template {
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+}
+
+impl Template {
+    fn request(&self) -> Request<ReqBody> {
+        let mut req = Request::new(empty());
+        *req.method_mut() = self.method.clone();
+        *req.uri_mut() = self.uri.clone();
+        *req.headers_mut() = self.headers.clone();
+        req
+    }
+}
+
+fn empty() -> ReqBody {
+    http_body_util::Empty::new()
+        .map_err(|never: Infallible| match never {})
+        .boxed_unsync()
+}
+
+/// The request as it goes to an endpoint: origin-form URI, HTTP/1.1, headers
+/// rewritten; and a template to send it again when that is safe.
+fn outgoing(req: Request<Incoming>, client: IpAddr) -> (Request<ReqBody>, Option<Template>) {
+    let (mut parts, body) = req.into_parts();
+    let authority = parts.uri.authority().map(|a| a.as_str().to_owned());
+    headers::to_upstream(&mut parts.headers, client, authority.as_deref());
+    if let Some(pq) = parts.uri.path_and_query()
+        && parts.uri.scheme().is_some()
+        && let Ok(uri) = Uri::try_from(pq.as_str())
+    {
+        parts.uri = uri;
+    }
+    parts.version = Version::HTTP_11;
+    let template = (body.is_end_stream() && idempotent(&parts.method)).then(|| Template {
+        method: parts.method.clone(),
+        uri: parts.uri.clone(),
+        headers: parts.headers.clone(),
+    });
+    let body = if body.is_end_stream() {
+        empty()
+    } else {
+        body.boxed_unsync()
+    };
+    (Request::from_parts(parts, body), template)
+}
+
+/// An endpoint to try: its address and, from the load balancer, the pick guard
+/// that counts the request in flight and takes its outcome.
+struct Choice {
+    addr: SocketAddr,
+    guard: Option<PickGuard>,
+}
+
+impl Choice {
+    fn failed(&self) {
+        if let Some(g) = &self.guard {
+            g.report_failure();
+        }
+    }
+}
+
+/// Picks an endpoint not tried yet when there is one (a few picks, then any).
+async fn choose(
+    target: &Target,
+    http: &HttpUpstream,
+    key: Option<&[u8]>,
+    tried: &[SocketAddr],
+) -> Result<Choice, String> {
+    match &*http.dial {
+        Dial::Lb => {
+            let mut last = None;
+            for _ in 0..4 {
+                let pick = match key {
+                    Some(k) => target.lb.pick_by_key(k),
+                    None => target.lb.pick(),
+                };
+                let guard = pick.map_err(|_| "no endpoints".to_owned())?;
+                if !tried.contains(&guard.addr()) {
+                    return Ok(Choice {
+                        addr: guard.addr(),
+                        guard: Some(guard),
+                    });
+                }
+                last = Some(guard);
+            }
+            let guard = last.ok_or_else(|| "no endpoints".to_owned())?;
+            Ok(Choice {
+                addr: guard.addr(),
+                guard: Some(guard),
+            })
+        }
+        Dial::Address {
+            cache,
+            host,
+            port,
+            next,
+        } => {
+            let ips = cache
+                .resolve(host)
+                .await
+                .map_err(|e| format!("{host}: {e}"))?;
+            if ips.is_empty() {
+                return Err(format!("{host}: no addresses"));
+            }
+            let start = next.fetch_add(1, Ordering::Relaxed);
+            let addrs =
+                (0..ips.len()).map(|i| SocketAddr::new(ips[(start + i) % ips.len()], *port));
+            let mut first = None;
+            for addr in addrs {
+                if !tried.contains(&addr) {
+                    return Ok(Choice { addr, guard: None });
+                }
+                first.get_or_insert(addr);
+            }
+            let addr = first.ok_or_else(|| format!("{host}: no addresses"))?;
+            Ok(Choice { addr, guard: None })
+        }
+    }
+}
+
+/// A 5xx made here: counted, logged at debug with why, one line of body.
+fn made(target: &Target, http: &HttpUpstream, why: Made, detail: &str) -> Response<RespBody> {
+    http.stats.made(why);
+    let (status, text) = match why {
+        Made::NoEndpoints => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("no endpoints for upstream {}\n", target.name),
+        ),
+        Made::BadGateway => (
+            StatusCode::BAD_GATEWAY,
+            format!("no endpoint of upstream {} answered\n", target.name),
+        ),
+        Made::Timeout => (
+            StatusCode::GATEWAY_TIMEOUT,
+            format!("upstream {} did not answer in time\n", target.name),
+        ),
+    };
+    debug!(upstream = %target.name, status = status.as_u16(), why = detail, "answered by dwara");
+    let mut resp = Response::new(
+        Full::new(Bytes::from(text))
+            .map_err(|never: Infallible| match never {})
+            .boxed_unsync(),
+    );
+    *resp.status_mut() = status;
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    if why == Made::NoEndpoints {
+        h.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    }
+    resp
+}
+
+/// One request through the upstream, answered whatever happens.
+pub(crate) async fn forward(
+    req: Request<Incoming>,
+    peer: SocketAddr,
+    target: &Target,
+) -> Response<RespBody> {
+    let started = Instant::now();
+    let Some(http) = target.http.as_deref() else {
+        return Response::new(empty_resp());
+    };
+    let resp = attempt(req, peer, target, http).await;
+    http.stats
+        .answered(resp.status().as_u16(), started.elapsed());
+    resp
+}
+
+fn empty_resp() -> RespBody {
+    http_body_util::Empty::new()
+        .map_err(|never: Infallible| match never {})
+        .boxed_unsync()
+}
+
+/// The hash key of a request under `consistent_hash`.
+fn hash_key(
+    target: &Target,
+    http: &HttpUpstream,
+    req: &Request<Incoming>,
+    peer: SocketAddr,
+) -> Option<Vec<u8>> {
+    if target.policy != Policy::ConsistentHash {
+        return None;
+    }
+    let from_header = http
+        .settings
+        .hash_header
+        .as_ref()
+        .and_then(|h| req.headers().get(h))
+        .map(|v| v.as_bytes().to_vec());
+    Some(from_header.unwrap_or_else(|| peer.ip().to_canonical().to_string().into_bytes()))
+}
+
+/// The tries of one request.
+async fn attempt(
+    req: Request<Incoming>,
+    peer: SocketAddr,
+    target: &Target,
+    http: &HttpUpstream,
+) -> Response<RespBody> {
+    http.stats.budget.request();
+    let key = hash_key(target, http, &req, peer);
+    let (req, template) = outgoing(req, peer.ip());
+    let mut pending = Some(req);
+    let mut tried: Vec<SocketAddr> = Vec::new();
+    let mut last_error = String::new();
+    let mut tries = 0;
+    // A pooled connection found closed before the request was written costs no
+    // try: the endpoint closed it while idle. At most this many per request.
+    let mut free_left = 3u32;
+    let mut free = false;
+    while tries < http.settings.max_tries {
+        let mut choice = match choose(target, http, key.as_deref(), &tried).await {
+            Ok(c) => c,
+            Err(why) if tried.is_empty() => return made(target, http, Made::NoEndpoints, &why),
+            Err(why) => {
+                last_error = why;
+                break;
+            }
+        };
+        if !free {
+            if tries > 0 {
+                if !http.stats.budget.try_retry() {
+                    http.stats.budget_exhausted.fetch_add(1, Ordering::Relaxed);
+                    last_error = format!("{last_error}; retry budget spent");
+                    break;
+                }
+                http.stats.retries.fetch_add(1, Ordering::Relaxed);
+            }
+            tries += 1;
+        }
+        tried.push(choice.addr);
+        let Some(mut req) = pending
+            .take()
+            .or_else(|| template.as_ref().map(Template::request))
+        else {
+            break;
+        };
+        if !req.headers().contains_key(header::HOST)
+            && let Ok(v) = HeaderValue::from_str(&choice.addr.to_string())
+        {
+            req.headers_mut().insert(header::HOST, v);
+        }
+        free = false;
+        match send(req, &mut choice, target, http).await {
+            Sent::Answered(resp) => return resp,
+            Sent::Unsent {
+                req,
+                why,
+                idle_closed,
+            } => {
+                pending = Some(req);
+                last_error = why;
+                if idle_closed && free_left > 0 {
+                    free_left -= 1;
+                    free = true;
+                    // The endpoint is not to blame: it may be chosen again.
+                    tried.pop();
+                }
+            }
+            Sent::Lost(why) => {
+                last_error = why;
+                if template.is_none() {
+                    break;
+                }
+            }
+            Sent::TimedOut => {
+                let why = format!(
+                    "{}: no response head within {:?}",
+                    choice.addr, http.settings.response_timeout
+                );
+                return made(target, http, Made::Timeout, &why);
+            }
+        }
+    }
+    made(target, http, Made::BadGateway, &last_error)
+}
+
+/// How one try ended.
+enum Sent {
+    /// A response (its body streams on).
+    Answered(Response<RespBody>),
+    /// The request was not written: here it is, to try again.
+    Unsent {
+        req: Request<ReqBody>,
+        why: String,
+        /// On a pooled connection the endpoint had closed while it was idle.
+        idle_closed: bool,
+    },
+    /// The request went (at least partly) and no response head came.
+    Lost(String),
+    /// No response head within the response timeout.
+    TimedOut,
+}
+
+/// A connection to `choice`: a pooled one that is ready, or a new one.
+async fn connection(choice: &Choice, http: &HttpUpstream) -> Result<Conn, String> {
+    while let Some(mut conn) = http.pool.checkout(choice.addr) {
+        // Ready at once unless the endpoint closed it while it was idle.
+        if conn.sender.ready().await.is_ok() {
+            http.stats.reused.fetch_add(1, Ordering::Relaxed);
+            return Ok(conn);
+        }
+    }
+    http.pool
+        .connect(choice.addr, &http.stats)
+        .await
+        .map_err(|e| {
+            http.stats.connect_failures.fetch_add(1, Ordering::Relaxed);
+            choice.failed();
+            format!("{}: {e}", choice.addr)
+        })
+}
+
+/// One try on `choice`.
+async fn send(
+    req: Request<ReqBody>,
+    choice: &mut Choice,
+    target: &Target,
+    http: &HttpUpstream,
+) -> Sent {
+    let mut conn = match connection(choice, http).await {
+        Ok(c) => c,
+        Err(why) => {
+            return Sent::Unsent {
+                req,
+                why,
+                idle_closed: false,
+            };
+        }
+    };
+    let sent = tokio::time::timeout(
+        http.settings.response_timeout,
+        conn.sender.try_send_request(req),
+    )
+    .await;
+    match sent {
+        Err(_) => {
+            choice.failed();
+            Sent::TimedOut
+        }
+        Ok(Ok(resp)) => {
+            if let Some(g) = &choice.guard {
+                g.report_success();
+            }
+            let keep = match &*http.dial {
+                Dial::Lb => Keep::InSet(target.lb.clone()),
+                Dial::Address { .. } => Keep::Always,
+            };
+            let (mut parts, body) = resp.into_parts();
+            headers::to_client(&mut parts.headers);
+            let body = PooledBody::new(body, conn, http.pool.clone(), keep, choice.guard.take());
+            Sent::Answered(Response::from_parts(parts, body.boxed_unsync()))
+        }
+        Ok(Err(mut e)) => {
+            let why = format!("{}: {}", choice.addr, e.error());
+            match e.take_message() {
+                Some(req) => {
+                    if !conn.reused {
+                        choice.failed();
+                    }
+                    Sent::Unsent {
+                        req,
+                        why,
+                        idle_closed: conn.reused,
+                    }
+                }
+                None => {
+                    choice.failed();
+                    Sent::Lost(why)
+                }
+            }
+        }
+    }
+}
+
+/// Whether a connection goes back to the pool after its response.
+enum Keep {
+    /// While its endpoint is in the load balancer's set.
+    InSet(Arc<dwara_lb::UpstreamLb>),
+    /// Always (an `address:` upstream; the idle timeout ages them out).
+    Always,
+}
+
+impl Keep {
+    fn keep(&self, addr: SocketAddr) -> bool {
+        match self {
+            Self::InSet(lb) => lb.endpoints().contains(addr),
+            Self::Always => true,
+        }
+    }
+}
+
+/// A response body from an endpoint that puts its connection back into the pool
+/// when it has been read to its end.
+struct PooledBody {
+    inner: Incoming,
+    conn: Option<Conn>,
+    pool: Arc<Pool>,
+    keep: Keep,
+    /// Counts the request in flight on its endpoint until the body is done.
+    guard: Option<PickGuard>,
+}
+
+impl PooledBody {
+    fn new(
+        inner: Incoming,
+        conn: Conn,
+        pool: Arc<Pool>,
+        keep: Keep,
+        guard: Option<PickGuard>,
+    ) -> Self {
+        let mut body = Self {
+            inner,
+            conn: Some(conn),
+            pool,
+            keep,
+            guard,
+        };
+        if body.inner.is_end_stream() {
+            body.release();
+        }
+        body
+    }
+
+    fn release(&mut self) {
+        self.guard = None;
+        if let Some(conn) = self.conn.take() {
+            let keep = self.keep.keep(conn.addr);
+            self.pool.checkin(conn, keep);
+        }
+    }
+}
+
+impl Body for PooledBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        match &polled {
+            Poll::Ready(None) => self.release(),
+            Poll::Ready(Some(Ok(_))) if self.inner.is_end_stream() => self.release(),
+            // A failed body leaves the connection in no state to reuse.
+            Poll::Ready(Some(Err(_))) => self.conn = None,
+            _ => {}
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}

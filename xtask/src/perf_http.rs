@@ -1,0 +1,253 @@
+//! `cargo xtask perf http`: dwara's HTTP upstreams vs HAProxy `mode http`, nginx
+//! `proxy_pass` and Caddy `reverse_proxy`.
+//!
+//! ```text
+//! cargo xtask perf http [--rounds R] [--seconds S] [--threads T] [--dwara PATH]
+//! ```
+//!
+//! 1. Installs nginx-light, HAProxy, Caddy and wrk when missing.
+//! 2. Starts the backend of `perf l4` (nginx, one worker: `return 200` for `/tiny`,
+//!    a 1 MiB static file for `/1m`) and in front of it: `dwara serve` (release
+//!    build) with a `protocol: http` upstream that follows `backend.perf.local`
+//!    through its own name server, with its defaults (`dwara`: an L4 worker per
+//!    core) and with `--l4-workers 1 --worker-threads 1` (`dwara-1t`); HAProxy
+//!    `mode http`, `nbthread 1`, `http-reuse always`; nginx (one worker) with
+//!    `proxy_pass` to an `upstream` with a `keepalive 64` pool; Caddy
+//!    `reverse_proxy` (its own defaults: Go's runtime on every core, a keep-alive
+//!    pool).
+//! 3. `R` interleaved rounds (default 5) of three wrk loads of `S` seconds (default
+//!    5), every proxy in every round, the order rotated per round: keep-alive
+//!    requests (32 connections), a new client connection per request (32
+//!    connections, `Connection: close`), 1 MiB bodies (8 connections). Each run
+//!    records the rate, the proxy's CPU per request or MiB (user + system from
+//!    `/proc/PID/stat`, worker processes included), wrk's p50 and p99 and errors.
+//! 4. Prints the medians and the ratios of `dwara-1t` and `dwara` to each other
+//!    proxy.
+//!
+//! Everything listens on 127.0.0.1 only, in a temporary directory removed at the end.
+
+use std::net::Ipv4Addr;
+use std::path::Path;
+use std::process::Command;
+
+use anyhow::{Context, bail};
+
+use crate::perf_l4::{
+    Load, Options, Proc, Proxy, Run, local, nginx_head, spawn_nginx, start_backend,
+    start_dwara_with, wrk,
+};
+use crate::perf_util::{clock_ticks, free_port, median, release_dwara};
+
+const USAGE: &str =
+    "usage: cargo xtask perf http [--rounds R] [--seconds S] [--threads T] [--dwara PATH]";
+const PROXIES: [&str; 5] = ["dwara-1t", "dwara", "haproxy-1t", "nginx", "caddy"];
+
+fn parse_args(args: &[String]) -> anyhow::Result<Options> {
+    let mut o = Options {
+        rounds: 5,
+        seconds: 5,
+        idle: 0,
+        threads: 1,
+        proxies: Vec::new(),
+        before: None,
+        dwara: None,
+    };
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let mut value = |name: &str| -> anyhow::Result<&String> {
+            it.next().with_context(|| format!("{name} needs a value"))
+        };
+        let number = |v: &String, name: &str| -> anyhow::Result<usize> {
+            v.parse()
+                .with_context(|| format!("{name} needs a number, got {v:?}"))
+        };
+        match a.as_str() {
+            "--rounds" => o.rounds = number(value("--rounds")?, "--rounds")?.max(1),
+            "--seconds" => {
+                o.seconds = u32::try_from(number(value("--seconds")?, "--seconds")?.max(1))?;
+            }
+            "--threads" => {
+                o.threads = u32::try_from(number(value("--threads")?, "--threads")?.max(1))?;
+            }
+            "--dwara" => o.dwara = Some(value("--dwara")?.into()),
+            other => bail!("unknown argument {other:?}; {USAGE}"),
+        }
+    }
+    Ok(o)
+}
+
+fn start_haproxy(dir: &Path, backend: u16) -> anyhow::Result<Proxy> {
+    let port = free_port(Ipv4Addr::LOCALHOST)?;
+    let conf = dir.join("haproxy-http.cfg");
+    std::fs::write(
+        &conf,
+        format!(
+            "global\n  nbthread 1\n  maxconn 4000\n\
+             defaults\n  mode http\n  http-reuse always\n  timeout connect 5s\n  \
+             timeout client 300s\n  timeout server 300s\n\
+             frontend f\n  bind {listen}\n  default_backend b\n\
+             backend b\n  server s1 {backend}\n",
+            listen = local(port),
+            backend = local(backend),
+        ),
+    )?;
+    let mut proc = Proc::spawn(
+        "haproxy-1t",
+        dir,
+        Command::new("haproxy").arg("-db").arg("-f").arg(&conf),
+    )?;
+    proc.wait_http(port)?;
+    Ok(Proxy { proc, port })
+}
+
+fn start_nginx(dir: &Path, backend: u16) -> anyhow::Result<Proxy> {
+    let port = free_port(Ipv4Addr::LOCALHOST)?;
+    let conf = dir.join("nginx-http.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "{head}http {{\n  access_log off;\n  upstream b {{\n    server {backend};\n    \
+             keepalive 64;\n  }}\n  server {{\n    listen {listen};\n    location / {{\n      \
+             proxy_pass http://b;\n      proxy_http_version 1.1;\n      \
+             proxy_set_header Connection \"\";\n    }}\n  }}\n}}\n",
+            head = nginx_head(dir, "nginx-http"),
+            listen = local(port),
+            backend = local(backend),
+        ),
+    )?;
+    let mut proc = spawn_nginx("nginx", dir, &conf)?;
+    proc.wait_http(port)?;
+    Ok(Proxy { proc, port })
+}
+
+fn start_caddy(dir: &Path, backend: u16) -> anyhow::Result<Proxy> {
+    let port = free_port(Ipv4Addr::LOCALHOST)?;
+    let conf = dir.join("Caddyfile");
+    std::fs::write(
+        &conf,
+        format!(
+            "{{\n  admin off\n  auto_https off\n  persist_config off\n}}\n\
+             http://127.0.0.1:{port} {{\n  bind 127.0.0.1\n  reverse_proxy {backend}\n}}\n",
+            backend = local(backend),
+        ),
+    )?;
+    let mut proc = Proc::spawn(
+        "caddy",
+        dir,
+        Command::new("caddy")
+            .args(["run", "--adapter", "caddyfile", "--config"])
+            .arg(&conf)
+            .env("HOME", dir)
+            .env("XDG_DATA_HOME", dir)
+            .env("XDG_CONFIG_HOME", dir),
+    )?;
+    proc.wait_http(port)?;
+    Ok(Proxy { proc, port })
+}
+
+/// Runs the comparison.
+pub(crate) fn run(args: &[String]) -> anyhow::Result<()> {
+    let opts = parse_args(args)?;
+    crate::tools::ensure_perf_http()?;
+    if opts.dwara.is_none() {
+        crate::cargo(&["build", "--release", "-p", "dwara"])?;
+    }
+    crate::perf_util::in_scratch_dir("perf-http", |dir| run_in(dir, &opts))
+}
+
+fn start(dir: &Path, name: &str, opts: &Options, backend: u16) -> anyhow::Result<Proxy> {
+    let bin = opts.dwara.clone().unwrap_or_else(release_dwara);
+    let http = "    protocol: http\n";
+    match name {
+        "dwara" | "dwara-1t" => {
+            let dns = free_port(Ipv4Addr::LOCALHOST)?;
+            start_dwara_with(dir, name, &bin, (backend, dns), name == "dwara-1t", http)
+        }
+        "haproxy-1t" => start_haproxy(dir, backend),
+        "nginx" => start_nginx(dir, backend),
+        _ => start_caddy(dir, backend),
+    }
+}
+
+fn run_in(dir: &Path, opts: &Options) -> anyhow::Result<()> {
+    let load_avg = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    println!(
+        "perf http: wrk --latency -t {} -d {}s through each proxy to nginx, {} interleaved \
+         rounds; load average at start: {}",
+        opts.threads,
+        opts.seconds,
+        opts.rounds,
+        load_avg
+            .split_whitespace()
+            .take(3)
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    let (_backend, backend) = start_backend(dir)?;
+    let proxies = PROXIES
+        .iter()
+        .map(|name| start(dir, name, opts, backend))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let ticks = clock_ticks();
+    let mut runs: Vec<Vec<Vec<Run>>> = vec![vec![Vec::new(); proxies.len()]; Load::ALL.len()];
+    for round in 0..opts.rounds {
+        for (l, load) in Load::ALL.iter().enumerate() {
+            for k in 0..proxies.len() {
+                let i = (k + round) % proxies.len();
+                let p = &proxies[i];
+                let r = wrk(p, *load, opts, ticks)?;
+                println!(
+                    "  round {} {:<5} {:<11} {:>10.1} {}/s  {:>8.2} us CPU/{}  p50 {:>7.3} ms  p99 {:>7.3} ms  errors {}",
+                    round + 1,
+                    load.unit(),
+                    p.proc.name,
+                    r.rate,
+                    load.unit(),
+                    r.cpu_us,
+                    load.unit(),
+                    r.p50_ms,
+                    r.p99_ms,
+                    r.errors
+                );
+                runs[l][i].push(r);
+            }
+        }
+    }
+    report(&proxies, &runs, opts);
+    Ok(())
+}
+
+fn report(proxies: &[Proxy], runs: &[Vec<Vec<Run>>], opts: &Options) {
+    let med = |rs: &[Run], f: &dyn Fn(&Run) -> f64| median(rs.iter().map(f).collect());
+    for (l, load) in Load::ALL.iter().enumerate() {
+        println!("\n{}, median of {} rounds:", load.title(), opts.rounds);
+        println!(
+            "  {:<11} {:>12} {:>14} {:>8} {:>8} {:>7} {:>13} {:>13} {:>11}",
+            "proxy",
+            format!("{}/s", load.unit()),
+            format!("us CPU/{}", load.unit()),
+            "p50 ms",
+            "p99 ms",
+            "errors",
+            "dwara-1t rate",
+            "dwara-1t CPU",
+            "dwara rate"
+        );
+        let one = &runs[l][0];
+        let all = &runs[l][1];
+        for (p, rs) in proxies.iter().zip(&runs[l]) {
+            println!(
+                "  {:<11} {:>12.1} {:>14.2} {:>8.3} {:>8.3} {:>7} {:>12.2}x {:>12.2}x {:>10.2}x",
+                p.proc.name,
+                med(rs, &|r| r.rate),
+                med(rs, &|r| r.cpu_us),
+                med(rs, &|r| r.p50_ms),
+                med(rs, &|r| r.p99_ms),
+                rs.iter().map(|r| r.errors).sum::<u64>(),
+                med(one, &|r| r.rate) / med(rs, &|r| r.rate),
+                med(one, &|r| r.cpu_us) / med(rs, &|r| r.cpu_us),
+                med(all, &|r| r.rate) / med(rs, &|r| r.rate),
+            );
+        }
+    }
+}
