@@ -9,6 +9,7 @@ mod faults;
 mod guard;
 mod hostile;
 mod hostile_http;
+mod interop;
 mod nameserver;
 mod push;
 mod serve;
