@@ -1,6 +1,6 @@
 //! Replication of the name server's records database over chitchat gossip.
 //!
-//! Every node runs a [`Cluster`] beside its [`dwara_nameserver::Db`]. The node
+//! Every node runs a [`Cluster`] beside its [`dwara_records::Db`]. The node
 //! publishes its own entries (origin = its node id) as chitchat key-values, a bucket
 //! of up to [`BUCKET_BYTES`] of entries per key, merges
 //! every peer's entries into its database under the peer's node id, hides the entries
@@ -35,7 +35,7 @@
 //! The wire encoding is described in [`codec`].
 //!
 //! ```no_run
-//! # async fn demo(db: std::sync::Arc<dwara_nameserver::Db>) -> Result<(), dwara_cluster::ClusterError> {
+//! # async fn demo(db: std::sync::Arc<dwara_records::Db>) -> Result<(), dwara_cluster::ClusterError> {
 //! use dwara_cluster::{Cluster, ClusterConfig, KeySource};
 //! let mut config = ClusterConfig::new(db.origin(), "10.0.0.1:6783".parse().unwrap());
 //! config.peers = vec!["10.0.0.2:6783".into()];

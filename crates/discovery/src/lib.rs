@@ -39,6 +39,8 @@
 
 pub mod refresh;
 mod tasks;
+#[cfg(feature = "tower")]
+pub mod tower;
 
 use std::fmt::Debug;
 use std::time::Duration;

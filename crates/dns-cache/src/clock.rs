@@ -8,7 +8,8 @@
 //! considers usable.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, LazyLock, Once};
+use std::sync::{Arc, LazyLock, Mutex, PoisonError, Weak};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use tracing::warn;
@@ -16,12 +17,18 @@ use tracing::warn;
 /// How often the coarse clock's ticker thread reads the system clock.
 pub const COARSE_TICK: Duration = Duration::from_millis(5);
 
+/// The name of the coarse clock's ticker thread (tests look for it).
+pub const COARSE_THREAD_NAME: &str = "dwara-dns-clock";
+
 /// Where the cache reads the time. Cheap to clone.
 ///
 /// The default is [`Clock::coarse`]: reading the system clock costs tens to hundreds
 /// of nanoseconds on virtual machines, more than the rest of a cache hit, so a
 /// ticker thread reads it every [`COARSE_TICK`] and a hit reads an atomic. DNS TTLs
-/// are whole seconds; a few milliseconds of imprecision do not matter.
+/// are whole seconds; a few milliseconds of imprecision do not matter. The thread
+/// lives exactly as long as some coarse `Clock` does: dropping the last cache (and
+/// the last config holding a coarse clock) stops and joins it, so a library user is
+/// never left with a thread it did not ask for.
 #[derive(Debug, Clone)]
 pub struct Clock {
     kind: Kind,
@@ -29,7 +36,12 @@ pub struct Clock {
 
 #[derive(Debug, Clone)]
 enum Kind {
-    Coarse(&'static Coarse),
+    /// The shared atomics (what the hit path reads, one pointer away) and the
+    /// handle that keeps the ticker thread alive.
+    Coarse {
+        shared: Arc<Coarse>,
+        _ticker: Arc<Ticker>,
+    },
     Precise,
     Manual(ManualClock),
 }
@@ -40,48 +52,105 @@ impl Default for Clock {
     }
 }
 
+/// What the ticker thread writes and the hit path reads.
 #[derive(Debug)]
 struct Coarse {
     base: Instant,
     nanos: AtomicU64,
     ticking: AtomicBool,
+    stop: AtomicBool,
 }
 
-static COARSE: LazyLock<Coarse> = LazyLock::new(|| Coarse {
-    base: Instant::now(),
-    nanos: AtomicU64::new(0),
-    ticking: AtomicBool::new(false),
-});
-static START_TICKER: Once = Once::new();
+/// The handle every coarse [`Clock`] shares; dropping the last one stops the thread.
+#[derive(Debug)]
+struct Ticker {
+    shared: Arc<Coarse>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Drop for Ticker {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::Release);
+        let thread = self
+            .thread
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(thread) = thread {
+            thread.thread().unpark();
+            // The thread only sleeps and stores; it ends within one tick of being woken.
+            if thread.join().is_err() {
+                warn!("the DNS cache clock thread panicked");
+            }
+        }
+    }
+}
+
+/// The live ticker, if any: every coarse clock made while one runs shares it.
+static TICKER: Mutex<Weak<Ticker>> = Mutex::new(Weak::new());
 static PRECISE_BASE: LazyLock<Instant> = LazyLock::new(Instant::now);
 
 fn elapsed_nanos(base: Instant) -> u64 {
     u64::try_from(base.elapsed().as_nanos()).unwrap_or(u64::MAX)
 }
 
+fn tick(shared: &Coarse) {
+    while !shared.stop.load(Ordering::Acquire) {
+        std::thread::park_timeout(COARSE_TICK);
+        shared
+            .nanos
+            .store(elapsed_nanos(shared.base), Ordering::Relaxed);
+    }
+}
+
+fn start_ticker() -> Arc<Ticker> {
+    let base = Instant::now();
+    let shared = Arc::new(Coarse {
+        base,
+        nanos: AtomicU64::new(elapsed_nanos(base)),
+        ticking: AtomicBool::new(false),
+        stop: AtomicBool::new(false),
+    });
+    let for_thread = Arc::clone(&shared);
+    let spawned = std::thread::Builder::new()
+        .name(COARSE_THREAD_NAME.to_owned())
+        .spawn(move || tick(&for_thread));
+    let thread = match spawned {
+        Ok(thread) => {
+            shared.ticking.store(true, Ordering::Release);
+            Some(thread)
+        }
+        Err(e) => {
+            warn!(error = %e, "cannot start the DNS cache clock thread; reading the system clock on every hit");
+            None
+        }
+    };
+    Arc::new(Ticker {
+        shared,
+        thread: Mutex::new(thread),
+    })
+}
+
 impl Clock {
-    /// The system's monotonic clock, read through a shared ticker thread (one per
-    /// process, started on first use). Falls back to [`Clock::precise`] if the
-    /// thread cannot be started.
+    /// The system's monotonic clock, read through a ticker thread shared by every
+    /// coarse clock alive in the process: started by the first, stopped when the last
+    /// is dropped. Falls back to reading the system clock on every call if the thread
+    /// cannot be started.
     pub fn coarse() -> Self {
-        let coarse: &'static Coarse = &COARSE;
-        START_TICKER.call_once(|| {
-            coarse.nanos.store(elapsed_nanos(coarse.base), Ordering::Relaxed);
-            let spawned = std::thread::Builder::new()
-                .name("dwara-dns-clock".to_owned())
-                .spawn(move || {
-                    loop {
-                        std::thread::sleep(COARSE_TICK);
-                        coarse.nanos.store(elapsed_nanos(coarse.base), Ordering::Relaxed);
-                    }
-                });
-            match spawned {
-                Ok(_) => coarse.ticking.store(true, Ordering::Release),
-                Err(e) => warn!(error = %e, "cannot start the DNS cache clock thread; reading the system clock on every hit"),
+        let mut live = TICKER.lock().unwrap_or_else(PoisonError::into_inner);
+        let ticker = match live.upgrade() {
+            Some(ticker) => ticker,
+            None => {
+                let ticker = start_ticker();
+                *live = Arc::downgrade(&ticker);
+                ticker
             }
-        });
+        };
         Self {
-            kind: Kind::Coarse(coarse),
+            kind: Kind::Coarse {
+                shared: Arc::clone(&ticker.shared),
+                _ticker: ticker,
+            },
         }
     }
 
@@ -99,8 +168,10 @@ impl Clock {
     #[inline]
     pub(crate) fn ticks(&self) -> u64 {
         match &self.kind {
-            Kind::Coarse(c) if c.ticking.load(Ordering::Relaxed) => c.nanos.load(Ordering::Relaxed),
-            Kind::Coarse(c) => elapsed_nanos(c.base),
+            Kind::Coarse { shared: c, .. } if c.ticking.load(Ordering::Relaxed) => {
+                c.nanos.load(Ordering::Relaxed)
+            }
+            Kind::Coarse { shared: c, .. } => elapsed_nanos(c.base),
             Kind::Precise => elapsed_nanos(*PRECISE_BASE),
             Kind::Manual(m) => m.inner.offset_nanos.load(Ordering::SeqCst),
         }
@@ -109,7 +180,7 @@ impl Clock {
     /// `at` in [`ticks`](Self::ticks).
     pub(crate) fn ticks_of(&self, at: Instant) -> u64 {
         let base = match &self.kind {
-            Kind::Coarse(c) => c.base,
+            Kind::Coarse { shared: c, .. } => c.base,
             Kind::Precise => *PRECISE_BASE,
             Kind::Manual(m) => m.inner.base,
         };
@@ -120,10 +191,10 @@ impl Clock {
     #[inline]
     pub fn now(&self) -> Instant {
         match &self.kind {
-            Kind::Coarse(c) if c.ticking.load(Ordering::Relaxed) => {
+            Kind::Coarse { shared: c, .. } if c.ticking.load(Ordering::Relaxed) => {
                 c.base + Duration::from_nanos(c.nanos.load(Ordering::Relaxed))
             }
-            Kind::Coarse(_) | Kind::Precise => Instant::now(),
+            Kind::Coarse { .. } | Kind::Precise => Instant::now(),
             Kind::Manual(m) => m.now(),
         }
     }
@@ -204,7 +275,9 @@ mod tests {
             let now = clock.now();
             let later = now + Duration::from_secs(3);
             assert_eq!(clock.ticks_of(later) - clock.ticks_of(now), 3_000_000_000);
-            assert!(clock.ticks() >= clock.ticks_of(now) || matches!(clock.kind, Kind::Coarse(_)));
+            assert!(
+                clock.ticks() >= clock.ticks_of(now) || matches!(clock.kind, Kind::Coarse { .. })
+            );
         }
         let clock = Clock::from(manual.clone());
         manual.advance(Duration::from_millis(1500));

@@ -94,7 +94,7 @@ use moka::ops::compute::Op;
 use moka::policy::EvictionPolicy;
 use tracing::{debug, warn};
 
-pub use clock::{COARSE_TICK, Clock, ManualClock};
+pub use clock::{COARSE_THREAD_NAME, COARSE_TICK, Clock, ManualClock};
 pub use config::{DnsCacheConfig, LookupFamily};
 pub use error::DnsCacheError;
 #[cfg(feature = "hyper-util")]

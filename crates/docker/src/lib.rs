@@ -33,7 +33,7 @@
 //! ```no_run
 //! use std::sync::Arc;
 //! use dwara_docker::{DockerConfig, DockerMode, DockerUpdater, Started};
-//! use dwara_nameserver::{Db, DbConfig, Domain};
+//! use dwara_records::{Db, DbConfig, Domain};
 //!
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 //! let db = Arc::new(Db::new(DbConfig::new(Domain::new("weave.local")?)));

@@ -12,8 +12,9 @@
 //! and listing a server; Google's public resolvers. The choice is logged and
 //! available as [`DnsResolver::source`]. The hosts file is never consulted.
 //!
-//! resolv.conf is read by [`parse_resolv_conf`], the workspace's one reader (the
-//! name server's fallback forwarder uses it too): `nameserver IP`, plus
+//! resolv.conf is read by [`parse_resolv_conf`], re-exported from
+//! `dwara-resolv-conf`, the workspace's one reader (the name server's fallback
+//! forwarder uses it too): `nameserver IP`, plus
 //! `nameserver IP:PORT` / `[IPv6]:PORT` for a server on another port; the last
 //! `search` or `domain` line gives the search list. The full grammar is in its
 //! docs.
@@ -35,7 +36,6 @@
 #![warn(missing_docs)]
 
 mod error;
-mod resolv_conf;
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -53,11 +53,11 @@ use hickory_resolver::net::runtime::TokioRuntimeProvider;
 use hickory_resolver::proto::rr::{Name, RData, Record};
 use tracing::{debug, info, warn};
 
+pub use dwara_resolv_conf::{ResolvConf, parse_resolv_conf};
 pub use error::ResolveError;
 /// The DNS record type carried by [`ResolveError`], re-exported so callers need not
 /// depend on hickory-proto.
 pub use hickory_resolver::proto::rr::RecordType;
-pub use resolv_conf::{ResolvConf, parse_resolv_conf};
 
 /// Google's public resolvers, the last resort when nothing else is configured.
 pub const GOOGLE_NAMESERVERS: [SocketAddr; 2] = [

@@ -18,23 +18,16 @@ use crate::nameserver::Serve;
 /// How long a proxy may take to follow a change of the answers.
 const FOLLOW: Duration = Duration::from_secs(15);
 
-/// Whether `tool` is installed: with `DWARA_REQUIRE_ALL=1` (as `cargo xtask ci`
-/// sets) a missing tool fails the test; otherwise the test is skipped with one line.
-fn require(test: &str, tool: &str) -> bool {
+/// Whether `tool` is installed (see [`test_support::require`]: a missing tool fails
+/// the test under `cargo xtask ci`, else skips it with one line).
+fn require(tool: &str) -> bool {
     let found = Command::new(tool)
         .arg("-v")
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .status()
-        .is_ok();
-    if !found {
-        assert!(
-            std::env::var("DWARA_REQUIRE_ALL").as_deref() != Ok("1"),
-            "interop::{test}: {tool} is not installed (cargo xtask tools installs it)"
-        );
-        eprintln!("SKIP interop::{test}: {tool} is not installed");
-    }
-    found
+        .map_err(|e| format!("cannot run `{tool} -v`: {e}"));
+    test_support::require(tool, found)
 }
 
 /// A `dwara serve` on loopback checking registrations every 100 ms.
@@ -217,8 +210,7 @@ backend web_a
 
 #[test]
 fn haproxy_reaches_every_instance_by_srv_and_by_a_and_follows_changes() {
-    let test = "haproxy_reaches_every_instance_by_srv_and_by_a_and_follows_changes";
-    if !require(test, "haproxy") {
+    if !require("haproxy") {
         return;
     }
     let s = dwara();
@@ -324,8 +316,7 @@ fn caddy(dir: &Path, config: &Path, listens: &[SocketAddr]) -> Proxy {
 
 #[test]
 fn caddy_reaches_every_instance_by_srv_and_by_a() {
-    let test = "caddy_reaches_every_instance_by_srv_and_by_a";
-    if !require(test, "caddy") {
+    if !require("caddy") {
         return;
     }
     let s = dwara();
