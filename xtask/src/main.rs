@@ -3,7 +3,8 @@
 //! - `cargo xtask ci` makes sure the system tools the tests use are installed, then runs
 //!   `cargo fmt --check`, `cargo clippy --all-targets -- -D warnings`, builds the
 //!   container image unoptimised (tag [`CI_IMAGE`], which the end-to-end image test
-//!   runs), `cargo test` and `cargo doc` with warnings as errors.
+//!   runs), `cargo test`, `cargo doc` with warnings as errors, and `cargo package`
+//!   of every publishable crate (each built from its package alone).
 //! - `cargo xtask bench [ARGS]` runs the criterion benchmarks.
 //! - `cargo xtask perf dns [--names N]` compares the name server with dnsmasq and unbound.
 //! - `cargo xtask perf store [--names N] [--connections C]` times HTTP registration in
@@ -41,6 +42,7 @@ mod perf_push;
 mod perf_store;
 mod perf_util;
 mod tidy;
+mod tidy_deps;
 mod tools;
 
 use std::process::Command;
@@ -134,8 +136,29 @@ fn ci() -> anyhow::Result<()> {
         ],
         &[("RUSTDOCFLAGS", "-D warnings")],
     )?;
+    package()?;
     println!("xtask ci: all green");
     Ok(())
+}
+
+/// The crates that are never published: test and build tooling.
+const UNPUBLISHED: &[&str] = &[
+    "test-support",
+    "dwara-fuzz-checks",
+    "dwara-benches",
+    "xtask",
+];
+
+/// `cargo package` for every publishable crate: each is packaged alone and built from
+/// its package against the others packaged beside it, so a dependency without a
+/// version, a file outside the package or metadata crates.io refuses fails here.
+/// `--allow-dirty`: a developer's uncommitted change is packaged as it is.
+fn package() -> anyhow::Result<()> {
+    let mut args = vec!["package", "--workspace", "--allow-dirty", "--quiet"];
+    for name in UNPUBLISHED {
+        args.extend(["--exclude", name]);
+    }
+    cargo(&args)
 }
 
 fn cargo(args: &[&str]) -> anyhow::Result<()> {
