@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use dwara_cluster::{Cluster, ClusterConfig};
-use dwara_nameserver::{Db, DbConfig, Domain};
+use dwara_records::{Db, DbConfig, Domain};
 
 struct Node {
     db: Arc<Db>,

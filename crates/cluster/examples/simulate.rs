@@ -43,7 +43,7 @@ use chitchat::transport::{ChannelTransport, RecvOutcome, SendOutcome, Socket, Tr
 use dwara_cluster::{
     Cluster, ClusterConfig, DEFAULT_PUSH_FANOUT, FailureDetectorSettings, PeerState,
 };
-use dwara_nameserver::{Db, DbConfig, Domain};
+use dwara_records::{Db, DbConfig, Domain};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 

@@ -65,7 +65,7 @@ use std::num::NonZeroU16;
 
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use dwara_nameserver::{Health, ServicePort};
+use dwara_records::{Health, ServicePort};
 
 /// The format version of a single-entry record (what builds before buckets publish).
 pub const RECORD_FORMAT: u8 = 1;
@@ -79,7 +79,7 @@ pub const MAX_ID_LEN: usize = 256;
 /// Longest name a record carries (the DNS limit in text form).
 pub const MAX_FQDN_LEN: usize = 255;
 /// Longest service an item carries (`_` + 15 + `._tcp`).
-pub const MAX_SERVICE_LEN: usize = dwara_nameserver::MAX_SERVICE_NAME + 6;
+pub const MAX_SERVICE_LEN: usize = dwara_records::MAX_SERVICE_NAME + 6;
 
 const ENVELOPE_OPEN: u8 = 0x01;
 const FLAG_V6: u8 = 0x01;

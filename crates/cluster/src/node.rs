@@ -44,7 +44,7 @@ use chitchat::{
     Chitchat, ChitchatConfig, ChitchatHandle, ChitchatId, FailureDetectorConfig, ListenerHandle,
     ProtocolVersion, spawn_chitchat,
 };
-use dwara_nameserver::{Change, ChangeKind, Db, Entry, Health, ServicePort};
+use dwara_records::{Change, ChangeKind, Db, Entry, Health, ServicePort};
 use rand::SeedableRng;
 use tokio::sync::{Notify, broadcast};
 use tokio::task::JoinHandle;

@@ -13,7 +13,7 @@ use std::net::IpAddr;
 use bollard::models::{
     ContainerInspectResponse, ContainerStateStatusEnum, EndpointSettings, HealthStatusEnum,
 };
-use dwara_nameserver::{Domain, Error as NameError, Health, Protocol, ServicePort, parse_port};
+use dwara_records::{Domain, Error as NameError, Health, Protocol, ServicePort, parse_port};
 
 use crate::config::{NameSource, NameSources};
 use crate::time::{Nanos, parse_rfc3339};

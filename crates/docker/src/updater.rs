@@ -31,7 +31,7 @@ use bollard::Docker;
 use bollard::errors::Error as BollardError;
 use bollard::models::{ContainerInspectResponse, EventMessage, EventMessageTypeEnum};
 use bollard::query_parameters::{EventsOptions, ListContainersOptions};
-use dwara_nameserver::Db;
+use dwara_records::Db;
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use parking_lot::Mutex;
@@ -44,7 +44,7 @@ use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use crate::names::{Naming, Record, desired, health, service_of, started_at};
 use crate::time::{Nanos, now, since_param};
-use dwara_nameserver::{Health, ServicePort};
+use dwara_records::{Health, ServicePort};
 
 /// How many containers are inspected at once.
 const CONCURRENCY: usize = 16;
@@ -745,7 +745,7 @@ impl Shared {
 mod tests {
     use super::*;
     use crate::time::parse_rfc3339;
-    use dwara_nameserver::{DbConfig, Domain};
+    use dwara_records::{DbConfig, Domain};
 
     const ID: &str = "af101f233493d3eee9d8737a89f96ac82889d80eff05f653d64193b01763d84f";
 

@@ -29,11 +29,11 @@ use parking_lot::Mutex;
 use serde::Serialize;
 use tokio::sync::Semaphore;
 
-use crate::db::Db;
 use crate::error::{Error, Result};
-use crate::health::Health;
 use crate::metrics::{Metrics, Probe};
-use crate::service::ServicePort;
+use dwara_records::Db;
+use dwara_records::Health;
+use dwara_records::ServicePort;
 
 /// The default time between two checks of an entry (`--check-interval-ms`).
 pub const DEFAULT_CHECK_INTERVAL: Duration = Duration::from_secs(5);

@@ -19,9 +19,9 @@ use dwara_store::{Registration, Service, Store, StoreError, Write};
 use parking_lot::Mutex;
 
 use crate::checks::{CheckKind, Checks};
-use crate::db::Db;
 use crate::error::{Error, Result};
-use crate::service::ServicePort;
+use dwara_records::Db;
+use dwara_records::ServicePort;
 
 /// The store and the lock that orders changes into it.
 #[derive(Debug)]
@@ -130,10 +130,10 @@ impl Durable {
 
 /// A stored service as the database takes it (checked again: the store keeps bytes).
 fn stored_service(s: &Service) -> Result<ServicePort> {
-    let port = std::num::NonZeroU16::new(s.port).ok_or(Error::InvalidPort {
+    let port = std::num::NonZeroU16::new(s.port).ok_or(dwara_records::Error::InvalidPort {
         input: s.port.to_string(),
     })?;
-    ServicePort::new(&s.name, port)
+    Ok(ServicePort::new(&s.name, port)?)
 }
 
 /// `e` and its causes on one line, `: `-separated.
@@ -185,7 +185,7 @@ pub(crate) async fn add(
     let fqdn = db
         .domain()
         .normalize_member(fqdn)
-        .map_err(Failure::Rejected)?;
+        .map_err(|e| Failure::Rejected(e.into()))?;
     let pending = {
         let _order = d.order.lock();
         checks

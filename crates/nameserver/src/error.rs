@@ -7,22 +7,6 @@ use std::net::SocketAddr;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// A domain name could not be parsed (bad label, too long, empty…).
-    #[error("invalid domain name {name:?}: {reason}")]
-    InvalidName {
-        /// The name as given.
-        name: String,
-        /// Why it was rejected.
-        reason: String,
-    },
-    /// A name to register lies outside the served domain.
-    #[error("{name:?} is not inside the domain {domain:?}")]
-    OutsideDomain {
-        /// The name as given.
-        name: String,
-        /// The served domain.
-        domain: String,
-    },
     /// An IP address could not be parsed.
     #[error("invalid IP address {input:?}")]
     InvalidAddress {
@@ -36,26 +20,6 @@ pub enum Error {
         input: String,
         /// Why it was rejected.
         reason: String,
-    },
-    /// A service name is not of the form `_name._tcp` or `_name._udp`.
-    #[error("invalid service {input:?}: {reason}")]
-    InvalidService {
-        /// The text as given.
-        input: String,
-        /// Why it was rejected.
-        reason: String,
-    },
-    /// A port is not a number from 1 to 65535.
-    #[error("invalid port {input:?}: want a number from 1 to 65535")]
-    InvalidPort {
-        /// The text as given.
-        input: String,
-    },
-    /// A service was given without a port.
-    #[error("service {service:?} given without a port (form value port=1..65535)")]
-    ServiceWithoutPort {
-        /// The service as given.
-        service: String,
     },
     /// A check of a kind this build does not run.
     #[error("unknown check {input:?}: the only check is tcp (form value check=tcp)")]
@@ -79,6 +43,9 @@ pub enum Error {
         /// The operating system's error.
         source: io::Error,
     },
+    /// A name, service or port the records database rejected.
+    #[error(transparent)]
+    Records(#[from] dwara_records::Error),
     /// The registration store (`--data-dir`) could not be opened or read.
     #[error(transparent)]
     Store(#[from] dwara_store::StoreError),

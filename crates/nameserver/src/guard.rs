@@ -150,10 +150,10 @@ impl Guard {
 mod tests {
     use super::*;
     use crate::access::AllowEntry;
-    use crate::db::{Db, DbConfig};
     use crate::handler::MAX_MESSAGE;
-    use crate::name::Domain;
     use crate::rate_limit::RateLimit;
+    use dwara_records::Domain;
+    use dwara_records::{Db, DbConfig};
 
     fn query(name: &[u8]) -> Vec<u8> {
         let mut p = vec![0x12, 0x34, 0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0];

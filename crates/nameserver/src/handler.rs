@@ -33,15 +33,15 @@ use hickory_proto::op::{Message, MessageType, OpCode};
 
 use std::net::IpAddr;
 
-use crate::answers::{
-    A_RR_LEN, AAAA_RR_LEN, PtrRef, Rec, SRV_RR_LEN, Tables, parse_reverse, split_service,
-    write_rr_head,
-};
-use crate::db::Db;
 use crate::metrics::Counters;
 use crate::wire::{
     self, Answer, FastRng, HEADER_LEN, OPT_LEN, Parse, Query, rcode, rtype, write_bare_error,
     write_error, write_header, write_opt,
+};
+use dwara_records::Db;
+use dwara_records::answers::{
+    A_RR_LEN, AAAA_RR_LEN, PtrRef, Rec, SRV_RR_LEN, Tables, parse_reverse, split_service,
+    write_rr_head,
 };
 
 /// Largest DNS message (TCP); output buffers must hold this much.

@@ -39,8 +39,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 
 use crate::checks::{CheckKind, Checks};
-use crate::db::{Db, Entry};
 use crate::metrics::Metrics;
+use dwara_records::{Db, Entry};
 
 /// What the HTTP handlers work on.
 #[derive(Debug, Clone)]
@@ -103,14 +103,15 @@ pub fn service_param(
 ) -> Result<Option<crate::ServicePort>, crate::Error> {
     match (port, service) {
         (None, None) => Ok(None),
-        (None, Some(s)) => Err(crate::Error::ServiceWithoutPort {
+        (None, Some(s)) => Err(dwara_records::Error::ServiceWithoutPort {
             service: s.to_owned(),
-        }),
+        }
+        .into()),
         (Some(p), None) => Ok(Some(crate::ServicePort::unnamed(
-            crate::service::parse_port(p)?,
+            dwara_records::parse_port(p)?,
             crate::Protocol::Tcp,
         ))),
-        (Some(p), Some(s)) => crate::ServicePort::parse(s, p).map(Some),
+        (Some(p), Some(s)) => Ok(Some(crate::ServicePort::parse(s, p)?)),
     }
 }
 
@@ -265,9 +266,9 @@ async fn list(State(state): State<ApiState>, RawQuery(query): RawQuery) -> Respo
     {
         // Compared as names: any case, trailing dot optional; a bad name matches none.
         let wire = |n: &str| {
-            crate::name::parse_name(n)
+            dwara_records::parse_name(n)
                 .ok()
-                .map(|n| crate::name::wire_lower(&n))
+                .map(|n| dwara_records::wire_lower(&n))
         };
         let only = wire(&only);
         entries.retain(|e| only.is_some() && wire(&e.fqdn) == only);

@@ -3,22 +3,17 @@
 #![warn(missing_docs)]
 
 mod access;
-mod answers;
 mod checks;
-mod db;
 mod durable;
 mod error;
 mod forward;
 mod guard;
 mod handler;
-mod health;
 pub mod http;
 mod metrics;
-mod name;
 mod rate_limit;
 mod resolv;
 mod server;
-pub(crate) mod service;
 mod wire;
 
 use std::net::SocketAddr;
@@ -27,24 +22,26 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use access::{AllowEntry, Cidr, RESCAN_EVERY, parse_allow_list};
+// The records the server answers from live in `dwara-records`; they are re-exported
+// so users of the name server need one dependency.
 pub use checks::{
     CheckConfig, CheckKind, DEFAULT_CHECK_INTERVAL, DEFAULT_CHECK_MISSES,
     DEFAULT_MAX_CONCURRENT_CHECKS, Probing,
 };
-pub use db::{Change, ChangeKind, DEFAULT_ORIGIN, Db, DbConfig, Entry};
+pub use dwara_records::{
+    Change, ChangeKind, DEFAULT_ORIGIN, Db, DbConfig, Domain, Entry, Health, HealthFailMode,
+    MAX_SERVICE_NAME, Protocol, ServicePort, parse_port, reverse_name,
+};
 pub use error::{Error, Result};
 pub use forward::{Forwarder, ForwarderConfig};
 pub use guard::{AccessConfig, LocalNames};
-pub use health::{Health, HealthFailMode};
 pub use metrics::{Metrics, NameServerCollector};
-pub use name::{Domain, reverse_name};
 pub use rate_limit::{DEFAULT_BUCKETS, DEFAULT_RATE_LIMIT_QPS, DEFAULT_SLIP, RateLimit};
 pub use resolv::{is_own_address, load_resolv_conf, parse_resolv_conf, spawn_resolv_conf_watcher};
 pub use server::{
     DEFAULT_MAX_TCP_CONNECTIONS, DEFAULT_TCP_IDLE_TIMEOUT, DEFAULT_TCP_MAX_LIFETIME, DnsServer,
     DnsServerConfig,
 };
-pub use service::{MAX_SERVICE_NAME, Protocol, ServicePort, parse_port};
 
 /// The per-packet work of the DNS server without sockets: for benchmarks, fuzzing
 /// and embedding.

@@ -18,8 +18,8 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 
-use crate::db::Db;
 use crate::durable::Durable;
+use dwara_records::Db;
 
 const QTYPES: [(&str, Option<u16>); 12] = [
     ("A", Some(1)),

@@ -1,6 +1,6 @@
 //! Fallback servers from a resolv.conf file, followed as it changes.
 //!
-//! The file is read by [`dwara_resolver::parse_resolv_conf`], the workspace's one
+//! The file is read by [`dwara_resolv_conf::parse_resolv_conf`], the workspace's one
 //! resolv.conf reader, so the fallback forwarder and the dataplane's resolver agree
 //! on what a file means: `nameserver IP` (port 53), `nameserver IP:PORT` and
 //! `[IPv6]:PORT` for a server on another port (tests and unusual setups), comments
@@ -16,9 +16,9 @@ use std::time::Duration;
 use crate::forward::Forwarder;
 
 /// The fallback servers named in resolv.conf text, by
-/// [`dwara_resolver::parse_resolv_conf`]'s grammar (port 53 unless given).
+/// [`dwara_resolv_conf::parse_resolv_conf`]'s grammar (port 53 unless given).
 pub fn parse_resolv_conf(text: &str) -> Vec<SocketAddr> {
-    dwara_resolver::parse_resolv_conf(text).nameservers
+    dwara_resolv_conf::parse_resolv_conf(text).nameservers
 }
 
 /// Whether `server` is our own listen address `own` (also when we listen on the

@@ -51,13 +51,13 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use crate::access::{AllowList, Cidr};
-use crate::db::Db;
 use crate::error::{Error, Result};
 use crate::forward::Forwarder;
 use crate::guard::{AccessConfig, Guard};
 use crate::handler::{Handler, MAX_MESSAGE, Outcome, Transport, servfail};
 use crate::metrics::{Counters, Metrics};
 use crate::wire::FastRng;
+use dwara_records::Db;
 use pktinfo::{Family, Peer};
 use udp_batch::UdpBatch;
 

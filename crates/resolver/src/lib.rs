@@ -3,7 +3,6 @@
 #![warn(missing_docs)]
 
 mod error;
-mod resolv_conf;
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -21,11 +20,11 @@ use hickory_resolver::net::runtime::TokioRuntimeProvider;
 use hickory_resolver::proto::rr::{Name, RData, Record};
 use tracing::{debug, info, warn};
 
+pub use dwara_resolv_conf::{ResolvConf, parse_resolv_conf};
 pub use error::ResolveError;
 /// The DNS record type carried by [`ResolveError`], re-exported so callers need not
 /// depend on hickory-proto.
 pub use hickory_resolver::proto::rr::RecordType;
-pub use resolv_conf::{ResolvConf, parse_resolv_conf};
 
 /// Google's public resolvers, the last resort when nothing else is configured.
 pub const GOOGLE_NAMESERVERS: [SocketAddr; 2] = [

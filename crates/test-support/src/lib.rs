@@ -14,6 +14,9 @@
 //!   a test picks (wrong IDs, truncation, compression loops, floods, noise …).
 //! - [`netem::Delayer`]: netem's delay and jitter in userspace, for the packets an
 //!   iptables `NFQUEUE` rule hands it in a network namespace (kernels without netem).
+//! - [`require()`] / [`require_ok`]: a test's prerequisite (Docker, network
+//!   namespaces, a tool): skipped with one line under a plain `cargo test`, a failure
+//!   under `cargo xtask ci` ([`require::REQUIRE_ALL`]).
 //! - [`init_tracing`], [`free_port`], [`wait_until`], [`signal`]: small helpers.
 //!
 //! ```no_run
@@ -35,6 +38,9 @@ pub mod docker;
 pub mod http;
 pub mod liar;
 pub mod netem;
+pub mod require;
+
+pub use require::{require, require_ok};
 
 use std::future::Future;
 use std::io;

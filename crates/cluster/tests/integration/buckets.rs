@@ -368,7 +368,7 @@ async fn transport_cut(t: &ChannelTransport, nodes: &[Node], heal: bool) {
 }
 
 fn with_service(mut item: Item, service: &str, port: u16) -> Item {
-    item.service = Some(dwara_nameserver::ServicePort::parse(service, &port.to_string()).unwrap());
+    item.service = Some(dwara_records::ServicePort::parse(service, &port.to_string()).unwrap());
     item
 }
 
@@ -427,7 +427,7 @@ async fn services_replicate_and_a_changed_port_replaces_the_old_one() {
     let (_t, nodes) = channel_cluster(2, None).await;
     assert!(all_live(&nodes).await);
     let http =
-        |port: u16| dwara_nameserver::ServicePort::parse("_http._tcp", &port.to_string()).unwrap();
+        |port: u16| dwara_records::ServicePort::parse("_http._tcp", &port.to_string()).unwrap();
     for i in 0..50 {
         nodes[0]
             .db

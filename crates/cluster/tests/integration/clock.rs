@@ -2,7 +2,7 @@
 
 use test_support::wait_until;
 
-use dwara_nameserver::Entry;
+use dwara_records::Entry;
 
 use crate::support::*;
 

@@ -133,7 +133,7 @@ async fn peers_route_serves_json() {
 /// passes fails open everywhere alike.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_changes_spread_and_every_node_answers_alike() {
-    use dwara_nameserver::Health;
+    use dwara_records::Health;
 
     let (_t, nodes) = channel_cluster(3, None).await;
     assert!(all_live(&nodes).await, "nodes never all live");

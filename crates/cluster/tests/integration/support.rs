@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dwara_cluster::{ChannelTransport, Cluster, ClusterConfig, ClusterKey, KeySource, Transport};
-use dwara_nameserver::{Db, DbConfig, Domain};
+use dwara_records::{Db, DbConfig, Domain};
 
 /// How long a test waits for a condition.
 pub(crate) const WAIT: Duration = Duration::from_secs(15);

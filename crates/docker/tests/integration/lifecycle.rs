@@ -134,7 +134,7 @@ async fn a_burst_of_fifty_ends_with_exactly_the_running_ones() {
     args.extend(stopped.iter().map(|s| s.as_str()));
     docker_async(&args).await.unwrap();
     let running: BTreeSet<String> = ids.iter().skip(1).step_by(2).cloned().collect();
-    let ours = |db: &dwara_nameserver::Db| -> BTreeSet<String> {
+    let ours = |db: &dwara_records::Db| -> BTreeSet<String> {
         db.entries()
             .into_iter()
             .filter(|e| !e.tombstone && ids.contains(&e.id))

@@ -8,7 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dwara_docker::{Backoff, DockerConfig, DockerMode, DockerUpdater, Started};
-use dwara_nameserver::{Db, DbConfig, Domain, QueryHandler};
+use dwara_nameserver::QueryHandler;
+use dwara_records::{Db, DbConfig, Domain};
 use hickory_proto::op::{Message, MessageType, OpCode, Query, ResponseCode};
 use hickory_proto::rr::{Name, RData, RecordType};
 use test_support::docker::{Scope, busybox_image, engine_reachable};

@@ -8,8 +8,8 @@ use hickory_proto::op::{Edns, Message, MessageType, OpCode, Query, ResponseCode}
 use hickory_proto::rr::{Name, RData, RecordType};
 
 use super::*;
-use crate::db::DbConfig;
-use crate::name::Domain;
+use dwara_records::DbConfig;
+use dwara_records::Domain;
 
 struct Fixture {
     db: Db,
@@ -189,7 +189,7 @@ fn ptr_records() {
         .collect();
     names.sort();
     assert_eq!(names, ["other.weave.local.", "web.weave.local."]);
-    let v6 = crate::name::reverse_name("fd00::4".parse().unwrap()).to_uppercase();
+    let v6 = dwara_records::reverse_name("fd00::4".parse().unwrap()).to_uppercase();
     let m = f.answer(&query(&v6, RecordType::PTR, None), Transport::Udp);
     assert_eq!(m.answers.len(), 1);
 }
@@ -334,7 +334,7 @@ fn random_bytes_never_panic() {
 #[test]
 fn hidden_and_removed_records_are_not_served() {
     let mut f = fixture();
-    f.db.apply(crate::db::Entry {
+    f.db.apply(dwara_records::Entry {
         id: "r1".into(),
         ip: "10.9.0.1".parse().unwrap(),
         fqdn: "remote.weave.local.".into(),

@@ -1,8 +1,5 @@
-//! The workspace's one resolv.conf reader: the resolver's name servers when none are
-//! configured, and the name server's fallback servers (`dwara-nameserver` calls
-//! [`parse_resolv_conf`] too), so both halves read a file the same way.
-//!
-//! The grammar is in [`parse_resolv_conf`]'s docs.
+#![doc = include_str!("../README.md")]
+#![forbid(unsafe_code)]
 
 use std::net::{IpAddr, SocketAddr, SocketAddrV6};
 

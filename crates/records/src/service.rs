@@ -22,7 +22,7 @@ pub const MAX_SERVICE_NAME: usize = 15;
 /// The service an entry offers and its port: answered as SRV at `<service>.<fqdn>`.
 ///
 /// ```
-/// use dwara_nameserver::ServicePort;
+/// use dwara_records::ServicePort;
 ///
 /// let s = ServicePort::parse("_HTTP._tcp", "80").unwrap();
 /// assert_eq!((s.service(), s.port()), ("_http._tcp", 80));
@@ -123,7 +123,7 @@ impl ServicePort {
     }
 
     /// The service's two labels in wire form (`\x05_http\x04_tcp`, no root label).
-    pub(crate) fn wire_labels(&self) -> Box<[u8]> {
+    pub fn wire_labels(&self) -> Box<[u8]> {
         let mut out = Vec::with_capacity(self.service.len() + 1);
         for label in self.service.split('.') {
             // Checked in `new`: two labels of at most 16 bytes.

@@ -31,51 +31,57 @@ use std::sync::Arc;
 
 use parking_lot::RwLock;
 
+use crate::health::Health;
 use crate::service::ServicePort;
 
 /// A name in lower-cased wire form, shared.
-pub(crate) type NameRef = Arc<[u8]>;
+pub type NameRef = Arc<[u8]>;
 
 /// Size of one A record in wire form (pointer, type, class, TTL, length, address).
-pub(crate) const A_RR_LEN: usize = 16;
+pub const A_RR_LEN: usize = 16;
 /// Size of one AAAA record in wire form.
-pub(crate) const AAAA_RR_LEN: usize = 28;
+pub const AAAA_RR_LEN: usize = 28;
 /// Size of one SRV record in wire form whose target is a compression pointer.
-pub(crate) const SRV_RR_LEN: usize = 20;
+pub const SRV_RR_LEN: usize = 20;
 
 /// One record of a name (an entry of the database minus its name).
 #[derive(Debug, Clone)]
-pub(crate) struct Rec {
-    pub(crate) id: Arc<str>,
-    pub(crate) ip: IpAddr,
+pub struct Rec {
+    /// Who registered it (interned: one allocation per container id).
+    pub id: Arc<str>,
+    /// The address.
+    pub ip: IpAddr,
     /// Index into the database's origin table.
-    pub(crate) origin: u32,
-    pub(crate) version: u64,
+    pub origin: u32,
+    /// The entry's version (see the database's `Entry::version`).
+    pub version: u64,
     /// Seconds since the database was created, at the last change.
-    pub(crate) changed: u32,
-    pub(crate) tombstone: bool,
+    pub changed: u32,
+    /// Removed, kept so the removal can be replicated; never served.
+    pub tombstone: bool,
     /// What the owner's check says.
-    pub(crate) health: crate::health::Health,
+    pub health: Health,
     /// Live, visible, first of its address under this name: goes in answers.
-    pub(crate) serve: bool,
+    pub serve: bool,
     /// The service and port answered as SRV, if any.
-    pub(crate) service: Option<Arc<Srv>>,
+    pub service: Option<Arc<Srv>>,
     /// Live, visible, has a service, first of its (service, address, port) under this
     /// name: its port goes in SRV answers (independently of `serve`, which dedupes
     /// addresses across services).
-    pub(crate) srv_serve: bool,
+    pub srv_serve: bool,
     /// `srv_serve` and first of its (service, address) under this name: its address
     /// goes in the additional section of SRV answers (once, whatever its ports).
-    pub(crate) srv_addr: bool,
+    pub srv_addr: bool,
 }
 
 /// A record's service: what the entry said, and its labels in wire form for the
 /// DNS path to compare with a query's first two labels.
 #[derive(Debug)]
-pub(crate) struct Srv {
-    pub(crate) spec: ServicePort,
+pub struct Srv {
+    /// The service and port as registered.
+    pub spec: ServicePort,
     /// `\x05_http\x04_tcp`: lower-case, no root label.
-    pub(crate) labels: Box<[u8]>,
+    pub labels: Box<[u8]>,
 }
 
 impl Srv {
@@ -90,7 +96,7 @@ impl Srv {
 /// Splits a lower-cased wire name whose first two labels start with `_`
 /// (`_http._tcp.web.weave.local.`) into those two labels and the rest.
 #[inline]
-pub(crate) fn split_service(wire: &[u8]) -> Option<(&[u8], &[u8])> {
+pub fn split_service(wire: &[u8]) -> Option<(&[u8], &[u8])> {
     let first = usize::from(*wire.first()?);
     if first == 0 || wire.get(1) != Some(&b'_') {
         return None;
@@ -106,10 +112,11 @@ pub(crate) fn split_service(wire: &[u8]) -> Option<(&[u8], &[u8])> {
 
 /// One name registered for an address.
 #[derive(Debug, Clone)]
-pub(crate) struct PtrRef {
-    pub(crate) name: NameRef,
+pub struct PtrRef {
+    /// The name, in lower-cased wire form.
+    pub name: NameRef,
     /// The name has a servable record of this address: goes in PTR answers.
-    pub(crate) serve: bool,
+    pub serve: bool,
 }
 
 type Hasher = foldhash::fast::FixedState;
@@ -118,7 +125,7 @@ const SHARDS: usize = 16;
 
 /// A hash map split into independently locked shards.
 #[derive(Debug)]
-pub(crate) struct Shards<K, V> {
+pub struct Shards<K, V> {
     shards: Box<[RwLock<HashMap<K, V, Hasher>>]>,
     hasher: Hasher,
 }
@@ -140,7 +147,7 @@ impl<K: Hash + Eq, V> Shards<K, V> {
 
     /// Runs `f` on the value of `key` under the shard's read lock.
     #[inline]
-    pub(crate) fn read<Q, R>(&self, key: &Q, f: impl FnOnce(Option<&V>) -> R) -> R
+    pub fn read<Q, R>(&self, key: &Q, f: impl FnOnce(Option<&V>) -> R) -> R
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
@@ -171,7 +178,7 @@ impl<K: Hash + Eq, V> Shards<K, V> {
     }
 
     /// Visits every entry, one shard (read-locked) at a time.
-    pub(crate) fn for_each(&self, mut f: impl FnMut(&K, &V)) {
+    pub fn for_each(&self, mut f: impl FnMut(&K, &V)) {
         for shard in self.shards.iter() {
             for (k, v) in shard.read().iter() {
                 f(k, v);
@@ -188,10 +195,13 @@ impl<K: Hash + Eq, V> Shards<K, V> {
 
 /// The records, as the DNS server reads them.
 #[derive(Debug)]
-pub(crate) struct Tables {
-    pub(crate) names: Shards<NameRef, Box<[Rec]>>,
-    pub(crate) v4: Shards<u32, Box<[PtrRef]>>,
-    pub(crate) v6: Shards<u128, Box<[PtrRef]>>,
+pub struct Tables {
+    /// Lower-cased wire name → its records, in registration order.
+    pub names: Shards<NameRef, Box<[Rec]>>,
+    /// IPv4 address → the names registered for it.
+    pub v4: Shards<u32, Box<[PtrRef]>>,
+    /// IPv6 address → the names registered for it.
+    pub v6: Shards<u128, Box<[PtrRef]>>,
 }
 
 impl Tables {
@@ -205,7 +215,7 @@ impl Tables {
 
     /// Runs `f` on the names registered for `ip` under a read lock.
     #[inline]
-    pub(crate) fn read_addr<R>(&self, ip: IpAddr, f: impl FnOnce(Option<&[PtrRef]>) -> R) -> R {
+    pub fn read_addr<R>(&self, ip: IpAddr, f: impl FnOnce(Option<&[PtrRef]>) -> R) -> R {
         match ip {
             IpAddr::V4(v4) => self.v4.read(&u32::from(v4), |v| f(v.map(|b| &b[..]))),
             IpAddr::V6(v6) => self.v6.read(&u128::from(v6), |v| f(v.map(|b| &b[..]))),
@@ -230,14 +240,14 @@ impl Tables {
     }
 
     /// The names registered for `ip` (a copy).
-    pub(crate) fn addr_refs(&self, ip: IpAddr) -> Vec<PtrRef> {
+    pub fn addr_refs(&self, ip: IpAddr) -> Vec<PtrRef> {
         self.read_addr(ip, |r| r.map(<[PtrRef]>::to_vec).unwrap_or_default())
     }
 }
 
 /// Writes the fixed part of a record whose owner is the question (pointer to 12).
 #[inline]
-pub(crate) fn write_rr_head(out: &mut [u8], rtype: u16, ttl: u32, rdlen: u16) {
+pub fn write_rr_head(out: &mut [u8], rtype: u16, ttl: u32, rdlen: u16) {
     let t = rtype.to_be_bytes();
     let ttl = ttl.to_be_bytes();
     let l = rdlen.to_be_bytes();
@@ -249,7 +259,7 @@ pub(crate) fn write_rr_head(out: &mut [u8], rtype: u16, ttl: u32, rdlen: u16) {
 /// Parses a lower-cased wire reverse name (`d.c.b.a.in-addr.arpa.`, 32 nibbles
 /// `.ip6.arpa.`) into its address; `None` for anything else (partial or
 /// non-canonical names are not ours).
-pub(crate) fn parse_reverse(wire: &[u8]) -> Option<IpAddr> {
+pub fn parse_reverse(wire: &[u8]) -> Option<IpAddr> {
     const V4_SUFFIX: &[u8] = b"\x07in-addr\x04arpa\x00";
     const V6_SUFFIX: &[u8] = b"\x03ip6\x04arpa\x00";
     if let Some(head) = wire.strip_suffix(V4_SUFFIX) {

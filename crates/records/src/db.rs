@@ -269,7 +269,9 @@ impl Db {
         self.config.ttl
     }
 
-    pub(crate) fn tables(&self) -> &Arc<Tables> {
+    /// The tables the DNS fast path reads (see [`crate::answers`]); only the
+    /// database writes them.
+    pub fn tables(&self) -> &Arc<Tables> {
         &self.tables
     }
 
@@ -381,7 +383,7 @@ impl Db {
 
     /// The health of this node's live entry of container `id` at `ip` under the
     /// name `wire` (lower-cased wire form); `None` when there is no such live entry.
-    pub(crate) fn local_health(&self, id: &str, ip: IpAddr, wire: &[u8]) -> Option<Health> {
+    pub fn local_health(&self, id: &str, ip: IpAddr, wire: &[u8]) -> Option<Health> {
         self.tables.names.read(wire, |recs| {
             recs.into_iter()
                 .flatten()
@@ -392,13 +394,7 @@ impl Db {
 
     /// [`Db::set_health`] narrowed to one name, `wire` (lower-cased wire form): the
     /// health of one entry, as its own check sees it. Returns how many changed.
-    pub(crate) fn set_entry_health(
-        &self,
-        id: &str,
-        ip: IpAddr,
-        wire: &[u8],
-        health: Health,
-    ) -> usize {
+    pub fn set_entry_health(&self, id: &str, ip: IpAddr, wire: &[u8], health: Health) -> usize {
         let mut w = self.writer.lock();
         let name = self.name_ref(wire);
         self.edit(

@@ -24,7 +24,7 @@ impl Domain {
     /// Parses a domain; a trailing dot is optional, case is folded.
     ///
     /// ```
-    /// let d = dwara_nameserver::Domain::new("Weave.Local").unwrap();
+    /// let d = dwara_records::Domain::new("Weave.Local").unwrap();
     /// assert_eq!(d.as_str(), "weave.local.");
     /// ```
     pub fn new(domain: &str) -> Result<Self> {
@@ -48,7 +48,7 @@ impl Domain {
     }
 
     /// The lower-cased wire form (length-prefixed labels, final zero byte).
-    pub(crate) fn wire(&self) -> &[u8] {
+    pub fn wire(&self) -> &[u8] {
         &self.wire
     }
 
@@ -60,7 +60,7 @@ impl Domain {
     }
 
     /// Like [`Domain::normalize_member`], in lower-cased wire form.
-    pub(crate) fn member_wire(&self, fqdn: &str) -> Result<Vec<u8>> {
+    pub fn member_wire(&self, fqdn: &str) -> Result<Vec<u8>> {
         self.member(fqdn).map(|n| wire_lower(&n))
     }
 
@@ -83,7 +83,7 @@ impl std::fmt::Display for Domain {
 }
 
 /// Parses any domain name into its lower-cased, fully qualified form.
-pub(crate) fn parse_name(input: &str) -> Result<Name> {
+pub fn parse_name(input: &str) -> Result<Name> {
     let trimmed = input.trim();
     if trimmed.is_empty() {
         return Err(Error::InvalidName {
@@ -112,7 +112,7 @@ fn wire_len(name: &Name) -> usize {
 }
 
 /// The lower-cased wire form of `name`.
-pub(crate) fn wire_lower(name: &Name) -> Vec<u8> {
+pub fn wire_lower(name: &Name) -> Vec<u8> {
     let mut out = Vec::with_capacity(wire_len(name));
     for label in name.iter() {
         // Labels are at most 63 bytes (checked by hickory when parsing).
