@@ -1,37 +1,4 @@
-//! TTL-aware A, AAAA and SRV resolution over hickory's `TokioResolver`.
-//!
-//! [`DnsResolver`] is the one place the workspace talks to DNS as a client. It keeps
-//! what discovery and the dial-path cache need from an answer (addresses, ports,
-//! SRV priority and weight, and the TTL) and tells an authoritative empty answer
-//! (NXDOMAIN or NODATA: [`ResolveError::NoRecords`]) apart from a failure (timeout,
-//! SERVFAIL, REFUSED, I/O). hickory's own response cache is switched off, so an
-//! answer is never cached twice and every lookup is a fresh question to the server.
-//!
-//! Name servers come from, in order: an explicit list
-//! ([`ResolverConfig::nameservers`]); the system's `/etc/resolv.conf` when readable
-//! and listing a server; Google's public resolvers. The choice is logged and
-//! available as [`DnsResolver::source`]. The hosts file is never consulted.
-//!
-//! resolv.conf is read by [`parse_resolv_conf`], re-exported from
-//! `dwara-resolv-conf`, the workspace's one reader (the name server's fallback
-//! forwarder uses it too): `nameserver IP`, plus
-//! `nameserver IP:PORT` / `[IPv6]:PORT` for a server on another port; the last
-//! `search` or `domain` line gives the search list. The full grammar is in its
-//! docs.
-//!
-//! ```no_run
-//! # async fn demo() -> Result<(), dwara_resolver::ResolveError> {
-//! use dwara_resolver::{DnsResolver, ResolverConfig};
-//! let resolver = DnsResolver::new(ResolverConfig {
-//!     nameservers: vec!["127.0.0.1:1053".parse().unwrap()],
-//!     ..ResolverConfig::default()
-//! })?;
-//! for (ip, ttl) in resolver.lookup_a("api.weave.local").await? {
-//!     println!("{ip} (ttl {ttl}s)");
-//! }
-//! # Ok(()) }
-//! ```
-
+#![doc = include_str!("../README.md")]
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
