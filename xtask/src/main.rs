@@ -4,7 +4,8 @@
 //!   `cargo fmt --check`, `cargo clippy --all-targets -- -D warnings`, builds the
 //!   container image unoptimised (tag [`CI_IMAGE`], which the end-to-end image test
 //!   runs), `cargo test`, `cargo doc` with warnings as errors, and `cargo package`
-//!   of every publishable crate (each built from its package alone).
+//!   of every publishable crate (each built from its package alone); then the same
+//!   checks for `crates/pingora`, a workspace of its own.
 //! - `cargo xtask bench [ARGS]` runs the criterion benchmarks.
 //! - `cargo xtask perf dns [--names N]` compares the name server with dnsmasq and unbound.
 //! - `cargo xtask perf store [--names N] [--connections C]` times HTTP registration in
@@ -137,6 +138,7 @@ fn ci() -> anyhow::Result<()> {
         &[("RUSTDOCFLAGS", "-D warnings")],
     )?;
     package()?;
+    pingora()?;
     println!("xtask ci: all green");
     Ok(())
 }
@@ -159,6 +161,45 @@ fn package() -> anyhow::Result<()> {
         args.extend(["--exclude", name]);
     }
     cargo(&args)
+}
+
+/// `crates/pingora`, a workspace of its own (Pingora takes many minutes to build):
+/// lints, tests (a Pingora proxy as a real process following DNS) and docs, once,
+/// in the main target directory so the dependencies both share are built once.
+fn pingora() -> anyhow::Result<()> {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let manifest = root.join("crates/pingora/Cargo.toml").display().to_string();
+    let manifest = manifest.as_str();
+    let target = std::env::var("CARGO_TARGET_DIR")
+        .unwrap_or_else(|_| root.join("target").display().to_string());
+    let env = [("CARGO_TARGET_DIR", target.as_str())];
+    cargo_with(&["fmt", "--manifest-path", manifest, "--check"], &env)?;
+    cargo_with(
+        &[
+            "clippy",
+            "--manifest-path",
+            manifest,
+            "--all-targets",
+            "--",
+            "-D",
+            "warnings",
+        ],
+        &env,
+    )?;
+    cargo_with(
+        &["test", "--manifest-path", manifest],
+        &[
+            ("CARGO_TARGET_DIR", target.as_str()),
+            ("DWARA_REQUIRE_ALL", "1"),
+        ],
+    )?;
+    cargo_with(
+        &["doc", "--manifest-path", manifest, "--no-deps", "--quiet"],
+        &[
+            ("CARGO_TARGET_DIR", target.as_str()),
+            ("RUSTDOCFLAGS", "-D warnings"),
+        ],
+    )
 }
 
 fn cargo(args: &[&str]) -> anyhow::Result<()> {

@@ -29,6 +29,8 @@ const TOOLS: &[(&str, &str)] = &[
     ("ip", "iproute2"),
     // Fault tests drop packets (statistic match) and queue them to a delayer (NFQUEUE).
     ("iptables", "iptables"),
+    // Pingora's compression (flate2 with zlib-ng) builds zlib-ng with CMake.
+    ("cmake", "cmake"),
 ];
 
 /// What `cargo xtask perf l4` adds: the backend, the client and the peer proxies
