@@ -7,7 +7,8 @@
 //!   image test runs), runs `cargo test --all-features` with `DWARA_REQUIRE_ALL=1` (a
 //!   test whose prerequisite, Docker or network namespaces, is missing fails instead
 //!   of skipping), `cargo doc` with warnings as errors, and `cargo package` of every
-//!   publishable crate (each built from its package alone).
+//!   publishable crate (each built from its package alone); then the same checks for
+//!   `crates/pingora`, a workspace of its own.
 //! - `cargo xtask tools` installs the system tools the tests use.
 //! - `cargo xtask bench [ARGS]` runs the criterion benchmarks.
 //! - `cargo xtask perf dns [--names N]` compares the name server with dnsmasq and unbound.
@@ -221,6 +222,7 @@ fn ci() -> anyhow::Result<()> {
         &[("RUSTDOCFLAGS", "-D warnings")],
     )?;
     package()?;
+    pingora()?;
     println!("xtask ci: all green");
     Ok(())
 }
@@ -242,7 +244,49 @@ fn package() -> anyhow::Result<()> {
     for name in UNPUBLISHED {
         args.extend(["--exclude", name]);
     }
-    cargo(&args)
+    // The packages are built as workspaces of their own, which have none of the root
+    // manifest's profile settings: with every crate's debug info off, the dependencies
+    // they share with the workspace build above are reused instead of rebuilt.
+    cargo_with(&args, &[("CARGO_PROFILE_DEV_DEBUG", "false")])
+}
+
+/// `crates/pingora`, a workspace of its own (Pingora takes many minutes to build):
+/// lints, tests (a Pingora proxy as a real process following DNS) and docs, once,
+/// in the main target directory so the dependencies both share are built once.
+fn pingora() -> anyhow::Result<()> {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let manifest = root.join("crates/pingora/Cargo.toml").display().to_string();
+    let manifest = manifest.as_str();
+    let target = std::env::var("CARGO_TARGET_DIR")
+        .unwrap_or_else(|_| root.join("target").display().to_string());
+    let env = [("CARGO_TARGET_DIR", target.as_str())];
+    cargo_with(&["fmt", "--manifest-path", manifest, "--check"], &env)?;
+    cargo_with(
+        &[
+            "clippy",
+            "--manifest-path",
+            manifest,
+            "--all-targets",
+            "--",
+            "-D",
+            "warnings",
+        ],
+        &env,
+    )?;
+    cargo_with(
+        &["test", "--manifest-path", manifest],
+        &[
+            ("CARGO_TARGET_DIR", target.as_str()),
+            ("DWARA_REQUIRE_ALL", "1"),
+        ],
+    )?;
+    cargo_with(
+        &["doc", "--manifest-path", manifest, "--no-deps", "--quiet"],
+        &[
+            ("CARGO_TARGET_DIR", target.as_str()),
+            ("RUSTDOCFLAGS", "-D warnings"),
+        ],
+    )
 }
 
 fn cargo(args: &[&str]) -> anyhow::Result<()> {

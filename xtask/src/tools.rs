@@ -32,6 +32,8 @@ const TOOLS: &[(&str, &str)] = &[
     // Interop tests put HAProxy and Caddy in front of dwara's SRV and A answers.
     ("haproxy", "haproxy"),
     ("caddy", "caddy"),
+    // Pingora's compression (flate2 with zlib-ng) builds zlib-ng with CMake.
+    ("cmake", "cmake"),
 ];
 
 /// What `cargo xtask perf l4` needs: the backend, the client and the peer proxies
