@@ -252,7 +252,7 @@ fn start_proxies(dir: &Path, opts: &Options, port: u16) -> anyhow::Result<Starte
     std::fs::write(
         &ccfg,
         format!(
-            "{{\n  admin off\n  auto_https off\n  persist_config off\n}}\n\
+            "{{\n  admin off\n  auto_https off\n}}\n\
              http://127.0.0.1:{caddy} {{\n  bind 127.0.0.1\n  reverse_proxy {{\n    dynamic a {{\n      \
              name web.perf.local\n      port {port}\n      refresh 1s\n      resolvers {dns}\n    }}\n    \
              lb_try_duration 2s\n    lb_try_interval 50ms\n  }}\n}}\n",
