@@ -126,7 +126,7 @@ fn start_caddy(dir: &Path, backend: u16) -> anyhow::Result<Proxy> {
     std::fs::write(
         &conf,
         format!(
-            "{{\n  admin off\n  auto_https off\n  persist_config off\n}}\n\
+            "{{\n  admin off\n  auto_https off\n}}\n\
              http://127.0.0.1:{port} {{\n  bind 127.0.0.1\n  reverse_proxy {backend}\n}}\n",
             backend = local(backend),
         ),

@@ -252,7 +252,7 @@ fn start_proxies(dir: &Path, opts: &Options, port: u16) -> anyhow::Result<Starte
     std::fs::write(
         &ccfg,
         format!(
-            "{{\n  admin off\n  auto_https off\n  persist_config off\n}}\n\
+            "{{\n  admin off\n  auto_https off\n}}\n\
              http://127.0.0.1:{caddy} {{\n  bind 127.0.0.1\n  reverse_proxy {{\n    dynamic a {{\n      \
              name web.perf.local\n      port {port}\n      refresh 1s\n      resolvers {dns}\n    }}\n    \
              lb_try_duration 2s\n    lb_try_interval 50ms\n  }}\n}}\n",
@@ -295,10 +295,21 @@ fn start_proxies(dir: &Path, opts: &Options, port: u16) -> anyhow::Result<Starte
 struct Tally {
     ok: AtomicU64,
     failed: AtomicU64,
+    /// Failures by what the client saw (a status line or an I/O error kind).
+    why: std::sync::Mutex<std::collections::BTreeMap<String, u64>>,
 }
 
-/// One `GET /tiny` on a kept connection; `Ok(true)` on a 200.
-fn request(conn: &mut Option<BufReader<TcpStream>>, port: u16) -> std::io::Result<bool> {
+impl Tally {
+    fn fail(&self, why: String) {
+        self.failed.fetch_add(1, Ordering::Relaxed);
+        if let Ok(mut m) = self.why.lock() {
+            *m.entry(why).or_default() += 1;
+        }
+    }
+}
+
+/// One `GET /tiny` on a kept connection: `Ok(None)` on a 200, else the status line.
+fn request(conn: &mut Option<BufReader<TcpStream>>, port: u16) -> std::io::Result<Option<String>> {
     if conn.is_none() {
         let s = TcpStream::connect_timeout(
             &SocketAddr::from((Ipv4Addr::LOCALHOST, port)),
@@ -309,7 +320,7 @@ fn request(conn: &mut Option<BufReader<TcpStream>>, port: u16) -> std::io::Resul
         *conn = Some(BufReader::new(s));
     }
     let Some(r) = conn.as_mut() else {
-        return Ok(false);
+        return Ok(Some("no connection".to_owned()));
     };
     r.get_mut()
         .write_all(b"GET /tiny HTTP/1.1\r\nHost: web.perf.local\r\n\r\n")?;
@@ -318,6 +329,7 @@ fn request(conn: &mut Option<BufReader<TcpStream>>, port: u16) -> std::io::Resul
         return Err(std::io::ErrorKind::UnexpectedEof.into());
     }
     let ok = line.starts_with("HTTP/1.1 200");
+    let status = line.trim().to_owned();
     let mut length = 0usize;
     loop {
         let mut h = String::new();
@@ -333,7 +345,7 @@ fn request(conn: &mut Option<BufReader<TcpStream>>, port: u16) -> std::io::Resul
     }
     let mut body = vec![0u8; length];
     r.read_exact(&mut body)?;
-    Ok(ok)
+    Ok((!ok).then_some(status))
 }
 
 /// A keep-alive client at `rate` requests per second until `stop`.
@@ -343,11 +355,15 @@ fn client(port: u16, rate: f64, tally: Arc<Tally>, stop: Arc<AtomicBool>) {
     let mut conn = None;
     while !stop.load(Ordering::Relaxed) {
         match request(&mut conn, port) {
-            Ok(true) => {
+            Ok(None) => {
                 tally.ok.fetch_add(1, Ordering::Relaxed);
             }
-            Ok(false) | Err(_) => {
-                tally.failed.fetch_add(1, Ordering::Relaxed);
+            Ok(Some(status)) => {
+                tally.fail(status);
+                conn = None;
+            }
+            Err(e) => {
+                tally.fail(format!("{:?}", e.kind()));
                 conn = None;
             }
         }
@@ -379,7 +395,7 @@ fn run_in(dir: &Path, opts: &Options) -> anyhow::Result<()> {
     for (name, p) in &routes {
         let deadline = Instant::now() + Duration::from_secs(30);
         let mut conn = None;
-        while !matches!(request(&mut conn, *p), Ok(true)) {
+        while !matches!(request(&mut conn, *p), Ok(None)) {
             conn = None;
             if Instant::now() > deadline {
                 bail!("{name} does not answer on {p}");
@@ -432,7 +448,11 @@ fn run_in(dir: &Path, opts: &Options) -> anyhow::Result<()> {
     for ((name, _), t) in routes.iter().zip(&tallies) {
         let ok = t.ok.load(Ordering::Relaxed);
         let failed = t.failed.load(Ordering::Relaxed);
-        println!("  {name:<18} {failed:>6} failed of {:>7}", ok + failed);
+        let why = t.why.lock().map(|m| format!("{m:?}")).unwrap_or_default();
+        println!(
+            "  {name:<18} {failed:>6} failed of {:>7}  {why}",
+            ok + failed
+        );
     }
     Ok(())
 }
