@@ -6,7 +6,8 @@
 //!   builds the container image unoptimised (tag [`CI_IMAGE`], which the end-to-end
 //!   image test runs), runs `cargo test --all-features` with `DWARA_REQUIRE_ALL=1` (a
 //!   test whose prerequisite, Docker or network namespaces, is missing fails instead
-//!   of skipping) and `cargo doc` with warnings as errors.
+//!   of skipping), `cargo doc` with warnings as errors, and `cargo package` of every
+//!   publishable crate (each built from its package alone).
 //! - `cargo xtask tools` installs the system tools the tests use.
 //! - `cargo xtask bench [ARGS]` runs the criterion benchmarks.
 //! - `cargo xtask perf dns [--names N]` compares the name server with dnsmasq and unbound.
@@ -55,6 +56,7 @@ mod perf_rolling;
 mod perf_store;
 mod perf_util;
 mod tidy;
+mod tidy_deps;
 mod tools;
 
 use std::process::Command;
@@ -218,8 +220,29 @@ fn ci() -> anyhow::Result<()> {
         ],
         &[("RUSTDOCFLAGS", "-D warnings")],
     )?;
+    package()?;
     println!("xtask ci: all green");
     Ok(())
+}
+
+/// The crates that are never published: test and build tooling.
+const UNPUBLISHED: &[&str] = &[
+    "test-support",
+    "dwara-fuzz-checks",
+    "dwara-benches",
+    "xtask",
+];
+
+/// `cargo package` for every publishable crate: each is packaged alone and built from
+/// its package against the others packaged beside it, so a dependency without a
+/// version, a file outside the package or metadata crates.io refuses fails here.
+/// `--allow-dirty`: a developer's uncommitted change is packaged as it is.
+fn package() -> anyhow::Result<()> {
+    let mut args = vec!["package", "--workspace", "--allow-dirty", "--quiet"];
+    for name in UNPUBLISHED {
+        args.extend(["--exclude", name]);
+    }
+    cargo(&args)
 }
 
 fn cargo(args: &[&str]) -> anyhow::Result<()> {

@@ -170,12 +170,16 @@ fn wait_port(port: u16, what: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The proxies: both dwara processes, HAProxy, Caddy; `(name, port)` per route.
-fn start_proxies(
-    dir: &Path,
-    opts: &Options,
-    port: u16,
-) -> anyhow::Result<(Vec<Proc>, Vec<(&'static str, u16)>, Names)> {
+/// The proxy processes, the `(name, port)` of each route through them, and the
+/// registration API.
+struct Started {
+    _procs: Vec<Proc>,
+    routes: Vec<(&'static str, u16)>,
+    names: Names,
+}
+
+/// The proxies: both dwara processes, HAProxy, Caddy.
+fn start_proxies(dir: &Path, opts: &Options, port: u16) -> anyhow::Result<Started> {
     let bin = opts.dwara.clone().unwrap_or_else(release_dwara);
     let [dns, http_a, http_b, push, l4, polled, hap, caddy] =
         [0; 8].map(|_| free_port(Ipv4Addr::LOCALHOST));
@@ -279,7 +283,11 @@ fn start_proxies(
         ("haproxy", hap),
         ("caddy", caddy),
     ];
-    Ok((procs, routes, names))
+    Ok(Started {
+        _procs: procs,
+        routes,
+        names,
+    })
 }
 
 /// Requests and failures of one proxy.
@@ -358,7 +366,11 @@ fn run_in(dir: &Path, opts: &Options) -> anyhow::Result<()> {
         .map(|i| Ipv4Addr::new(127, 0, 0, 10 + u8::try_from(i).unwrap_or(200)))
         .collect();
     let port = free_port(Ipv4Addr::LOCALHOST)?;
-    let (_procs, routes, names) = start_proxies(dir, opts, port)?;
+    let Started {
+        _procs,
+        routes,
+        names,
+    } = start_proxies(dir, opts, port)?;
     let mut live: Vec<(Proc, Ipv4Addr)> = Vec::new();
     for (i, ip) in ips[..3].iter().enumerate() {
         live.push((start_instance(dir, *ip, port)?, *ip));

@@ -1,6 +1,7 @@
 //! Tidy checks, run by `cargo test` (so by `cargo xtask ci` too).
 //!
-//! - every Rust module starts with `//!` docs;
+//! - every Rust module starts with `//!` docs (a crate root may start with
+//!   `#![doc = include_str!("../README.md")]` instead);
 //! - every crate root forbids unsafe code;
 //! - every workspace member inherits the workspace lints;
 //! - every crate is placed: on the name-server half, on the load-balancer half,

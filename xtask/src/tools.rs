@@ -29,10 +29,14 @@ const TOOLS: &[(&str, &str)] = &[
     ("ip", "iproute2"),
     // Fault tests drop packets (statistic match) and queue them to a delayer (NFQUEUE).
     ("iptables", "iptables"),
+    // Interop tests put HAProxy and Caddy in front of dwara's SRV and A answers.
+    ("haproxy", "haproxy"),
+    ("caddy", "caddy"),
 ];
 
-/// What `cargo xtask perf l4` adds: the backend, the client and the peer proxies
+/// What `cargo xtask perf l4` needs: the backend, the client and the peer proxies
 /// (an absolute path is a file to look for, here nginx's dynamic stream module).
+/// HAProxy is in [`TOOLS`] too, for the interop tests.
 const PERF_L4_TOOLS: &[(&str, &str)] = &[
     ("nginx", "nginx-light"),
     (
@@ -114,7 +118,7 @@ fn install_missing(tools: &[(&str, &str)]) -> anyhow::Result<()> {
     .with_context(|| format!("`{line}` failed"))?;
     // The Debian packages start system services on install; the tests start their
     // own instances on loopback ports and do not want these.
-    for svc in ["dnsmasq", "unbound", "nginx", "haproxy"] {
+    for svc in ["dnsmasq", "unbound", "nginx", "haproxy", "caddy"] {
         let _ = Command::new("service")
             .args([svc, "stop"])
             .stdout(Stdio::null())

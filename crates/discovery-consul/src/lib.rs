@@ -1,19 +1,4 @@
-//! Consul discovery (typed stub).
-//!
-//! The configuration language already knows a `consul` block so that configs can be
-//! written and checked, but the source is not implemented: [`ConsulConfig::validate`]
-//! checks the fields and then fails with [`DiscoveryError::Unsupported`] saying that
-//! watching the Consul catalog is not implemented, so a config using it is rejected
-//! at load time with a clear message instead of silently discovering nothing.
-//!
-//! ```
-//! use dwara_discovery::DiscoveryError;
-//! use dwara_discovery_consul::ConsulConfig;
-//!
-//! let config = ConsulConfig { service: "api".into(), ..ConsulConfig::default() };
-//! assert!(matches!(config.validate(), Err(DiscoveryError::Unsupported { .. })));
-//! ```
-
+#![doc = include_str!("../README.md")]
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 

@@ -1,36 +1,4 @@
-//! The DNS discovery source: A, AAAA and SRV answers as endpoint sets.
-//!
-//! [`DnsSource`] implements [`DiscoverySource`] over [`dwara_resolver::DnsResolver`]:
-//! each call asks DNS once and returns the endpoints with the answer's TTL (the
-//! smallest record TTL). NXDOMAIN and NODATA are answers with zero endpoints (their
-//! TTL is the negative TTL when the server gave an SOA); timeouts, SERVFAIL, REFUSED
-//! and transport errors are failures. The refresh cycle itself — `min(interval,
-//! TTL)`, `fail_open`, `min_endpoints`, backoff, jitter, publish-on-change — runs in
-//! [`dwara_discovery::refresh`], shared by every kind of source; [`upstream_discovery`]
-//! is the shortcut that builds both from one [`DnsDiscoveryConfig`], the
-//! `dns_discovery` block of an upstream (parsed and validated here, as the Consul and
-//! Kubernetes crates do their own blocks).
-//!
-//! A failed resolution is a [`DiscoveryError::Resolve`] whose
-//! [`source`](std::error::Error::source) is the [`ResolveError`].
-//!
-//! ```no_run
-//! # async fn demo() -> Result<(), dwara_discovery::DiscoveryError> {
-//! use std::sync::Arc;
-//! use dwara_discovery::{DiscoverySnapshot, DiscoveryTasks};
-//! use dwara_discovery_dns::{DnsDiscoveryConfig, upstream_discovery};
-//! use dwara_lb::{Policy, UpstreamLb};
-//!
-//! let mut config = DnsDiscoveryConfig::new("api.weave.local");
-//! config.port = Some(8080);
-//! config.nameservers = vec!["127.0.0.1:1053".parse().unwrap()];
-//! let lb = Arc::new(UpstreamLb::new(Policy::RoundRobin));
-//! let up = upstream_discovery("api", &config, lb.clone())?;
-//! let mut tasks = DiscoveryTasks::new();
-//! tasks.respawn(&DiscoverySnapshot { generation: 1, upstreams: vec![up] });
-//! # Ok(()) }
-//! ```
-
+#![doc = include_str!("../README.md")]
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 

@@ -1,24 +1,4 @@
-//! Kubernetes EndpointSlice discovery (typed stub).
-//!
-//! The configuration language already knows a `kubernetes` block (namespace, service,
-//! port name) so that configs can be written and checked, but the watch is not
-//! implemented: [`EndpointSliceConfig::validate`] checks the fields and then fails
-//! with [`DiscoveryError::Unsupported`] saying that watching Kubernetes
-//! EndpointSlices is not implemented, so a config using it is rejected at load time
-//! instead of silently discovering nothing.
-//!
-//! ```
-//! use dwara_discovery::DiscoveryError;
-//! use dwara_discovery_k8s::EndpointSliceConfig;
-//!
-//! let config = EndpointSliceConfig {
-//!     namespace: "default".into(),
-//!     service: "api".into(),
-//!     port_name: Some("http".into()),
-//! };
-//! assert!(matches!(config.validate(), Err(DiscoveryError::Unsupported { .. })));
-//! ```
-
+#![doc = include_str!("../README.md")]
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 

@@ -1,39 +1,4 @@
-//! Service discovery, whatever the source: the [`DiscoverySource`] trait, the
-//! refresh loop and the [`DiscoveryTasks`] that run it. Each kind of source brings
-//! its own configuration block (`dwara-discovery-dns` has `dns_discovery`).
-//!
-//! A *source* answers one question — "which endpoints does this upstream have right
-//! now, and for how long is that answer good?" — and nothing else. The *refresh
-//! loop* ([`refresh::run`]) owns timing and policy for every kind of source: when to
-//! ask again (`min(refresh interval, TTL)`, floored, jittered, backed off after
-//! failures), what to do on a failure (`fail_open`), the `min_endpoints` floor, and
-//! publishing only real changes into the upstream's [`dwara_lb::UpstreamLb`].
-//! [`DiscoveryTasks`] holds the loops of one configuration generation in a single
-//! `JoinSet` and replaces them wholesale on reload.
-//!
-//! A source may also *push*: [`DiscoverySource::changes`] hands the loop a
-//! `tokio::sync::watch` receiver, and the loop resolves again as soon as it is
-//! marked, with the same policy (`dwara serve` feeds upstreams in its own name
-//! server's domain this way, straight from the records database).
-//!
-//! ```no_run
-//! # async fn demo(source: std::sync::Arc<dyn dwara_discovery::DiscoverySource>) {
-//! use std::sync::Arc;
-//! use dwara_discovery::{DiscoverySnapshot, DiscoveryTasks, RefreshPolicy, UpstreamDiscovery};
-//! use dwara_lb::{Policy, UpstreamLb};
-//!
-//! let lb = Arc::new(UpstreamLb::new(Policy::RoundRobin));
-//! let snapshot = DiscoverySnapshot {
-//!     generation: 1,
-//!     upstreams: vec![UpstreamDiscovery::new("api", lb.clone(), source, RefreshPolicy::default())],
-//! };
-//! let mut tasks = DiscoveryTasks::new();
-//! tasks.respawn(&snapshot); // at start and after every reload
-//! // ... lb.pick() now follows the source ...
-//! tasks.abort_all(); // or drop `tasks`
-//! # }
-//! ```
-
+#![doc = include_str!("../README.md")]
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 

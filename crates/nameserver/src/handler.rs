@@ -635,6 +635,9 @@ impl Handler {
         order: &[(u32, u32)],
     ) -> (usize, usize) {
         let mut ar = 0usize;
+        // A name is at most 255 bytes; this holds a target written out when the
+        // pointer cannot reach it (made once: most answers never use it).
+        let mut name = [0u8; 255];
         for family in [Family::V4, Family::V6] {
             let rr_len = match family {
                 Family::V4 => A_RR_LEN,
@@ -645,9 +648,6 @@ impl Handler {
                 if !r.srv_addr || Family::of(r.ip) != family {
                     continue;
                 }
-                // A name is at most 255 bytes; the buffer holds one when the pointer
-                // cannot reach the target.
-                let mut name = [0u8; 255];
                 let owner = match u16::try_from(target) {
                     Ok(at) if at < 0x4000 => Owner::At(at),
                     _ => {

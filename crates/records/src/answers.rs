@@ -7,10 +7,11 @@
 //!   to the question — so the owner echoes the query's case — then shuffled.
 //! - A record may carry a service and port ([`Srv`]). An SRV query for
 //!   `<service>.<name>` is answered from the records of `<name>` that carry that
-//!   service (see [`split_service`]): one SRV record per port of the `srv_serve`
-//!   records, the address of each `srv_addr` record in the additional section (an
-//!   address with two ports of a service is one record of each); nothing is stored
-//!   under the service name.
+//!   service (see [`split_service`]): one SRV record per `srv_serve` record (one
+//!   per address and port), each targeting `<hex address>.addr.<domain>`, the
+//!   address of each `srv_addr` record in the additional section (an address with
+//!   two ports of a service is one record of each); nothing is stored under the
+//!   service name, and the target names are answered from the address index.
 //! - `v4` / `v6`: address → the names registered for it ([`PtrRef`]), flagged `serve`
 //!   when the name has a servable record of that address. A PTR query is answered by
 //!   parsing the reverse name into an address and writing those names out.

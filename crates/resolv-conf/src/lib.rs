@@ -1,10 +1,4 @@
-//! The workspace's one resolv.conf reader: the resolver's name servers when none are
-//! configured (`dwara-resolver`), and the name server's fallback servers
-//! (`dwara-nameserver`), so both halves read a file the same way. A leaf crate of
-//! its own so the name server does not depend on the dataplane's resolver.
-//!
-//! The grammar is in [`parse_resolv_conf`]'s docs.
-
+#![doc = include_str!("../README.md")]
 #![forbid(unsafe_code)]
 
 use std::net::{IpAddr, SocketAddr, SocketAddrV6};

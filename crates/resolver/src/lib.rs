@@ -1,37 +1,4 @@
-//! TTL-aware A, AAAA and SRV resolution over hickory's `TokioResolver`.
-//!
-//! [`DnsResolver`] is the one place the workspace talks to DNS as a client. It keeps
-//! what discovery and the dial-path cache need from an answer (addresses, ports,
-//! SRV priority and weight, and the TTL) and tells an authoritative empty answer
-//! (NXDOMAIN or NODATA: [`ResolveError::NoRecords`]) apart from a failure (timeout,
-//! SERVFAIL, REFUSED, I/O). hickory's own response cache is switched off, so an
-//! answer is never cached twice and every lookup is a fresh question to the server.
-//!
-//! Name servers come from, in order: an explicit list
-//! ([`ResolverConfig::nameservers`]); the system's `/etc/resolv.conf` when readable
-//! and listing a server; Google's public resolvers. The choice is logged and
-//! available as [`DnsResolver::source`]. The hosts file is never consulted.
-//!
-//! resolv.conf is read by [`parse_resolv_conf`], re-exported from
-//! `dwara-resolv-conf`, the workspace's one reader (the name server's fallback
-//! forwarder uses it too): `nameserver IP`, plus
-//! `nameserver IP:PORT` / `[IPv6]:PORT` for a server on another port; the last
-//! `search` or `domain` line gives the search list. The full grammar is in its
-//! docs.
-//!
-//! ```no_run
-//! # async fn demo() -> Result<(), dwara_resolver::ResolveError> {
-//! use dwara_resolver::{DnsResolver, ResolverConfig};
-//! let resolver = DnsResolver::new(ResolverConfig {
-//!     nameservers: vec!["127.0.0.1:1053".parse().unwrap()],
-//!     ..ResolverConfig::default()
-//! })?;
-//! for (ip, ttl) in resolver.lookup_a("api.weave.local").await? {
-//!     println!("{ip} (ttl {ttl}s)");
-//! }
-//! # Ok(()) }
-//! ```
-
+#![doc = include_str!("../README.md")]
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -245,11 +212,14 @@ impl DnsResolver {
 
     /// SRV records of `name`, each target resolved to its addresses (A and AAAA).
     ///
-    /// Targets are resolved explicitly (additional records are not relied on), each
-    /// distinct name once and at most eight at a time however many records name it. A target
-    /// with no address records is skipped with a warning; a failure resolving any
-    /// target fails the whole lookup, so a caller never mistakes half an answer for
-    /// the whole set. The target `.` ("service not available", RFC 2782) yields nothing.
+    /// A target whose A/AAAA records are in the answer's additional section takes its
+    /// addresses from there (dwara and dnsmasq put them there; a name server that
+    /// gives each instance a target of its own would otherwise cost two queries per
+    /// instance). The other targets are resolved explicitly, each distinct name once
+    /// and at most eight at a time however many records name it. A target with no
+    /// address records is skipped with a warning; a failure resolving any target
+    /// fails the whole lookup, so a caller never mistakes half an answer for the
+    /// whole set. The target `.` ("service not available", RFC 2782) yields nothing.
     pub async fn lookup_srv(&self, name: &str) -> Result<Vec<SrvTarget>, ResolveError> {
         let qname = parse_name(name)?;
         let lookup = self
@@ -279,12 +249,13 @@ impl DnsResolver {
         // names one target in thousands of records (or thousands of targets) must
         // not turn into thousands of concurrent lookups, each of which the same
         // upstream may answer with thousands of records again.
+        let given = additional_addrs(lookup.additionals());
         let target_names: BTreeSet<Name> = srvs
             .iter()
             .map(|(srv, _)| srv.target.to_lowercase())
-            .filter(|target| !target.is_root())
+            .filter(|target| !target.is_root() && !given.contains_key(target))
             .collect();
-        let addrs: HashMap<Name, Vec<(IpAddr, u32)>> = stream::iter(target_names)
+        let mut addrs: HashMap<Name, Vec<(IpAddr, u32)>> = stream::iter(target_names)
             .map(|target| async move {
                 let ascii = target.to_ascii();
                 match self.lookup_ip(&ascii).await {
@@ -299,6 +270,7 @@ impl DnsResolver {
             .buffer_unordered(SRV_TARGETS_AT_ONCE)
             .try_collect()
             .await?;
+        addrs.extend(given);
         let mut targets: Vec<SrvTarget> = srvs
             .iter()
             .flat_map(|(srv, ttl)| {
@@ -356,6 +328,28 @@ impl DnsResolver {
         out.dedup_by_key(|(ip, _)| *ip);
         Ok(out)
     }
+}
+
+/// The A/AAAA records of an additional section by owner (lower-cased), with their
+/// TTLs, each address once, IPv4 first.
+fn additional_addrs(records: &[Record]) -> HashMap<Name, Vec<(IpAddr, u32)>> {
+    let mut by_name: HashMap<Name, Vec<(IpAddr, u32)>> = HashMap::new();
+    for r in records {
+        let ip = match &r.data {
+            RData::A(a) => IpAddr::V4(a.0),
+            RData::AAAA(a) => IpAddr::V6(a.0),
+            _ => continue,
+        };
+        by_name
+            .entry(r.name.to_lowercase())
+            .or_default()
+            .push((ip, r.ttl));
+    }
+    for addrs in by_name.values_mut() {
+        addrs.sort();
+        addrs.dedup_by_key(|(ip, _)| *ip);
+    }
+    by_name
 }
 
 /// The owner names (lower-cased) whose records answer a question for `qname`:

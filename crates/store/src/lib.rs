@@ -1,44 +1,4 @@
-//! Crash-safe store of the name registrations a node acknowledged over HTTP.
-//!
-//! A [`Store`] is one [redb](https://docs.rs/redb) file in a data directory. It keeps
-//! registrations, `(id, ip, fqdn)` with an optional service and port and the kind
-//! of check its owner runs (`tcp`), one row each: a put inserts the row, a delete
-//! removes the matching rows, so churn never grows the store (there are no
-//! tombstones to collect). Writes are queued in call order and made durable by a
-//! background thread that commits everything queued so far in one write
-//! transaction with one fsync (group commit); every writer then learns the outcome
-//! from its [`Pending`].
-//!
-//! Opening is careful with what is already there: a second process on the same
-//! directory gets [`StoreError::Locked`]; a file that is not a readable database
-//! gets [`StoreError::Corrupt`]; a store written in a newer format gets
-//! [`StoreError::NewerFormat`]. None of these touch the file: the store is opened,
-//! checked and repaired as a copy that replaces it only once all is well. A row that does not
-//! decode is reported by [`Store::load`] in [`Loaded::undecodable`] and kept.
-//!
-//! A commit that fails (a full disk) fails every write of its batch. redb refuses
-//! all later transactions after that until the database is reopened, so the writer
-//! closes it and reopens it, copy and check as at opening, before the next batch:
-//! once there is room again, writes succeed again without a restart.
-//!
-//! # Example
-//!
-//! ```
-//! use dwara_store::{Registration, Store, Write};
-//!
-//! # fn main() -> Result<(), dwara_store::StoreError> {
-//! let dir = tempfile::tempdir().unwrap();
-//! let store = Store::open(dir.path())?;
-//! let r = Registration::new("c1", "10.32.0.7".parse().unwrap(), "web.weave.local.");
-//! store.submit(Write::Put(r.clone())).wait_blocking()?;
-//! drop(store);
-//!
-//! let store = Store::open(dir.path())?;
-//! assert_eq!(store.load()?.registrations, vec![r]);
-//! # Ok(())
-//! # }
-//! ```
-
+#![doc = include_str!("../README.md")]
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 

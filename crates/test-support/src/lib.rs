@@ -7,6 +7,7 @@
 //!   test controls.
 //! - [`http::request`] / [`http::request_async`]: one request on reqwest to our
 //!   HTTP APIs.
+//! - [`http_backend::HttpBackend`]: an HTTP server answering with its own address.
 //! - [`docker`]: the real Docker engine through its CLI: [`docker::docker`], the
 //!   busybox test image [`docker::BUSYBOX_IMAGE`] built once per process, and
 //!   [`docker::Scope`], a test's containers and networks removed on drop.
@@ -36,6 +37,7 @@ pub mod dns_server;
 pub mod dnsmasq;
 pub mod docker;
 pub mod http;
+pub mod http_backend;
 pub mod liar;
 pub mod netem;
 pub mod require;

@@ -228,3 +228,63 @@ async fn bad_config_files_fail_with_one_clear_line() {
     let (ok, stderr) = run_dwara(&["check", "--config", path.to_str().unwrap()]).await;
     assert!(ok, "{stderr}");
 }
+
+/// `dwara watch --type srv` gets every instance at its own port from dwara's
+/// answers (one record per instance, a target per instance, its address in the
+/// additional section), follows a delete, and reads dnsmasq's `--srv-host`
+/// answers (targets from its hosts file, which answers REFUSED for their AAAA).
+#[tokio::test]
+async fn watch_srv_gets_every_instance_from_dwara_and_from_dnsmasq() {
+    let dwara = crate::nameserver::Serve::start(&[
+        "--dns-listen",
+        "127.0.0.1:0",
+        "--http-listen",
+        "127.0.0.1:0",
+    ]);
+    for (id, ip, port) in [
+        ("w1", "10.50.0.1", 8080),
+        ("w2", "10.50.0.2", 9090),
+        ("w3", "fd00::50:3", 8080),
+    ] {
+        let form = format!("fqdn=web.weave.local&port={port}&service=_http._tcp");
+        let path = format!("/name/{id}/{ip}");
+        let (status, body) =
+            test_support::http::request_async(dwara.http, "PUT", &path, Some(&form)).await;
+        assert_eq!(status, 204, "{body}");
+    }
+    let ns = dwara.dns.to_string();
+    let args = |host: &'static str, ns: &str| {
+        let mut v = vec![host.to_owned(), "--type".into(), "srv".into()];
+        v.extend(["--refresh".into(), "1".into(), "--json".into()]);
+        v.extend(["--nameserver".into(), ns.to_owned()]);
+        v
+    };
+    let a = args("_http._tcp.web.weave.local", &ns);
+    let mut watch = Watch::spawn(&a.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(
+        watch.next().await,
+        set(&["10.50.0.1:8080", "10.50.0.2:9090", "[fd00::50:3]:8080"])
+    );
+    let (status, _) =
+        test_support::http::request_async(dwara.http, "DELETE", "/name/w2", None).await;
+    assert_eq!(status, 204);
+    assert_eq!(
+        watch.next().await,
+        set(&["10.50.0.1:8080", "[fd00::50:3]:8080"])
+    );
+    watch.stop().await;
+
+    let dnsmasq = Dnsmasq::start(DnsmasqOptions {
+        hosts: "10.0.0.1 web1.test\n10.0.0.2 web2.test\n".into(),
+        local_ttl: Some(1),
+        extra_args: vec![
+            "--srv-host=_http._tcp.api.test,web1.test,8080".into(),
+            "--srv-host=_http._tcp.api.test,web2.test,9090,0,5".into(),
+        ],
+    })
+    .unwrap();
+    let a = args("_http._tcp.api.test", &dnsmasq.addr().to_string());
+    let mut watch = Watch::spawn(&a.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(watch.next().await, set(&["10.0.0.1:8080", "10.0.0.2:9090"]));
+    watch.stop().await;
+}

@@ -1,0 +1,349 @@
+//! SRV and A answers of a real `dwara serve` used by the programs people point at
+//! it: HAProxy (`resolvers` + `server-template`, by SRV and by A) and Caddy
+//! (`reverse_proxy { dynamic srv }` and `dynamic a`, Go's resolver), in front of
+//! small HTTP backends on 127.0.0.x that answer with their own address. Real
+//! processes and real HTTP requests; every wait polls with a deadline.
+
+use std::collections::BTreeSet;
+use std::fmt::Write as _;
+use std::net::{IpAddr, SocketAddr, TcpStream};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use test_support::http_backend::HttpBackend;
+
+use crate::nameserver::Serve;
+
+/// How long a proxy may take to follow a change of the answers.
+const FOLLOW: Duration = Duration::from_secs(15);
+
+/// Whether `tool` is installed (see [`test_support::require`]: a missing tool fails
+/// the test under `cargo xtask ci`, else skips it with one line).
+fn require(tool: &str) -> bool {
+    let found = Command::new(tool)
+        .arg("-v")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .map_err(|e| format!("cannot run `{tool} -v`: {e}"));
+    test_support::require(tool, found)
+}
+
+/// A `dwara serve` on loopback checking registrations every 100 ms.
+fn dwara() -> Serve {
+    Serve::start(&[
+        "--dns-listen",
+        "127.0.0.1:0",
+        "--http-listen",
+        "127.0.0.1:0",
+        "--check-interval-ms",
+        "100",
+    ])
+}
+
+/// Registers `backend` under `fqdn` with its port and `form`'s extra fields.
+fn register(s: &Serve, id: &str, backend: SocketAddr, fqdn: &str, extra: &str) {
+    let form = format!("fqdn={fqdn}&port={}{extra}", backend.port());
+    let (status, body) = test_support::http::request(
+        s.http,
+        "PUT",
+        &format!("/name/{id}/{}", backend.ip()),
+        Some(&form),
+    );
+    assert_eq!(status, 204, "PUT {id}: {body}");
+}
+
+/// A proxy process, killed on drop.
+struct Proxy {
+    child: Child,
+    name: &'static str,
+}
+
+impl Proxy {
+    fn spawn(name: &'static str, cmd: &mut Command, listens: &[SocketAddr]) -> Self {
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::inherit())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let mut me = Self { child, name };
+        for addr in listens {
+            let up = poll(FOLLOW, || TcpStream::connect(addr).is_ok().then_some(()));
+            if up.is_none() {
+                let status = me.child.try_wait();
+                panic!("{name} does not listen on {addr} ({status:?})");
+            }
+        }
+        me
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        eprintln!("{} stopped", self.name);
+    }
+}
+
+/// Polls `f` every 50 ms until it gives something or `within` passes.
+fn poll<T>(within: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(v) = f() {
+            return Some(v);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The bodies of `n` GET requests through `proxy` (each a backend's address), or
+/// `None` when one of them fails or is not a 200.
+fn reached(proxy: SocketAddr, n: usize) -> Option<Vec<String>> {
+    let client = reqwest::blocking::Client::builder()
+        .timeout(Duration::from_secs(2))
+        .no_proxy()
+        .pool_max_idle_per_host(0)
+        .build()
+        .unwrap();
+    (0..n)
+        .map(|_| {
+            let resp = client.get(format!("http://{proxy}/")).send().ok()?;
+            if resp.status() != 200 {
+                return None;
+            }
+            Some(resp.text().ok()?.trim().to_owned())
+        })
+        .collect()
+}
+
+/// Waits until `n` requests through `proxy` all succeed and reach exactly `want`.
+fn await_reached(what: &str, proxy: SocketAddr, n: usize, want: &[&HttpBackend]) {
+    let want: BTreeSet<String> = want.iter().map(|b| b.addr().to_string()).collect();
+    let mut last = None;
+    let ok = poll(FOLLOW, || {
+        let got = reached(proxy, n);
+        let set = got
+            .as_ref()
+            .map(|g| g.iter().cloned().collect::<BTreeSet<_>>());
+        last = got;
+        (set.as_ref() == Some(&want)).then_some(())
+    });
+    assert!(
+        ok.is_some(),
+        "{what}: {n} requests through {proxy} did not reach exactly {want:?}; last: {last:?}"
+    );
+}
+
+/// HTTP backends on 127.0.0.`first`.. each on a port of its own.
+fn backends(first: u8, n: u8) -> Vec<HttpBackend> {
+    (first..first + n)
+        .map(|i| HttpBackend::start(IpAddr::from([127, 0, 0, i])).unwrap())
+        .collect()
+}
+
+/// HTTP backends on 127.0.0.`first`.. sharing one port (an A record has none).
+fn backends_on_one_port(first: u8, n: u8) -> Vec<HttpBackend> {
+    'retry: loop {
+        let one = HttpBackend::start(IpAddr::from([127, 0, 0, first])).unwrap();
+        let port = one.addr().port();
+        let mut all = vec![one];
+        for i in first + 1..first + n {
+            match HttpBackend::start_at(SocketAddr::from(([127, 0, 0, i], port))) {
+                Ok(b) => all.push(b),
+                Err(_) => continue 'retry,
+            }
+        }
+        return all;
+    }
+}
+
+fn free_loopback() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], test_support::free_port()))
+}
+
+/// The HAProxy configuration the README shows, with these addresses: a
+/// `server-template` by SRV and one by A, resolved by dwara at `dns`.
+fn haproxy_config(dns: SocketAddr, by_srv: SocketAddr, by_a: SocketAddr, a_port: u16) -> String {
+    let mut c = String::new();
+    let _ = write!(
+        c,
+        "\
+defaults
+    mode http
+    timeout connect 1s
+    timeout client 5s
+    timeout server 5s
+
+resolvers dwara
+    nameserver dwara {dns}
+    accepted_payload_size 4096
+    timeout resolve 200ms
+    timeout retry 200ms
+    hold valid 200ms
+    hold obsolete 0s
+
+frontend by_srv
+    bind {by_srv}
+    default_backend web_srv
+
+backend web_srv
+    balance roundrobin
+    server-template web 10 _http._tcp.web.weave.local resolvers dwara init-addr none
+
+frontend by_a
+    bind {by_a}
+    default_backend web_a
+
+backend web_a
+    balance roundrobin
+    server-template plain 10 plain.weave.local:{a_port} resolvers dwara init-addr none resolve-prefer ipv4
+"
+    );
+    c
+}
+
+#[test]
+fn haproxy_reaches_every_instance_by_srv_and_by_a_and_follows_changes() {
+    if !require("haproxy") {
+        return;
+    }
+    let s = dwara();
+    // Three instances of web, each on a port of its own, checked by dwara.
+    let mut web = backends(11, 3);
+    for (i, b) in web.iter().enumerate() {
+        let id = format!("web{i}");
+        register(
+            &s,
+            &id,
+            b.addr(),
+            "web.weave.local",
+            "&service=_http._tcp&check=tcp",
+        );
+    }
+    let plain = backends_on_one_port(21, 3);
+    for (i, b) in plain.iter().enumerate() {
+        register(&s, &format!("plain{i}"), b.addr(), "plain.weave.local", "");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (by_srv, by_a) = (free_loopback(), free_loopback());
+    let config = dir.path().join("haproxy.cfg");
+    let a_port = plain[0].addr().port();
+    std::fs::write(&config, haproxy_config(s.dns, by_srv, by_a, a_port)).unwrap();
+    let _haproxy = Proxy::spawn(
+        "haproxy",
+        Command::new("haproxy").arg("-db").arg("-f").arg(&config),
+        &[by_srv, by_a],
+    );
+    // Every instance at its own port, by SRV; every address by A.
+    await_reached("by SRV", by_srv, 12, &web.iter().collect::<Vec<_>>());
+    await_reached("by A", by_a, 12, &plain.iter().collect::<Vec<_>>());
+    // A deleted instance is left out.
+    let (status, _) = test_support::http::request(s.http, "DELETE", "/name/web1", None);
+    assert_eq!(status, 204);
+    await_reached("after a delete", by_srv, 12, &[&web[0], &web[2]]);
+    // An instance whose check fails is left out (HAProxy checks nothing itself).
+    let started = Instant::now();
+    web[2].stop();
+    await_reached("after a failing check", by_srv, 12, &[&web[0]]);
+    eprintln!(
+        "HAProxy followed a failing check=tcp in {:?}",
+        started.elapsed()
+    );
+}
+
+/// The Caddy configuration the README shows, with these addresses: `dynamic srv`
+/// and `dynamic a`, both resolved by dwara at `dns` (the SRV targets too, through
+/// the transport's resolver).
+fn caddy_config(dns: SocketAddr, by_srv: SocketAddr, by_a: SocketAddr, a_port: u16) -> String {
+    format!(
+        "\
+{{
+\tadmin off
+\tauto_https off
+}}
+
+http://:{srv_port} {{
+\tbind {srv_ip}
+\treverse_proxy {{
+\t\tdynamic srv _http._tcp.web.weave.local {{
+\t\t\trefresh 200ms
+\t\t\tresolvers {dns}
+\t\t}}
+\t\tlb_policy round_robin
+\t\ttransport http {{
+\t\t\tresolvers {dns}
+\t\t}}
+\t}}
+}}
+
+http://:{a_port_listen} {{
+\tbind {a_ip}
+\treverse_proxy {{
+\t\tdynamic a plain.weave.local {a_port} {{
+\t\t\trefresh 200ms
+\t\t\tresolvers {dns}
+\t\t}}
+\t\tlb_policy round_robin
+\t}}
+}}
+",
+        srv_port = by_srv.port(),
+        srv_ip = by_srv.ip(),
+        a_port_listen = by_a.port(),
+        a_ip = by_a.ip(),
+    )
+}
+
+fn caddy(dir: &Path, config: &Path, listens: &[SocketAddr]) -> Proxy {
+    Proxy::spawn(
+        "caddy",
+        Command::new("caddy")
+            .args(["run", "--adapter", "caddyfile", "--config"])
+            .arg(config)
+            // Caddy keeps its state under these; the test's own directory.
+            .env("HOME", dir)
+            .env("XDG_DATA_HOME", dir)
+            .env("XDG_CONFIG_HOME", dir),
+        listens,
+    )
+}
+
+#[test]
+fn caddy_reaches_every_instance_by_srv_and_by_a() {
+    if !require("caddy") {
+        return;
+    }
+    let s = dwara();
+    let web = backends(31, 3);
+    for (i, b) in web.iter().enumerate() {
+        register(
+            &s,
+            &format!("web{i}"),
+            b.addr(),
+            "web.weave.local",
+            "&service=_http._tcp",
+        );
+    }
+    let plain = backends_on_one_port(41, 3);
+    for (i, b) in plain.iter().enumerate() {
+        register(&s, &format!("plain{i}"), b.addr(), "plain.weave.local", "");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (by_srv, by_a) = (free_loopback(), free_loopback());
+    let config = dir.path().join("Caddyfile");
+    let a_port = plain[0].addr().port();
+    std::fs::write(&config, caddy_config(s.dns, by_srv, by_a, a_port)).unwrap();
+    let _caddy = caddy(dir.path(), &config, &[by_srv, by_a]);
+    await_reached("by SRV", by_srv, 12, &web.iter().collect::<Vec<_>>());
+    await_reached("by A", by_a, 12, &plain.iter().collect::<Vec<_>>());
+    // A deleted instance is left out at the next refresh.
+    let (status, _) = test_support::http::request(s.http, "DELETE", "/name/web1", None);
+    assert_eq!(status, 204);
+    await_reached("after a delete", by_srv, 12, &[&web[0], &web[2]]);
+}
