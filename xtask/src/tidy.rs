@@ -250,7 +250,6 @@ mod tests {
         "crates/fuzz-checks/src/dns.rs::check_udp",
         "crates/nameserver/src/metrics.rs::encode",
         "crates/dwara/src/config.rs::validate",
-        "crates/test-support/src/dig.rs::parse",
     ];
 
     /// The most lines a function of a library crate may have.

@@ -80,7 +80,7 @@ const CATCH_UP_BYTES: usize = 32 * 1024;
 /// The key a node sets last in every change of its entries. Its value is only there to
 /// change (the version it is set at); what counts is that it is the newest key: a
 /// receiver whose copy of the node's state ends with it has every key as of that
-/// change, so an entry no key holds any more is really gone (see [`Holdings`]).
+/// change, so an entry no key holds any more is really gone (see [`receive::Holdings`]).
 const META_KEY: &str = "m";
 
 fn is_entry_key(key: &str) -> bool {

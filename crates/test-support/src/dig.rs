@@ -194,17 +194,8 @@ pub fn parse(raw: &str) -> Option<DigAnswer> {
                 section = Section::Other;
             }
         } else if section != Section::Other && section != Section::Opt {
-            let mut w = line.split_whitespace();
-            let (Some(name), Some(ttl), Some(_class), Some(rtype)) =
-                (w.next(), w.next(), w.next(), w.next())
-            else {
+            let Some(rec) = record_line(line) else {
                 continue;
-            };
-            let rec = DigRecord {
-                name: name.to_owned(),
-                ttl: ttl.parse().unwrap_or(u32::MAX),
-                rtype: rtype.to_owned(),
-                data: w.collect::<Vec<_>>().join(" "),
             };
             match section {
                 Section::Answer => answers.push(rec),
@@ -226,6 +217,18 @@ pub fn parse(raw: &str) -> Option<DigAnswer> {
         edns_flags,
         edns_options,
         raw: raw.to_owned(),
+    })
+}
+
+/// One record line of a section: `name ttl class type data…`.
+fn record_line(line: &str) -> Option<DigRecord> {
+    let mut w = line.split_whitespace();
+    let (name, ttl, _class, rtype) = (w.next()?, w.next()?, w.next()?, w.next()?);
+    Some(DigRecord {
+        name: name.to_owned(),
+        ttl: ttl.parse().unwrap_or(u32::MAX),
+        rtype: rtype.to_owned(),
+        data: w.collect::<Vec<_>>().join(" "),
     })
 }
 

@@ -118,7 +118,7 @@ struct Incarnation<'a> {
 /// along, so an entry whose service changed (its key set again with the new item,
 /// or, while buckets move, two keys briefly holding it with different services) is
 /// applied again with the service of the item acquired last.
-struct Holdings {
+pub(super) struct Holdings {
     /// Entries some key holds.
     held: HashMap<Item, Held>,
     /// Entries released by their last key, not yet tombstones.

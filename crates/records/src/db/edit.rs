@@ -8,7 +8,7 @@
 //! 2. Still under that lock, [`mark_served`] works out in one pass over the name's
 //!    records which of them are answered (`serve`, `srv_serve`, `srv_addr`) and the
 //!    state of every address of the name for the PTR index ([`AddrState`]).
-//! 3. After the lock, [`Db::update_addr_index`] and [`Db::update_id_index`] keep the
+//! 3. After the lock, [`Db::update_addr_index`] and [`update_id_index`] keep the
 //!    address and id indexes in step.
 //! 4. [`Db::publish`] counts the change and broadcasts it.
 //!
