@@ -24,7 +24,8 @@ mod tests {
         ("dwara-discovery-dns", 105),
         ("dwara-discovery-consul", 40),
         ("dwara-discovery-k8s", 40),
-        ("dwara-proxy", 137),
+        // The HTTP path (hyper server and client, the dial-path DNS cache).
+        ("dwara-proxy", 145),
         ("dwara-records", 69),
         ("dwara-store", 21),
         ("dwara-nameserver", 114),
