@@ -13,7 +13,8 @@
 //! - `cargo xtask bench [ARGS]` runs the criterion benchmarks.
 //! - `cargo xtask perf dns [--names N]` compares the name server with dnsmasq and unbound.
 //! - `cargo xtask perf store [--names N] [--connections C]` times HTTP registration in
-//!   memory vs with `--data-dir`.
+//!   memory vs with `--data-dir`; `perf store --one-name` times `N` instances of one
+//!   name against `N` distinct names.
 //! - `cargo xtask perf cluster [--sizes 3,5,10] [--sync 10000,50000]` times gossip
 //!   replication between `dwara serve` processes; `perf cluster --faults` runs the
 //!   network fault scenarios, `perf cluster --simulate 100,1000` the in-process
@@ -73,7 +74,7 @@ commands:
   fuzz [TARGET...] [--seconds N] [--idle]
   image [--tag T] [--debug] [--no-save]
   perf dns [--names N]
-  perf store [--names N] [--connections C] [--rounds R] [--dir PARENT]
+  perf store [--one-name] [--names N] [--connections C] [--rounds R] [--dir PARENT]
   perf cluster [--sizes 3,5,10] [--sync 10000,50000] | --faults | --simulate 100,1000
   perf l4 [--rounds R] [--seconds S] [--proxies ...]
   perf http [--rounds R] [--seconds S]

@@ -3,7 +3,13 @@
 //!
 //! ```text
 //! cargo xtask perf store [--names N] [--connections C] [--rounds R] [--dir PARENT]
+//! cargo xtask perf store --one-name [--names N] [--connections C] [--rounds R]
 //! ```
+//!
+//! With `--one-name` it compares instead, in memory, `N` registrations of one name
+//! (`N` instances of `svc.weave.local`, one address each) with `N` distinct names:
+//! the cost of the records' edit path, which is linear in the records of the name
+//! being changed.
 //!
 //! Each round starts `dwara serve` (release build) twice, once in memory and once
 //! with a fresh data dir under `PARENT` (default: the system temp dir; it must be a
@@ -31,6 +37,25 @@ struct Options {
     connections: usize,
     rounds: usize,
     dir: PathBuf,
+    one_name: bool,
+}
+
+/// What the registrations name.
+#[derive(Clone, Copy)]
+enum Shape {
+    /// `nI.weave.local`: one name per registration.
+    Distinct,
+    /// `svc.weave.local` for every registration: one name with `N` instances.
+    OneName,
+}
+
+impl Shape {
+    fn fqdn(self, i: usize) -> String {
+        match self {
+            Shape::Distinct => format!("n{i}.weave.local"),
+            Shape::OneName => "svc.weave.local".to_owned(),
+        }
+    }
 }
 
 fn parse_args(args: &[String]) -> anyhow::Result<Options> {
@@ -39,9 +64,14 @@ fn parse_args(args: &[String]) -> anyhow::Result<Options> {
         connections: 64,
         rounds: 3,
         dir: std::env::temp_dir(),
+        one_name: false,
     };
     let mut it = args.iter();
     while let Some(flag) = it.next() {
+        if flag == "--one-name" {
+            opts.one_name = true;
+            continue;
+        }
         let value = it.next().with_context(|| format!("{flag} needs a value"))?;
         match flag.as_str() {
             "--names" => opts.names = value.parse().context("--names")?,
@@ -91,13 +121,14 @@ async fn register_share(
     k: usize,
     step: usize,
     n: usize,
+    shape: Shape,
 ) -> anyhow::Result<()> {
     for i in (k..n).step_by(step) {
         let ip = Ipv4Addr::from(0x0a00_0000 + u32::try_from(i)?);
         let resp = client
             .put(format!("http://{http}/name/c{i}/{ip}"))
             .header("content-type", "application/x-www-form-urlencoded")
-            .body(format!("fqdn=n{i}.weave.local"))
+            .body(format!("fqdn={}", shape.fqdn(i)))
             .send()
             .await?;
         if resp.status().as_u16() != 204 {
@@ -114,7 +145,7 @@ async fn register_share(
 /// Registers `n` names over `c` connections (one task each, on the async client: the
 /// blocking one funnels every request through one runtime thread and measured the
 /// client, not the server); returns the time taken.
-fn register(http: SocketAddr, n: usize, c: usize) -> anyhow::Result<Duration> {
+fn register(http: SocketAddr, n: usize, c: usize, shape: Shape) -> anyhow::Result<Duration> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -127,7 +158,7 @@ fn register(http: SocketAddr, n: usize, c: usize) -> anyhow::Result<Duration> {
             .build()?;
         let started = Instant::now();
         let tasks: Vec<_> = (0..c)
-            .map(|k| tokio::spawn(register_share(client.clone(), http, k, c, n)))
+            .map(|k| tokio::spawn(register_share(client.clone(), http, k, c, n, shape)))
             .collect();
         for t in tasks {
             t.await??;
@@ -158,6 +189,9 @@ pub(crate) fn run(args: &[String]) -> anyhow::Result<()> {
     let parent = opts
         .dir
         .join(format!("dwara-perf-store-{}", std::process::id()));
+    if opts.one_name {
+        return run_one_name(&opts);
+    }
     std::fs::create_dir_all(&parent)?;
     let result = run_in(&parent, &opts);
     let _ = std::fs::remove_dir_all(&parent);
@@ -174,13 +208,13 @@ fn run_in(parent: &Path, opts: &Options) -> anyhow::Result<()> {
     let (mut memory, mut durable, mut restart) = (Vec::new(), Vec::new(), Vec::new());
     for round in 0..opts.rounds {
         let d = start(None)?;
-        let t = register(d.http, n, c)?;
+        let t = register(d.http, n, c, Shape::Distinct)?;
         drop(d);
         memory.push(t);
 
         let dir = parent.join(format!("round-{round}"));
         let d = start(Some(&dir))?;
-        let td = register(d.http, n, c)?;
+        let td = register(d.http, n, c, Shape::Distinct)?;
         drop(d); // SIGKILL
         durable.push(td);
 
@@ -212,6 +246,46 @@ fn run_in(parent: &Path, opts: &Options) -> anyhow::Result<()> {
         rate(dd),
         dd.as_secs_f64() / m.as_secs_f64(),
         r.as_secs_f64()
+    );
+    Ok(())
+}
+
+/// `--one-name`: `N` instances of one name against `N` distinct names, in memory,
+/// interleaved per round.
+fn run_one_name(opts: &Options) -> anyhow::Result<()> {
+    let (n, c) = (opts.names, opts.connections);
+    println!(
+        "perf store --one-name: {n} registrations over {c} keep-alive connections, {} rounds, in memory",
+        opts.rounds
+    );
+    let (mut distinct, mut one) = (Vec::new(), Vec::new());
+    for round in 0..opts.rounds {
+        let d = start(None)?;
+        let td = register(d.http, n, c, Shape::Distinct)?;
+        drop(d);
+        let d = start(None)?;
+        let to = register(d.http, n, c, Shape::OneName)?;
+        let loaded = count_entries(d.http)?;
+        drop(d);
+        if loaded != n {
+            bail!("{loaded} of {n} instances of svc.weave.local are listed");
+        }
+        distinct.push(td);
+        one.push(to);
+        println!(
+            "round {}: distinct names {:.2} s, one name {:.2} s ({:.2}x)",
+            round + 1,
+            td.as_secs_f64(),
+            to.as_secs_f64(),
+            to.as_secs_f64() / td.as_secs_f64()
+        );
+    }
+    let (d, o) = (median(distinct), median(one));
+    println!(
+        "median: distinct names {:.2} s, one name {:.2} s: one name / distinct = {:.2}x",
+        d.as_secs_f64(),
+        o.as_secs_f64(),
+        o.as_secs_f64() / d.as_secs_f64()
     );
     Ok(())
 }
