@@ -248,7 +248,6 @@ mod tests {
         "crates/nameserver/src/server.rs::start",
         // Not split yet.
         "crates/fuzz-checks/src/dns.rs::check_udp",
-        "crates/nameserver/src/metrics.rs::encode",
         "crates/dwara/src/config.rs::validate",
     ];
 

@@ -308,8 +308,9 @@ fn counter(
     c.encode(encoder.encode_descriptor(name, help, None, c.metric_type())?)
 }
 
-impl Collector for NameServerCollector {
-    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+impl NameServerCollector {
+    /// The DNS server's counters, summed over the workers' blocks.
+    fn encode_dns(&self, encoder: &mut DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
         let blocks = self.metrics.blocks();
         let sum = |f: &dyn Fn(&Counters) -> u64| -> u64 { blocks.iter().map(|b| f(b)).sum() };
         {
@@ -330,19 +331,19 @@ impl Collector for NameServerCollector {
             }
         }
         counter(
-            &mut encoder,
+            encoder,
             "dwara_dns_forwarded",
             "DNS queries sent to the fallback servers",
             sum(&|b| b.forwarded.load(Relaxed)),
         )?;
         counter(
-            &mut encoder,
+            encoder,
             "dwara_dns_forward_failures",
             "Forwarded queries no fallback server answered (SERVFAIL sent)",
             sum(&|b| b.forward_failures.load(Relaxed)),
         )?;
         counter(
-            &mut encoder,
+            encoder,
             "dwara_dns_dropped",
             "DNS packets that got no answer (no header, or not a query)",
             sum(&|b| b.dropped.load(Relaxed)),
@@ -369,23 +370,28 @@ impl Collector for NameServerCollector {
             }
         }
         counter(
-            &mut encoder,
+            encoder,
             "dwara_dns_udp_request_bytes",
             "Bytes of DNS/UDP datagrams received",
             sum(&|b| b.udp_request_bytes.load(Relaxed)),
         )?;
         counter(
-            &mut encoder,
+            encoder,
             "dwara_dns_udp_reply_bytes",
             "Bytes of DNS/UDP replies sent (forwarded answers included)",
             sum(&|b| b.udp_reply_bytes.load(Relaxed)),
         )?;
         counter(
-            &mut encoder,
+            encoder,
             "dwara_dns_rate_limit_evictions",
             "Rate-limit buckets evicted from the full table while still limiting their prefix",
             self.metrics.evictions.load(Relaxed),
         )?;
+        Ok(())
+    }
+
+    /// The records database's entries and health, and the checks this node runs.
+    fn encode_records(&self, encoder: &mut DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
         let live = ConstGauge::new(i64::try_from(self.db.len()).unwrap_or(i64::MAX));
         live.encode(encoder.encode_descriptor(
             "dwara_records_entries",
@@ -434,6 +440,11 @@ impl Collector for NameServerCollector {
             None,
             running.metric_type(),
         )?)?;
+        Ok(())
+    }
+
+    /// The HTTP API's requests by status.
+    fn encode_http(&self, encoder: &mut DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
         let http: Vec<(u16, u64)> = self
             .metrics
             .http
@@ -451,6 +462,15 @@ impl Collector for NameServerCollector {
             let labels = [("status", status.to_string())];
             ConstCounter::new(v).encode(family.encode_family(&labels)?)?;
         }
+        Ok(())
+    }
+}
+
+impl Collector for NameServerCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        self.encode_dns(&mut encoder)?;
+        self.encode_records(&mut encoder)?;
+        self.encode_http(&mut encoder)?;
         if let Some(durable) = &self.durable {
             encode_store(&mut encoder, &durable.stats())?;
         }
