@@ -341,53 +341,16 @@ pub async fn run(
 
         let current = lb.endpoints();
         let decision = decide(&policy, &current, &result);
-        let mut changed = false;
-        match &decision {
-            Decision::Publish(set) => {
-                if lb.update(set.clone()) {
-                    let (added, removed) = diff(&current, set);
-                    stats.updates.fetch_add(1, Ordering::Relaxed);
-                    changed = true;
-                    info!(upstream = %upstream, endpoints = set.len(), ?added, ?removed, "endpoint set updated");
-                }
-            }
-            Decision::Clear => {
-                if lb.clear() {
-                    stats.updates.fetch_add(1, Ordering::Relaxed);
-                    stats.cleared.fetch_add(1, Ordering::Relaxed);
-                    changed = true;
-                    warn!(upstream = %upstream, removed = current.len(), "DNS failing and fail_open is false: endpoint set cleared until DNS recovers");
-                }
-            }
-            Decision::KeepBelowFloor => {
-                stats.below_floor.fetch_add(1, Ordering::Relaxed);
-                let got = result.as_ref().map_or(0, |r| r.endpoints.len());
-                warn!(upstream = %upstream, got, min_endpoints = policy.min_endpoints, kept = current.len(), "answer below min_endpoints: keeping the previous set");
-            }
-            Decision::KeepOnFailure => {}
-            Decision::Unchanged => {
-                debug!(upstream = %upstream, endpoints = current.len(), "endpoint set unchanged");
-            }
-        }
+        let changed = apply(
+            &upstream, &lb, &stats, &policy, &current, &decision, &result,
+        );
 
         let delay = next_delay(&policy, &result, failures, rng.random::<f64>());
         if let Err(e) = &result {
             let kept = matches!(decision, Decision::KeepOnFailure);
             warn!(upstream = %upstream, error = %e, consecutive_failures = failures, kept_endpoints = if kept { current.len() } else { 0 }, retry_in_ms = delay.as_millis() as u64, "discovery resolution failed");
         }
-        *stats.last.lock() = Some(LastResolution {
-            at_unix_ms: unix_ms(SystemTime::now()),
-            outcome,
-            decision: decision.label(),
-            answer_endpoints: result.as_ref().map_or(0, |r| r.endpoints.len()),
-            ttl_s: result
-                .as_ref()
-                .ok()
-                .and_then(|r| r.ttl)
-                .map(|t| t.as_secs()),
-            error: result.as_ref().err().map(ToString::to_string),
-            next_in_ms: u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
-        });
+        record_last(&stats, outcome, &decision, &result, delay);
         // Notify after `last` is recorded, so a watcher sees this resolution's outcome.
         if changed {
             stats.changes.send_modify(|v| *v += 1);
@@ -396,6 +359,71 @@ pub async fn run(
         due = Instant::now() + delay;
         wake = wait(&upstream, &mut changes, due).await;
     }
+}
+
+/// Carries a decision out on the load balancer, counting and logging it; whether
+/// the endpoint set changed.
+fn apply(
+    upstream: &str,
+    lb: &UpstreamLb,
+    stats: &DiscoveryStats,
+    policy: &RefreshPolicy,
+    current: &EndpointSet,
+    decision: &Decision,
+    result: &Result<Resolution, DiscoveryError>,
+) -> bool {
+    let mut changed = false;
+    match &decision {
+        Decision::Publish(set) => {
+            if lb.update(set.clone()) {
+                let (added, removed) = diff(current, set);
+                stats.updates.fetch_add(1, Ordering::Relaxed);
+                changed = true;
+                info!(upstream = %upstream, endpoints = set.len(), ?added, ?removed, "endpoint set updated");
+            }
+        }
+        Decision::Clear => {
+            if lb.clear() {
+                stats.updates.fetch_add(1, Ordering::Relaxed);
+                stats.cleared.fetch_add(1, Ordering::Relaxed);
+                changed = true;
+                warn!(upstream = %upstream, removed = current.len(), "DNS failing and fail_open is false: endpoint set cleared until DNS recovers");
+            }
+        }
+        Decision::KeepBelowFloor => {
+            stats.below_floor.fetch_add(1, Ordering::Relaxed);
+            let got = result.as_ref().map_or(0, |r| r.endpoints.len());
+            warn!(upstream = %upstream, got, min_endpoints = policy.min_endpoints, kept = current.len(), "answer below min_endpoints: keeping the previous set");
+        }
+        Decision::KeepOnFailure => {}
+        Decision::Unchanged => {
+            debug!(upstream = %upstream, endpoints = current.len(), "endpoint set unchanged");
+        }
+    }
+    changed
+}
+
+/// Records the resolution's outcome for `GET /upstreams`.
+fn record_last(
+    stats: &DiscoveryStats,
+    outcome: &'static str,
+    decision: &Decision,
+    result: &Result<Resolution, DiscoveryError>,
+    delay: Duration,
+) {
+    *stats.last.lock() = Some(LastResolution {
+        at_unix_ms: unix_ms(SystemTime::now()),
+        outcome,
+        decision: decision.label(),
+        answer_endpoints: result.as_ref().map_or(0, |r| r.endpoints.len()),
+        ttl_s: result
+            .as_ref()
+            .ok()
+            .and_then(|r| r.ttl)
+            .map(|t| t.as_secs()),
+        error: result.as_ref().err().map(ToString::to_string),
+        next_in_ms: u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
+    });
 }
 
 /// What ended a wait of the loop.
