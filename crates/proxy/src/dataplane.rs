@@ -40,7 +40,7 @@ use tracing::{info, warn};
 use crate::Error;
 use crate::config::UpstreamConfig;
 use crate::forward::Target;
-use crate::plan::{LbPlan, ListenerPlan, plan};
+use crate::plan::{LbPlan, ListenerPlan, UpstreamPlan, plan};
 use crate::workers::{self, WorkerStats, Workers};
 
 /// One upstream of a generation.
@@ -151,6 +151,82 @@ impl Dataplane {
     pub fn generation(&self) -> Arc<Generation> {
         self.current.load_full()
     }
+    /// Builds upstream `i` of a plan: its load balancer (kept or new), its HTTP side,
+    /// its target and its discovery.
+    fn build_upstream(
+        &self,
+        i: usize,
+        p: &UpstreamPlan,
+        old: &Generation,
+    ) -> Result<Arc<Upstream>, Error> {
+        let up = &p.config;
+        let lb = match p.lb {
+            LbPlan::Keep(prev) => old.upstreams[prev].target.lb.clone(),
+            LbPlan::New(reason) => {
+                if p.counters_from.is_some() {
+                    info!(upstream = %up.name, ?reason, "new load balancer: the previous endpoints are dropped");
+                }
+                let mut lb = UpstreamLb::builder(up.policy);
+                if let Some(e) = up.ejection {
+                    lb = lb.ejection(e.to_lb());
+                }
+                Arc::new(lb.build())
+            }
+        };
+        let prev = p.counters_from.map(|i| &old.upstreams[i]);
+        let conn_stats = prev.map_or_else(Default::default, |p| p.target.stats.clone());
+        let disc_stats = prev.map_or_else(
+            || Arc::new(DiscoveryStats::default()),
+            |p| {
+                p.discovery
+                    .as_ref()
+                    .map_or_else(Default::default, |d| d.stats.clone())
+            },
+        );
+        let name: Arc<str> = up.name.as_str().into();
+        let http = crate::build::http_upstream(i, up, &lb, p, old, &self.http_shutdown)?;
+        let target = Arc::new(Target {
+            name: name.clone(),
+            policy: up.policy,
+            lb: lb.clone(),
+            stats: conn_stats,
+            connect_timeout: Duration::from_millis(up.connect_timeout_ms),
+            http,
+        });
+        let discovery = match &up.dns_discovery {
+            Some(dns) => {
+                let key = format!("upstreams[{i}].dns_discovery");
+                let local = self.local.get().and_then(|l| l.source(&up.name, dns));
+                let source: Arc<dyn DiscoverySource> = match local {
+                    Some(source) => source,
+                    None => Arc::new(
+                        DnsSource::new(dns).map_err(|source| Error::Discovery { key, source })?,
+                    ),
+                };
+                Some(UpstreamDiscovery {
+                    name,
+                    lb,
+                    source,
+                    policy: dns.refresh_policy(),
+                    stats: disc_stats,
+                })
+            }
+            // Validation lets only an HTTP upstream with `address:` through
+            // without a DNS block (the other blocks are stubs).
+            None if up.address.is_some() => None,
+            None => {
+                return Err(Error::InvalidConfig {
+                    key: format!("upstreams[{i}]"),
+                    message: "needs a discovery block (dns_discovery)".into(),
+                });
+            }
+        };
+        Ok(Arc::new(Upstream {
+            config: up.clone(),
+            target,
+            discovery,
+        }))
+    }
 
     /// Applies validated upstreams (see [`crate::validate_upstreams`]) as the next
     /// generation and returns its number. On any error nothing has changed.
@@ -166,74 +242,7 @@ impl Dataplane {
         // Build: sources and load balancers.
         let mut upstreams = Vec::with_capacity(plan.upstreams.len());
         for (i, p) in plan.upstreams.iter().enumerate() {
-            let up = &p.config;
-            let lb = match p.lb {
-                LbPlan::Keep(prev) => old.upstreams[prev].target.lb.clone(),
-                LbPlan::New(reason) => {
-                    if p.counters_from.is_some() {
-                        info!(upstream = %up.name, ?reason, "new load balancer: the previous endpoints are dropped");
-                    }
-                    let mut lb = UpstreamLb::builder(up.policy);
-                    if let Some(e) = up.ejection {
-                        lb = lb.ejection(e.to_lb());
-                    }
-                    Arc::new(lb.build())
-                }
-            };
-            let prev = p.counters_from.map(|i| &old.upstreams[i]);
-            let conn_stats = prev.map_or_else(Default::default, |p| p.target.stats.clone());
-            let disc_stats = prev.map_or_else(
-                || Arc::new(DiscoveryStats::default()),
-                |p| {
-                    p.discovery
-                        .as_ref()
-                        .map_or_else(Default::default, |d| d.stats.clone())
-                },
-            );
-            let name: Arc<str> = up.name.as_str().into();
-            let http = crate::build::http_upstream(i, up, &lb, p, &old, &self.http_shutdown)?;
-            let target = Arc::new(Target {
-                name: name.clone(),
-                policy: up.policy,
-                lb: lb.clone(),
-                stats: conn_stats,
-                connect_timeout: Duration::from_millis(up.connect_timeout_ms),
-                http,
-            });
-            let discovery = match &up.dns_discovery {
-                Some(dns) => {
-                    let key = format!("upstreams[{i}].dns_discovery");
-                    let local = self.local.get().and_then(|l| l.source(&up.name, dns));
-                    let source: Arc<dyn DiscoverySource> = match local {
-                        Some(source) => source,
-                        None => Arc::new(
-                            DnsSource::new(dns)
-                                .map_err(|source| Error::Discovery { key, source })?,
-                        ),
-                    };
-                    Some(UpstreamDiscovery {
-                        name,
-                        lb,
-                        source,
-                        policy: dns.refresh_policy(),
-                        stats: disc_stats,
-                    })
-                }
-                // Validation lets only an HTTP upstream with `address:` through
-                // without a DNS block (the other blocks are stubs).
-                None if up.address.is_some() => None,
-                None => {
-                    return Err(Error::InvalidConfig {
-                        key: format!("upstreams[{i}]"),
-                        message: "needs a discovery block (dns_discovery)".into(),
-                    });
-                }
-            };
-            upstreams.push(Arc::new(Upstream {
-                config: up.clone(),
-                target,
-                discovery,
-            }));
+            upstreams.push(self.build_upstream(i, p, &old)?);
         }
 
         // Bind every new address before changing anything.
