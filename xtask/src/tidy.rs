@@ -246,7 +246,6 @@ mod tests {
         "crates/nameserver/src/server.rs::start",
         // Not split yet.
         "crates/fuzz-checks/src/dns.rs::check_udp",
-        "crates/dwara/src/config.rs::validate",
     ];
 
     /// The most lines a function of a library crate may have.

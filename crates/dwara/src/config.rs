@@ -246,120 +246,142 @@ impl Config {
             }));
         }
         if let Some(ns) = &self.nameserver {
-            if ns.ttl == Some(0) {
-                // TTL 0 is legal DNS but defeats every cache in front of us; say so.
-                tracing::warn!("nameserver.ttl is 0: answers will not be cached by clients");
-            }
-            if ns.tombstone_grace_s == Some(0) {
-                return Err(ConfigError::Section {
-                    section: "nameserver",
-                    key: "tombstone_grace_s",
-                    message: "must be at least 1 second".into(),
-                });
-            }
-            for entry in &ns.dns_allow {
-                entry.parse::<dwara_nameserver::AllowEntry>().map_err(|e| {
-                    ConfigError::Section {
-                        section: "nameserver",
-                        key: "dns_allow",
-                        message: e.to_string(),
-                    }
-                })?;
-            }
-            if let Some(slip) = ns.dns_rate_limit_slip.filter(|s| *s > MAX_SLIP) {
-                return Err(ConfigError::Section {
-                    section: "nameserver",
-                    key: "dns_rate_limit_slip",
-                    message: format!("must be 0..={MAX_SLIP}, got {slip}"),
-                });
-            }
-            if ns.http_token_reads == Some(true) && ns.http_token_file.is_none() {
-                return Err(ConfigError::Section {
-                    section: "nameserver",
-                    key: "http_token_reads",
-                    message: "needs http_token_file".into(),
-                });
-            }
-            if let Some(v) = ns
-                .check_interval_ms
-                .filter(|v| !(1..=MAX_CHECK_INTERVAL_MS).contains(v))
-            {
-                return Err(ConfigError::Section {
-                    section: "nameserver",
-                    key: "check_interval_ms",
-                    message: format!("must be 1..={MAX_CHECK_INTERVAL_MS}, got {v}"),
-                });
-            }
-            if let Some(v) = ns
-                .check_misses
-                .filter(|v| !(1..=MAX_CHECK_MISSES).contains(v))
-            {
-                return Err(ConfigError::Section {
-                    section: "nameserver",
-                    key: "check_misses",
-                    message: format!("must be 1..={MAX_CHECK_MISSES}, got {v}"),
-                });
-            }
-            for (key, min, max) in NAMESERVER_LIMITS {
-                if let Some(v) = ns.limit(key).filter(|v| !(min..=max).contains(v)) {
-                    return Err(ConfigError::Section {
-                        section: "nameserver",
-                        key,
-                        message: format!("must be {min}..={max}, got {v}"),
-                    });
-                }
-            }
+            validate_nameserver(ns)?;
         }
-        let section = |section, key, message: String| ConfigError::Section {
-            section,
-            key,
-            message,
-        };
         if let Some(c) = &self.cluster {
-            if c.gossip_interval_ms == Some(0) {
-                return Err(section(
-                    "cluster",
-                    "gossip_interval_ms",
-                    "must be at least 1".into(),
-                ));
-            }
-            if c.push_fanout == Some(0) {
-                return Err(section(
-                    "cluster",
-                    "push_fanout",
-                    "must be at least 1 (0 would leave every change to the periodic rounds)".into(),
-                ));
-            }
-            if c.node_id
-                .as_deref()
-                .is_some_and(|n| n.is_empty() || n.len() > 255)
-            {
-                return Err(section(
-                    "cluster",
-                    "node_id",
-                    "must be 1 to 255 bytes".into(),
-                ));
-            }
-            if c.phi_threshold.is_some_and(|p| !(p.is_finite() && p > 0.0)) {
-                return Err(section(
-                    "cluster",
-                    "phi_threshold",
-                    "must be a positive number".into(),
-                ));
-            }
+            validate_cluster(c)?;
         }
         if let Some(d) = &self.docker {
-            if let Some(mode) = &d.mode {
-                mode.parse::<dwara_docker::DockerMode>()
-                    .map_err(|e| section("docker", "mode", e.to_string()))?;
-            }
-            if let Some(names) = &d.names {
-                names
-                    .parse::<dwara_docker::NameSources>()
-                    .map_err(|e| section("docker", "names", e.to_string()))?;
-            }
+            validate_docker(d)?;
         }
         Ok(())
+    }
+}
+
+/// The `nameserver:` section's values that serde cannot check.
+fn validate_nameserver(ns: &NameServerSection) -> Result<(), ConfigError> {
+    if ns.ttl == Some(0) {
+        // TTL 0 is legal DNS but defeats every cache in front of us; say so.
+        tracing::warn!("nameserver.ttl is 0: answers will not be cached by clients");
+    }
+    if ns.tombstone_grace_s == Some(0) {
+        return Err(ConfigError::Section {
+            section: "nameserver",
+            key: "tombstone_grace_s",
+            message: "must be at least 1 second".into(),
+        });
+    }
+    for entry in &ns.dns_allow {
+        entry
+            .parse::<dwara_nameserver::AllowEntry>()
+            .map_err(|e| ConfigError::Section {
+                section: "nameserver",
+                key: "dns_allow",
+                message: e.to_string(),
+            })?;
+    }
+    if let Some(slip) = ns.dns_rate_limit_slip.filter(|s| *s > MAX_SLIP) {
+        return Err(ConfigError::Section {
+            section: "nameserver",
+            key: "dns_rate_limit_slip",
+            message: format!("must be 0..={MAX_SLIP}, got {slip}"),
+        });
+    }
+    if ns.http_token_reads == Some(true) && ns.http_token_file.is_none() {
+        return Err(ConfigError::Section {
+            section: "nameserver",
+            key: "http_token_reads",
+            message: "needs http_token_file".into(),
+        });
+    }
+    if let Some(v) = ns
+        .check_interval_ms
+        .filter(|v| !(1..=MAX_CHECK_INTERVAL_MS).contains(v))
+    {
+        return Err(ConfigError::Section {
+            section: "nameserver",
+            key: "check_interval_ms",
+            message: format!("must be 1..={MAX_CHECK_INTERVAL_MS}, got {v}"),
+        });
+    }
+    if let Some(v) = ns
+        .check_misses
+        .filter(|v| !(1..=MAX_CHECK_MISSES).contains(v))
+    {
+        return Err(ConfigError::Section {
+            section: "nameserver",
+            key: "check_misses",
+            message: format!("must be 1..={MAX_CHECK_MISSES}, got {v}"),
+        });
+    }
+    for (key, min, max) in NAMESERVER_LIMITS {
+        if let Some(v) = ns.limit(key).filter(|v| !(min..=max).contains(v)) {
+            return Err(ConfigError::Section {
+                section: "nameserver",
+                key,
+                message: format!("must be {min}..={max}, got {v}"),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The `cluster:` section's values that serde cannot check.
+fn validate_cluster(c: &ClusterSection) -> Result<(), ConfigError> {
+    if c.gossip_interval_ms == Some(0) {
+        return Err(section(
+            "cluster",
+            "gossip_interval_ms",
+            "must be at least 1".into(),
+        ));
+    }
+    if c.push_fanout == Some(0) {
+        return Err(section(
+            "cluster",
+            "push_fanout",
+            "must be at least 1 (0 would leave every change to the periodic rounds)".into(),
+        ));
+    }
+    if c.node_id
+        .as_deref()
+        .is_some_and(|n| n.is_empty() || n.len() > 255)
+    {
+        return Err(section(
+            "cluster",
+            "node_id",
+            "must be 1 to 255 bytes".into(),
+        ));
+    }
+    if c.phi_threshold.is_some_and(|p| !(p.is_finite() && p > 0.0)) {
+        return Err(section(
+            "cluster",
+            "phi_threshold",
+            "must be a positive number".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// The `docker:` section's values that serde cannot check.
+fn validate_docker(d: &DockerSection) -> Result<(), ConfigError> {
+    if let Some(mode) = &d.mode {
+        mode.parse::<dwara_docker::DockerMode>()
+            .map_err(|e| section("docker", "mode", e.to_string()))?;
+    }
+    if let Some(names) = &d.names {
+        names
+            .parse::<dwara_docker::NameSources>()
+            .map_err(|e| section("docker", "names", e.to_string()))?;
+    }
+    Ok(())
+}
+
+/// A `ConfigError` for `key` of `section`.
+fn section(section: &'static str, key: &'static str, message: String) -> ConfigError {
+    ConfigError::Section {
+        section,
+        key,
+        message,
     }
 }
 
