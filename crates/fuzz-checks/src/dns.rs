@@ -30,7 +30,8 @@ const AAAA_LEN: usize = 28;
 /// The size of an SRV record whose owner is a compression pointer and whose target,
 /// written out, is `target`.
 fn srv_len(target: &Name) -> usize {
-    18 + target.len()
+    // Wire form: a length byte per label, the labels, the root's zero byte.
+    18 + target.iter().map(|l| 1 + l.len()).sum::<usize>() + 1
 }
 
 /// The target name of the instance at `ip`: `<hex address>.addr.weave.local.`,
