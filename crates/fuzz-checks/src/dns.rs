@@ -30,7 +30,8 @@ const AAAA_LEN: usize = 28;
 /// The size of an SRV record whose owner is a compression pointer and whose target,
 /// written out, is `target`.
 fn srv_len(target: &Name) -> usize {
-    18 + target.len()
+    // Wire form: a length byte per label, the labels, the root's zero byte.
+    18 + target.iter().map(|l| 1 + l.len()).sum::<usize>() + 1
 }
 
 /// The target name of the instance at `ip`: `<hex address>.addr.weave.local.`,
@@ -576,7 +577,7 @@ fn check_srv(decoded: &Message, reply_len: usize, limit: usize, qname: &Name, in
 /// truncated (then only their number: each path picks its own subset), authority
 /// and additional records as sets; when the reply to a query allowing `limit` bytes
 /// has no room for one more AAAA record, the additional addresses may be a subset
-/// (SRV answers cut them without TC), and only their owners and types count.
+/// (SRV answers cut them without TC), and only their number per type counts.
 pub(crate) fn comparable(
     reply: &[u8],
     limit: usize,
@@ -594,8 +595,10 @@ pub(crate) fn comparable(
         .additionals
         .iter()
         .map(|r| match r.record_type() {
+            // Each SRV target has its own name: a cut keeps different owners on
+            // each path, but as many of each type.
             RecordType::A | RecordType::AAAA if may_be_cut => {
-                format!("{} {} {}", r.name, r.ttl, r.record_type())
+                format!("{} {}", r.ttl, r.record_type())
             }
             _ => format!("{r}"),
         })
