@@ -309,14 +309,7 @@ impl DnsServer {
         let addr = tcp
             .local_addr()
             .map_err(|e| io_err("DNS/TCP local address", e))?;
-        for sock in &udp {
-            sock.set_read_timeout(Some(UDP_POLL))
-                .map_err(|e| io_err("setting the DNS/UDP read timeout", e))?;
-        }
-        if config.udp_recv_buffer > 0 {
-            set_recv_buffers(&udp, config.udp_recv_buffer)
-                .map_err(|e| io_err("setting the DNS/UDP receive buffer", e))?;
-        }
+        prepare_udp(&udp, config.udp_recv_buffer)?;
         let sockets = if udp.len() == worker_count {
             "one SO_REUSEPORT socket each"
         } else {
@@ -338,36 +331,19 @@ impl DnsServer {
             0 | 1 => None,
             n => Some(n.min(udp_batch::MAX_BATCH)),
         };
-        let mut workers = Vec::new();
-        for i in 0..worker_count {
-            let own = &udp[i % udp.len()];
-            let sock = if udp.len() == worker_count {
-                own.clone()
-            } else {
-                let clone = own
-                    .try_clone()
-                    .map_err(|e| io_err("cloning the DNS/UDP socket", e))?;
-                Arc::new(clone)
-            };
-            let ctx = UdpWorker {
-                sock,
-                batch,
-                pktinfo,
-                handler: handler.clone(),
-                guard: guard.clone(),
-                counters: metrics.worker_block(),
-                shared: metrics.shared().clone(),
-                forwarder: forwarder.clone(),
-                forwards: forwards.clone(),
-                runtime: runtime.clone(),
-                stop: stop.clone(),
-            };
-            let worker = std::thread::Builder::new()
-                .name(format!("dwara-dns-udp-{i}"))
-                .spawn(move || ctx.run())
-                .map_err(|e| io_err("spawning a DNS/UDP worker", e))?;
-            workers.push(worker);
-        }
+        let workers = spawn_udp_workers(&udp, worker_count, |sock| UdpWorker {
+            sock,
+            batch,
+            pktinfo,
+            handler: handler.clone(),
+            guard: guard.clone(),
+            counters: metrics.worker_block(),
+            shared: metrics.shared().clone(),
+            forwarder: forwarder.clone(),
+            forwards: forwards.clone(),
+            runtime: runtime.clone(),
+            stop: stop.clone(),
+        })?;
         let allow_list = guard.allow_list().clone();
         let tcp = tokio::spawn(serve_tcp(
             tcp,
@@ -427,6 +403,57 @@ impl Drop for DnsServer {
         self.stop.store(true, Ordering::Relaxed);
         self.tcp.abort();
     }
+}
+/// The UDP sockets' read timeout (the workers' stop poll) and, when asked, their
+/// receive queue.
+fn prepare_udp(udp: &[UdpSocket], recv_buffer: usize) -> Result<()> {
+    for sock in udp {
+        sock.set_read_timeout(Some(UDP_POLL))
+            .map_err(|source| Error::Io {
+                context: "setting the DNS/UDP read timeout".to_owned(),
+                source,
+            })?;
+    }
+    if recv_buffer > 0 {
+        set_recv_buffers(udp, recv_buffer).map_err(|source| Error::Io {
+            context: "setting the DNS/UDP receive buffer".to_owned(),
+            source,
+        })?;
+    }
+    Ok(())
+}
+
+/// Starts `count` UDP worker threads, each on its own `SO_REUSEPORT` socket when
+/// there is one per worker, else on a clone of a shared one; `worker` builds each
+/// worker's context around its socket.
+fn spawn_udp_workers(
+    udp: &[Arc<UdpSocket>],
+    count: usize,
+    worker: impl Fn(Arc<UdpSocket>) -> UdpWorker,
+) -> Result<Vec<std::thread::JoinHandle<()>>> {
+    let io_err = |context: &str, source| Error::Io {
+        context: context.to_owned(),
+        source,
+    };
+    let mut workers = Vec::with_capacity(count);
+    for i in 0..count {
+        let own = &udp[i % udp.len()];
+        let sock = if udp.len() == count {
+            own.clone()
+        } else {
+            let clone = own
+                .try_clone()
+                .map_err(|e| io_err("cloning the DNS/UDP socket", e))?;
+            Arc::new(clone)
+        };
+        let ctx = worker(sock);
+        let handle = std::thread::Builder::new()
+            .name(format!("dwara-dns-udp-{i}"))
+            .spawn(move || ctx.run())
+            .map_err(|e| io_err("spawning a DNS/UDP worker", e))?;
+        workers.push(handle);
+    }
+    Ok(workers)
 }
 
 struct UdpWorker {
