@@ -6,7 +6,9 @@
 //! a request is a few relaxed additions. The retry budget allows a retry while the
 //! retries of the last 10 s stay within 20% of the requests of the last 10 s (with
 //! a floor of [`MIN_RETRIES`], so that an upstream with little traffic can still
-//! ride over one endpoint going away); it counts in ten one-second buckets.
+//! ride over one endpoint going away); it counts in ten one-second buckets. Only
+//! retries of a request that may have reached an endpoint take from it (see
+//! [`crate::reverse`]): a request never written multiplies no endpoint's load.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};

@@ -17,9 +17,12 @@
 //!   was written (hyper hands the request back): another try, on another endpoint
 //!   when there is one; idempotent requests without a body (GET, HEAD, OPTIONS,
 //!   PUT, DELETE, TRACE) also when the connection closes before the response head.
-//!   Tries are bounded by `max_tries` and retries by the retry budget
-//!   ([`crate::http_stats`]); a pooled connection found closed before anything was
-//!   written costs no try and no budget (the pool is finite). Every failure of an
+//!   Tries are bounded by `max_tries`; retries after a try whose request may have
+//!   reached the endpoint also by the retry budget ([`crate::http_stats`]), while a
+//!   request never written (failed dial, connection closed first) reached no one and
+//!   takes no budget (an endpoint killed before it leaves discovery costs every
+//!   request picking it such a retry); a pooled connection found closed before
+//!   anything was written costs no try either (the pool is finite). Every failure of an
 //!   endpoint is reported to the load balancer's passive ejection;
 //! - every try failed: `502`; no response head within `response_timeout_ms`: `504`.
 //!
@@ -366,6 +369,12 @@ async fn attempt(
     // try: the endpoint closed it while idle. At most this many per request.
     let mut free_left = 3u32;
     let mut free = false;
+    // Whether a try so far may have reached an endpoint (its request written): only
+    // then does a retry take from the retry budget, which guards endpoints against
+    // retries multiplying their load. A request that was never written (the dial
+    // failed, or the connection closed first) reached no one: trying it elsewhere
+    // adds nothing to any endpoint's load, and `max_tries` still bounds it.
+    let mut reached = false;
     while tries < http.settings.max_tries {
         let mut choice = match choose(target, http, key.as_deref(), &tried).await {
             Ok(c) => c,
@@ -376,12 +385,12 @@ async fn attempt(
             }
         };
         if !free {
+            if tries > 0 && reached && !http.stats.budget.try_retry() {
+                http.stats.budget_exhausted.fetch_add(1, Ordering::Relaxed);
+                last_error = format!("{last_error}; retry budget spent");
+                break;
+            }
             if tries > 0 {
-                if !http.stats.budget.try_retry() {
-                    http.stats.budget_exhausted.fetch_add(1, Ordering::Relaxed);
-                    last_error = format!("{last_error}; retry budget spent");
-                    break;
-                }
                 http.stats.retries.fetch_add(1, Ordering::Relaxed);
             }
             tries += 1;
@@ -416,6 +425,7 @@ async fn attempt(
                 }
             }
             Sent::Lost(why) => {
+                reached = true;
                 last_error = why;
                 if template.is_none() {
                     break;

@@ -532,3 +532,41 @@ async fn an_address_upstream_dials_through_the_dns_cache() {
         "{status}"
     );
 }
+
+#[tokio::test]
+async fn an_endpoint_refusing_connections_costs_no_retry_budget() {
+    // One endpoint answers, the other is in DNS with nothing listening (a crashed
+    // instance whose name has not left yet): round robin sends every other request
+    // to it, far more retries than a fifth of the requests. Its requests were never
+    // written, so they take no retry budget and every request gets its 200.
+    let port = common_port(&[ip(2), ip(3)]).await;
+    let _live = Backend::start(ip(2), port).await;
+    let dns = dns(&[ip(2), ip(3)]).await;
+    let proxy = test_support::free_addr();
+    let serve = Serve::spawn(&upstream(proxy, port, dns.addr(), ""));
+    serve
+        .wait_endpoints(&[format!("{}:{port}", ip(2)), format!("{}:{port}", ip(3))])
+        .await;
+    wait_listening(proxy).await;
+    let mut client = KeepAlive::open(proxy).await;
+    let mut failed = Vec::new();
+    for _ in 0..200 {
+        let a = client.get("/").await.unwrap();
+        if a.status != 200 {
+            failed.push(format!("{} {}", a.status, a.body.trim()));
+        }
+    }
+    let status = serve.status().await;
+    assert!(
+        failed.is_empty(),
+        "{} failed: {failed:?} {status}",
+        failed.len()
+    );
+    let http = &status["upstreams"][0]["http"];
+    assert!(http["connect_failures"].as_u64().unwrap() >= 50, "{status}");
+    assert_eq!(
+        http["retry_budget_exhausted"].as_u64().unwrap(),
+        0,
+        "{status}"
+    );
+}
