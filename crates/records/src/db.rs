@@ -113,6 +113,8 @@ struct Writer {
     /// Interned origin names and whether their records are hidden; a record's
     /// `origin` is an index into it.
     origins: Vec<Origin>,
+    /// Positions and counts of the names of [`index::INDEX_MIN`] records or more.
+    indexes: HashMap<NameRef, index::NameIndex, foldhash::fast::RandomState>,
     live: usize,
     generation: u64,
 }
@@ -666,6 +668,10 @@ fn text_of_wire(wire: &[u8]) -> String {
     }
 }
 
+mod check;
 mod edit;
+mod index;
+
+pub use check::Inconsistency;
 #[cfg(test)]
 mod tests;
