@@ -15,14 +15,21 @@
 //! - `v4` / `v6`: address → the names registered for it ([`PtrRef`]), flagged `serve`
 //!   when the name has a servable record of that address. A PTR query is answered by
 //!   parsing the reverse name into an address and writing those names out.
+//! - `descendants`: wire name strictly below the domain → how many names below it
+//!   have a `serve` record, kept only while not zero. A name that is absent (or has
+//!   no `serve` record) but is counted here is an empty non-terminal: NODATA, not
+//!   NXDOMAIN (RFC 8020). The writer changes the counts of a name's ancestors when
+//!   the name starts or stops being answered, one shard write per label.
 //!
-//! Names are shared (`Arc<[u8]>`) between the tables and the writer's id index, so a
+//! Names are shared (`Arc<[u8]>`) between the tables and the writer's indexes, so a
 //! name is stored once. Readers take one shard's read lock for one lookup and copy;
 //! the writer (serialised by the database's mutex) takes one shard's write lock per
 //! change. Memory per record is what bounds a 100,000-name node (see
-//! `docs/PERFORMANCE.md`), hence boxed slices rather than vectors, and no second copy
-//! of the answers in wire form: writing 16 or 28 bytes per record at query time costs
-//! the same as copying them from a prebuilt buffer.
+//! `docs/PERFORMANCE.md`), hence no spare capacity for a name's first records (its
+//! list grows one record at a time up to four, then doubles, so adding an instance
+//! to a large name is O(1) amortised), address lists as boxed slices, and no second
+//! copy of the answers in wire form: writing 16 or 28 bytes per record at query time
+//! costs the same as copying them from a prebuilt buffer.
 
 use std::borrow::Borrow;
 use std::collections::HashMap;
