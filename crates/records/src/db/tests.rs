@@ -705,3 +705,66 @@ fn a_large_name_flips_to_failing_open_and_back() {
     db.verify().unwrap();
     assert_eq!(db.lookup("big.weave.local"), vec![addr(7)]);
 }
+
+/// A large name of a peer's and this node's records, two ports of one service at
+/// one address among them: hiding and showing the peer, purging it, collecting
+/// tombstones and registering again keep the index, the flags and the tables
+/// right (checked against a recompute after each step).
+#[test]
+fn a_large_name_survives_hiding_purging_and_re_adding() {
+    let db = db();
+    let http = ServicePort::parse("_http._tcp", "80").unwrap();
+    let alt = ServicePort::parse("_http._tcp", "8080").unwrap();
+    let addr = |i: u8| IpAddr::from([10, 0, 2, i]);
+    let peer = |i: u8, service: &ServicePort| Entry {
+        id: format!("p{i}"),
+        ip: addr(i % 4),
+        fqdn: "big.weave.local.".into(),
+        origin: "peer".into(),
+        version: 1,
+        tombstone: false,
+        service: Some(service.clone()),
+        health: Health::Healthy,
+    };
+    for i in 0..12 {
+        db.apply(peer(i, if (i / 4) % 2 == 0 { &http } else { &alt }))
+            .unwrap();
+    }
+    for i in 0..8 {
+        db.add_service(
+            &format!("c{i}"),
+            addr(10 + i),
+            "big.weave.local",
+            Some(&http),
+        )
+        .unwrap();
+    }
+    db.verify().unwrap();
+    let endpoints = |db: &Db| db.lookup_service("_http._tcp.big.weave.local").len();
+    assert_eq!(
+        endpoints(&db),
+        8 + 8,
+        "4 peer addresses with two ports each"
+    );
+    db.hide_origin("peer");
+    db.verify().unwrap();
+    assert_eq!(endpoints(&db), 8);
+    db.show_origin("peer");
+    db.verify().unwrap();
+    assert_eq!(endpoints(&db), 16);
+    for i in 0..6 {
+        db.remove_all(&format!("c{i}"));
+    }
+    assert_eq!(db.purge_origin("peer"), 12);
+    db.verify().unwrap();
+    assert_eq!(db.gc_tombstones(Duration::ZERO), 6);
+    db.verify().unwrap();
+    assert!(db.writer.lock().indexes.is_empty(), "2 records: no index");
+    for i in 0..20 {
+        db.add(&format!("n{i}"), addr(100 + i), "big.weave.local")
+            .unwrap();
+        db.verify().unwrap();
+    }
+    assert_eq!(db.lookup("big.weave.local").len(), 22);
+    assert_eq!(db.writer.lock().indexes.len(), 1);
+}
