@@ -36,6 +36,7 @@ const TARGETS: &[&str] = &[
     "cluster_datagram",
     "cluster_keyfile",
     "store_record",
+    "records_db",
     "docker_event",
     "allow_list",
     "http_auth",

@@ -21,7 +21,10 @@
 //! data-dir server is then killed (SIGKILL) and restarted on the same dir, timing
 //! the start until `GET /name` lists all `N` names.
 //!
-//! Prints the median per variant, the ratio data-dir / memory and the restart time.
+//! Prints the median per variant, the ratio data-dir / memory and the restart time,
+//! and how much the in-memory server's resident memory grew per registration
+//! (`VmRSS` after the registrations minus before, divided by `N`: the records, their
+//! indexes and hash-table slack, and whatever the allocator keeps).
 //! Everything listens on 127.0.0.1 only.
 
 use std::net::{Ipv4Addr, SocketAddr};
@@ -29,7 +32,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::perf_util::{Dwara, free_port, release_dwara, spawn_dwara};
+use crate::perf_util::{Dwara, free_port, release_dwara, rss_kib, spawn_dwara};
 use anyhow::{Context, bail};
 
 struct Options {
@@ -167,6 +170,21 @@ fn register(http: SocketAddr, n: usize, c: usize, shape: Shape) -> anyhow::Resul
     })
 }
 
+/// Registers `n` names on `d` like [`register`]; also returns the growth of its
+/// resident memory per registration, in bytes.
+fn register_measured(
+    d: &Dwara,
+    n: usize,
+    c: usize,
+    shape: Shape,
+) -> anyhow::Result<(Duration, f64)> {
+    let pid = d.child.id();
+    let before = rss_kib(pid).context("VmRSS before")?;
+    let t = register(d.http, n, c, shape)?;
+    let after = rss_kib(pid).context("VmRSS after")?;
+    Ok((t, after.saturating_sub(before) as f64 * 1024.0 / n as f64))
+}
+
 /// How many entries `GET /name` lists.
 fn count_entries(http: SocketAddr) -> anyhow::Result<usize> {
     let resp = client()?.get(format!("http://{http}/name")).send()?;
@@ -206,11 +224,13 @@ fn run_in(parent: &Path, opts: &Options) -> anyhow::Result<()> {
         parent.display()
     );
     let (mut memory, mut durable, mut restart) = (Vec::new(), Vec::new(), Vec::new());
+    let mut per_name = Vec::new();
     for round in 0..opts.rounds {
         let d = start(None)?;
-        let t = register(d.http, n, c, Shape::Distinct)?;
+        let (t, bytes) = register_measured(&d, n, c, Shape::Distinct)?;
         drop(d);
         memory.push(t);
+        per_name.push(bytes);
 
         let dir = parent.join(format!("round-{round}"));
         let d = start(Some(&dir))?;
@@ -227,7 +247,8 @@ fn run_in(parent: &Path, opts: &Options) -> anyhow::Result<()> {
         }
         restart.push(tr);
         println!(
-            "round {}: memory {:.2} s, data dir {:.2} s ({:.2}x), restart with {n} stored {:.2} s",
+            "round {}: memory {:.2} s (RSS +{bytes:.0} B per name), data dir {:.2} s ({:.2}x), \
+             restart with {n} stored {:.2} s",
             round + 1,
             t.as_secs_f64(),
             td.as_secs_f64(),
@@ -236,6 +257,11 @@ fn run_in(parent: &Path, opts: &Options) -> anyhow::Result<()> {
         );
     }
     let (m, dd, r) = (median(memory), median(durable), median(restart));
+    per_name.sort_by(f64::total_cmp);
+    println!(
+        "in memory, RSS growth per name: median {:.0} B (rounds {per_name:.0?})",
+        per_name[per_name.len() / 2]
+    );
     let rate = |d: Duration| n as f64 / d.as_secs_f64();
     println!(
         "median: memory {:.2} s ({:.0}/s), data dir {:.2} s ({:.0}/s): data dir / memory = {:.2}x; \
@@ -261,10 +287,10 @@ fn run_one_name(opts: &Options) -> anyhow::Result<()> {
     let (mut distinct, mut one) = (Vec::new(), Vec::new());
     for round in 0..opts.rounds {
         let d = start(None)?;
-        let td = register(d.http, n, c, Shape::Distinct)?;
+        let (td, bd) = register_measured(&d, n, c, Shape::Distinct)?;
         drop(d);
         let d = start(None)?;
-        let to = register(d.http, n, c, Shape::OneName)?;
+        let (to, bo) = register_measured(&d, n, c, Shape::OneName)?;
         let loaded = count_entries(d.http)?;
         drop(d);
         if loaded != n {
@@ -273,7 +299,8 @@ fn run_one_name(opts: &Options) -> anyhow::Result<()> {
         distinct.push(td);
         one.push(to);
         println!(
-            "round {}: distinct names {:.2} s, one name {:.2} s ({:.2}x)",
+            "round {}: distinct names {:.2} s (RSS +{bd:.0} B each), one name {:.2} s \
+             (RSS +{bo:.0} B each) ({:.2}x)",
             round + 1,
             td.as_secs_f64(),
             to.as_secs_f64(),

@@ -238,15 +238,6 @@ mod tests {
         assert!(bin.contains("dwara-nameserver") && bin.contains("dwara-lb"));
     }
 
-    /// Functions of other owners' files over the limit today, to be split; the
-    /// test fails when one of them is split below it (take it off the list) and
-    /// when any function not listed grows over it.
-    const LONG_FUNCTIONS_TO_SPLIT: &[&str] = &[
-        // The fuzz model's one check of a UDP answer against the database (test
-        // tooling, never published): not split yet.
-        "crates/fuzz-checks/src/dns.rs::check_udp",
-    ];
-
     /// The most lines a function of a library crate may have.
     const MAX_FUNCTION_LINES: usize = 100;
 
@@ -344,7 +335,6 @@ mod tests {
     fn no_library_function_is_over_100_lines() {
         let root = root();
         let mut long: Vec<(usize, String)> = Vec::new();
-        let mut listed_and_short = Vec::new();
         for file in library_files() {
             let text = std::fs::read_to_string(&file).unwrap_or_default();
             let rel = file
@@ -353,12 +343,8 @@ mod tests {
                 .display()
                 .to_string();
             for (name, line, len) in function_lengths(&text) {
-                let id = format!("{rel}::{name}");
-                let listed = LONG_FUNCTIONS_TO_SPLIT.contains(&id.as_str());
-                if len > MAX_FUNCTION_LINES && !listed {
+                if len > MAX_FUNCTION_LINES {
                     long.push((len, format!("{rel}:{line} {name}: {len} lines")));
-                } else if listed && len <= MAX_FUNCTION_LINES {
-                    listed_and_short.push(id);
                 }
             }
         }
@@ -368,10 +354,6 @@ mod tests {
             long.is_empty(),
             "functions over {MAX_FUNCTION_LINES} lines, longest first:\n{}",
             longest.join("\n")
-        );
-        assert!(
-            listed_and_short.is_empty(),
-            "now at most {MAX_FUNCTION_LINES} lines, take them off LONG_FUNCTIONS_TO_SPLIT: {listed_and_short:?}"
         );
     }
 

@@ -9,7 +9,8 @@
 //! (address, port) of the answered entries carrying that service, each targeting
 //! `<hex address>.addr.weave.local.`, which answers that address while some name
 //! answers it; `addr.weave.local.` exists, empty, and so does `_tcp.<name>` (`_udp`)
-//! above a service.
+//! above a service; any other name below the domain with an answered name below
+//! it is an empty non-terminal (NODATA, RFC 8020), and NXDOMAIN otherwise.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -62,14 +63,17 @@ struct Served {
 /// The instances, (address, port), of one service of one name.
 type Offered = BTreeSet<(IpAddr, u16)>;
 
+/// A name's labels before the domain, lower-case, from the left.
+type Labels = Vec<Vec<u8>>;
+
 /// The zone as a client sees it, for one fail mode.
 #[derive(Debug)]
 struct Zone {
-    /// First label (lower-case) → what that name answers; names with nothing
+    /// The labels before the domain → what that name answers; names with nothing
     /// answered are left out (they do not exist).
-    names: BTreeMap<Vec<u8>, Served>,
+    names: BTreeMap<Labels, Served>,
     /// Reverse name (lower-case labels) → the names answering that address.
-    reverse: BTreeMap<Vec<Vec<u8>>, BTreeSet<Vec<u8>>>,
+    reverse: BTreeMap<Vec<Vec<u8>>, BTreeSet<Labels>>,
     /// SRV target first label (lower-case hex) → the address it answers.
     targets: BTreeMap<Vec<u8>, IpAddr>,
 }
@@ -101,10 +105,11 @@ impl Zone {
                 }
             }
             if !served.addrs.is_empty() {
-                names.insert(name.as_bytes().to_vec(), served);
+                let labels: Labels = name.split('.').map(|l| l.as_bytes().to_vec()).collect();
+                names.insert(labels, served);
             }
         }
-        let mut reverse: BTreeMap<Vec<Vec<u8>>, BTreeSet<Vec<u8>>> = BTreeMap::new();
+        let mut reverse: BTreeMap<Vec<Vec<u8>>, BTreeSet<Labels>> = BTreeMap::new();
         let mut targets = BTreeMap::new();
         for (name, served) in &names {
             for ip in &served.addrs {
@@ -139,7 +144,28 @@ impl Zone {
         if n < 2 || labels[n - 2] != b"weave" || labels[n - 1] != b"local" {
             return Node::Outside;
         }
-        match &labels[..n - 2] {
+        let inner = &labels[..n - 2];
+        match self.own_node(inner) {
+            // An empty non-terminal: an answered name below it.
+            Node::Absent
+                if self
+                    .names
+                    .keys()
+                    .any(|k| k.len() > inner.len() && k.ends_with(inner)) =>
+            {
+                Node::Empty
+            }
+            node => node,
+        }
+    }
+
+    /// What the zone holds at a name by its own rules (`inner`: the labels before
+    /// the domain), empty non-terminals aside.
+    fn own_node(&self, inner: &[Vec<u8>]) -> Node<'_> {
+        if let Some(served) = self.names.get(inner) {
+            return Node::Name(served);
+        }
+        match inner {
             [] => Node::Apex,
             [addr] if addr == b"addr" => Node::Empty,
             [hex, addr] if addr == b"addr" => self
@@ -147,16 +173,15 @@ impl Zone {
                 .get(hex)
                 .map_or(Node::Absent, |ip| Node::Target(*ip)),
             [.., addr] if addr == b"addr" => Node::Absent,
-            [name] => self.names.get(name).map_or(Node::Absent, Node::Name),
-            [proto, name] => match self.names.get(name) {
-                Some(s) if s.services.keys().any(|(_, p)| p == proto) => Node::Empty,
-                _ => Node::Absent,
-            },
-            [svc, proto, name] => self
+            [svc, proto, name @ ..] if svc.starts_with(b"_") && proto.starts_with(b"_") => self
                 .names
                 .get(name)
                 .and_then(|s| s.services.get(&(svc.clone(), proto.clone())))
                 .map_or(Node::Absent, Node::Service),
+            [proto, name @ ..] if proto.starts_with(b"_") => match self.names.get(name) {
+                Some(s) if s.services.keys().any(|(_, p)| p == proto) => Node::Empty,
+                _ => Node::Absent,
+            },
             _ => Node::Absent,
         }
     }
@@ -174,7 +199,8 @@ enum Node<'a> {
     Service(&'a Offered),
     /// `<hex address>.addr.<domain>`: an SRV target, answering this address.
     Target(IpAddr),
-    /// `_tcp.<name>` or `_udp.<name>` above a service: exists, holds nothing.
+    /// `_tcp.<name>` or `_udp.<name>` above a service, `addr.<domain>`, or a name
+    /// with an answered name below it: exists, holds nothing.
     Empty,
     /// Below the domain, but nothing there.
     Absent,
@@ -328,6 +354,17 @@ fn check_silence(data: &[u8], zone: &Zone) {
 
 /// One reply to `data` against the model.
 fn check_udp(data: &[u8], reply: &[u8], zone: &Zone) {
+    if let Some((query, decoded)) = check_envelope(data, reply) {
+        check_in_zone(&query, &decoded, reply.len(), zone);
+    }
+}
+
+/// The parts of a reply that do not depend on the zone: the header echoes the
+/// query; an undecodable query gets a bare FORMERR, a non-query NOTIMP or FORMERR,
+/// an EDNS version above 0 BADVERS; the question and EDNS are echoed; the reply
+/// fits the UDP limit. Returns the query and the reply when the answer itself is
+/// still to be checked.
+fn check_envelope(data: &[u8], reply: &[u8]) -> Option<(Message, Message)> {
     assert!(reply.len() >= 12, "reply shorter than a header");
     assert_eq!(reply[..2], data[..2], "reply ID differs");
     assert_eq!(reply[2] & 0x79, data[2] & 0x79, "opcode or RD not echoed");
@@ -338,7 +375,7 @@ fn check_udp(data: &[u8], reply: &[u8], zone: &Zone) {
         // Undecodable: a bare FORMERR.
         assert_eq!(decoded.metadata.response_code, ResponseCode::FormErr);
         assert!(decoded.answers.is_empty() && decoded.queries.is_empty());
-        return;
+        return None;
     };
     assert_ne!(
         query.metadata.message_type,
@@ -351,7 +388,7 @@ fn check_udp(data: &[u8], reply: &[u8], zone: &Zone) {
             decoded.metadata.response_code,
             ResponseCode::NotImp | ResponseCode::FormErr
         ));
-        return;
+        return None;
     }
     let limit = udp_limit(&query);
     assert!(
@@ -363,7 +400,7 @@ fn check_udp(data: &[u8], reply: &[u8], zone: &Zone) {
         // A question hickory-proto reads but the server does not take (a name over
         // 255 bytes in wire form, say): refused as malformed, which is allowed.
         assert!(decoded.answers.is_empty());
-        return;
+        return None;
     }
     let q = &query.queries[0];
     assert_eq!(decoded.queries.len(), 1, "question not echoed");
@@ -385,8 +422,17 @@ fn check_udp(data: &[u8], reply: &[u8], zone: &Zone) {
             u16::from(ResponseCode::BADVERS),
             "EDNS version > 0 not answered BADVERS"
         );
-        return;
+        return None;
     }
+    Some((query, decoded))
+}
+
+/// The answer to the query's one question (a `reply_len`-byte reply) against what
+/// the zone holds at its name: REFUSED for other classes, PTR answers outside the
+/// zone, NXDOMAIN, NODATA, the apex's SOA, addresses, a target's address, SRV.
+fn check_in_zone(query: &Message, decoded: &Message, reply_len: usize, zone: &Zone) {
+    let limit = udp_limit(query);
+    let q = &query.queries[0];
     let qname = q.name();
     let qtype = q.query_type();
     let labels = lower_labels(qname);
@@ -400,101 +446,118 @@ fn check_udp(data: &[u8], reply: &[u8], zone: &Zone) {
         assert_eq!(decoded.metadata.response_code, ResponseCode::Refused);
         return;
     }
-    let tc = decoded.metadata.truncation;
     match node {
-        Node::Outside => {
-            // Only reverse names of answered addresses are answered outside the zone.
-            assert_eq!(qtype, RecordType::PTR, "outside name answered");
-            let want = zone
-                .reverse
-                .get(&labels)
-                .unwrap_or_else(|| panic!("PTR {qname} of no answered address answered"));
-            check_positive(&decoded);
-            assert!(decoded.additionals.is_empty(), "additional records to PTR");
-            let mut got = BTreeSet::new();
-            for r in &decoded.answers {
-                check_head(r, qname, "PTR");
-                let RData::PTR(ptr) = &r.data else {
-                    panic!("non-PTR answer {r:?}");
-                };
-                let target = lower_labels(&ptr.0);
-                let [first, weave, local] = &target[..] else {
-                    panic!("PTR to {} outside the zone", ptr.0);
-                };
-                assert!(weave == b"weave" && local == b"local", "PTR to {}", ptr.0);
-                assert!(got.insert(first.clone()), "duplicate PTR {}", ptr.0);
-            }
-            assert_eq!(&got, want, "PTR answers differ from the answered names");
-            assert!(!tc, "PTR answer truncated");
-        }
-        Node::Absent => check_negative(&decoded, ResponseCode::NXDomain),
-        Node::Empty => check_negative(&decoded, ResponseCode::NoError),
+        Node::Outside => check_ptr(decoded, qname, qtype, zone.reverse.get(&labels)),
+        Node::Absent => check_negative(decoded, ResponseCode::NXDomain),
+        Node::Empty => check_negative(decoded, ResponseCode::NoError),
         Node::Apex if qtype == RecordType::SOA => {
-            check_positive(&decoded);
+            check_positive(decoded);
             assert_eq!(decoded.answers.len(), 1);
             let soa = &decoded.answers[0];
             check_head(soa, qname, "SOA");
             assert_eq!(soa.record_type(), RecordType::SOA);
-            assert!(decoded.additionals.is_empty() && !tc);
+            assert!(decoded.additionals.is_empty() && !decoded.metadata.truncation);
         }
-        Node::Apex => check_negative(&decoded, ResponseCode::NoError),
+        Node::Apex => check_negative(decoded, ResponseCode::NoError),
         Node::Name(served) => {
-            let want = family(&served.addrs, qtype);
-            if want.is_empty() {
-                check_negative(&decoded, ResponseCode::NoError);
-                return;
-            }
-            check_positive(&decoded);
-            assert!(
-                decoded.additionals.is_empty(),
-                "additional records to A/AAAA"
-            );
-            let [v4, v6] = addresses(&decoded.answers, qname, "answer");
-            let (got, size) = if qtype == RecordType::A {
-                assert!(v6.is_empty(), "AAAA answering A");
-                (v4, A_LEN)
-            } else {
-                assert!(v4.is_empty(), "A answering AAAA");
-                (v6, AAAA_LEN)
-            };
-            assert!(got.is_subset(&want), "answers {got:?} not in {want:?}");
-            let base = reply.len() - got.len() * size;
-            assert_eq!(
-                got.len(),
-                want.len().min(room(limit, base, size)),
-                "not as many answers as fit"
-            );
-            assert_eq!(
-                tc,
-                got.len() < want.len(),
-                "TC does not say whether answers are missing"
-            );
+            check_addresses(decoded, reply_len, limit, qname, qtype, &served.addrs);
         }
-        Node::Target(ip) => {
-            let want = BTreeSet::from([ip]);
-            if family(&want, qtype).is_empty() {
-                check_negative(&decoded, ResponseCode::NoError);
-                return;
-            }
-            check_positive(&decoded);
-            assert!(!tc, "a target's answer truncated");
-            assert!(
-                decoded.additionals.is_empty(),
-                "additional records to a target"
-            );
-            let [v4, v6] = addresses(&decoded.answers, qname, "target answer");
-            let got: BTreeSet<IpAddr> = v4.union(&v6).copied().collect();
-            assert_eq!(got, want, "target {qname} answers another address");
+        Node::Target(ip) => check_target(decoded, qname, qtype, ip),
+        Node::Service(_) if qtype != RecordType::SRV => {
+            check_negative(decoded, ResponseCode::NoError);
         }
         Node::Service(instances) => {
-            if qtype != RecordType::SRV {
-                check_negative(&decoded, ResponseCode::NoError);
-                return;
-            }
-            check_positive(&decoded);
-            check_srv(&decoded, reply.len(), limit, qname, instances);
+            check_positive(decoded);
+            check_srv(decoded, reply_len, limit, qname, instances);
         }
     }
+}
+
+/// A query outside the zone that was answered: only PTR for an answered address
+/// (`want`: the names answering it), every name once, nothing else, never TC.
+fn check_ptr(decoded: &Message, qname: &Name, qtype: RecordType, want: Option<&BTreeSet<Labels>>) {
+    assert_eq!(qtype, RecordType::PTR, "outside name answered");
+    let want = want.unwrap_or_else(|| panic!("PTR {qname} of no answered address answered"));
+    check_positive(decoded);
+    assert!(decoded.additionals.is_empty(), "additional records to PTR");
+    let mut got = BTreeSet::new();
+    for r in &decoded.answers {
+        check_head(r, qname, "PTR");
+        let RData::PTR(ptr) = &r.data else {
+            panic!("non-PTR answer {r:?}");
+        };
+        let mut target = lower_labels(&ptr.0);
+        let at = target.len().checked_sub(2);
+        let domain = at.map(|at| target.split_off(at));
+        assert!(
+            domain.is_some_and(|d| d == [&b"weave"[..], b"local"]),
+            "PTR to {} outside the zone",
+            ptr.0
+        );
+        assert!(got.insert(target), "duplicate PTR {}", ptr.0);
+    }
+    assert_eq!(&got, want, "PTR answers differ from the answered names");
+    assert!(!decoded.metadata.truncation, "PTR answer truncated");
+}
+
+/// An A or AAAA answer (or NODATA) for a name answering `addrs`: the addresses of
+/// the asked family, as many as fit, TC exactly when some are missing.
+fn check_addresses(
+    decoded: &Message,
+    reply_len: usize,
+    limit: usize,
+    qname: &Name,
+    qtype: RecordType,
+    addrs: &BTreeSet<IpAddr>,
+) {
+    let want = family(addrs, qtype);
+    if want.is_empty() {
+        check_negative(decoded, ResponseCode::NoError);
+        return;
+    }
+    check_positive(decoded);
+    assert!(
+        decoded.additionals.is_empty(),
+        "additional records to A/AAAA"
+    );
+    let [v4, v6] = addresses(&decoded.answers, qname, "answer");
+    let (got, size) = if qtype == RecordType::A {
+        assert!(v6.is_empty(), "AAAA answering A");
+        (v4, A_LEN)
+    } else {
+        assert!(v4.is_empty(), "A answering AAAA");
+        (v6, AAAA_LEN)
+    };
+    assert!(got.is_subset(&want), "answers {got:?} not in {want:?}");
+    let base = reply_len - got.len() * size;
+    assert_eq!(
+        got.len(),
+        want.len().min(room(limit, base, size)),
+        "not as many answers as fit"
+    );
+    assert_eq!(
+        decoded.metadata.truncation,
+        got.len() < want.len(),
+        "TC does not say whether answers are missing"
+    );
+}
+
+/// An SRV target's answer: its one address to its family's type, NODATA to others.
+fn check_target(decoded: &Message, qname: &Name, qtype: RecordType, ip: IpAddr) {
+    let want = BTreeSet::from([ip]);
+    if family(&want, qtype).is_empty() {
+        check_negative(decoded, ResponseCode::NoError);
+        return;
+    }
+    check_positive(decoded);
+    assert!(!decoded.metadata.truncation, "a target's answer truncated");
+    assert!(
+        decoded.additionals.is_empty(),
+        "additional records to a target"
+    );
+    let [v4, v6] = addresses(&decoded.answers, qname, "target answer");
+    let got: BTreeSet<IpAddr> = v4.union(&v6).copied().collect();
+    assert_eq!(got, want, "target {qname} answers another address");
 }
 
 /// An SRV answer to `qname` (`reply_len` bytes for a query allowing `limit`) against
@@ -664,6 +727,37 @@ mod tests {
             .collect()
     }
 
+    /// Queries for the fixture's empty non-terminals, names beside them and below
+    /// them, of every kind, get the answers the model expects (NODATA above an
+    /// answered name, NXDOMAIN elsewhere), from zones failing open and closed.
+    #[test]
+    fn empty_non_terminals_are_answered_as_the_model_says() {
+        use hickory_proto::op::Query;
+        for text in [
+            "prod.weave.local.",
+            "PROD.weave.local.",
+            "y.deep.weave.local.",
+            "deep.weave.local.",
+            "stage.weave.local.",
+            "fail.weave.local.",
+            "z.api.prod.weave.local.",
+            "_tcp.prod.weave.local.",
+            "api.prod.weave.local.",
+        ] {
+            for rtype in [
+                RecordType::A,
+                RecordType::AAAA,
+                RecordType::MX,
+                RecordType::SRV,
+                RecordType::SOA,
+            ] {
+                let mut m = Message::new(0x4242, MessageType::Query, OpCode::Query);
+                m.add_query(Query::query(text.parse().unwrap(), rtype));
+                dns_udp(&m.to_vec().unwrap());
+            }
+        }
+    }
+
     /// The model's rules on the fixture, spelled out by hand.
     #[test]
     fn the_model_answers_what_the_readme_says() {
@@ -734,6 +828,31 @@ mod tests {
             Node::Service(&instances(&[("10.42.0.1", 80), ("fd00::42:2", 80)]))
         );
         assert_eq!(closed.node(&name("down.weave.local.")), Node::Absent);
+        // Empty non-terminals: above an answered name only.
+        for z in [open, closed] {
+            for ent in [
+                "prod.weave.local.",
+                "Y.deep.weave.local.",
+                "deep.weave.local.",
+            ] {
+                assert_eq!(z.node(&name(ent)), Node::Empty, "{ent}");
+            }
+            for absent in [
+                "stage.weave.local.",
+                "db.stage.weave.local.",
+                "z.api.prod.weave.local.",
+                "y.weave.local.",
+                "_tcp.prod.weave.local.",
+            ] {
+                assert_eq!(z.node(&name(absent)), Node::Absent, "{absent}");
+            }
+            assert_eq!(
+                z.node(&name("_http._tcp.api.prod.weave.local.")),
+                Node::Service(&instances(&[("10.44.0.1", 80)]))
+            );
+        }
+        assert_eq!(open.node(&name("fail.weave.local.")), Node::Empty);
+        assert_eq!(closed.node(&name("fail.weave.local.")), Node::Absent);
         assert_eq!(closed.node(&name("_tcp.down.weave.local.")), Node::Absent);
         assert!(
             !closed

@@ -9,7 +9,7 @@
 //! | target | what it feeds | what it checks |
 //! |---|---|---|
 //! | `dns_packet` | bytes as a query, UDP and TCP | a decodable response with the query's ID |
-//! | `dns_udp` | bytes as a UDP query, to a zone failing open and one failing closed | the answer a model of the zone expects: addresses, SRV records and their additional addresses, PTR, NODATA and NXDOMAIN, by the entries' services and health |
+//! | `dns_udp` | bytes as a UDP query, to a zone failing open and one failing closed | the answer a model of the zone expects: addresses, SRV records and their additional addresses, PTR, NODATA (empty non-terminals included) and NXDOMAIN, by the entries' services and health |
 //! | `dns_tcp` | a byte stream to a live DNS/TCP listener | one answer per frame, in order, as the handler gives it |
 //! | `dns_differential` | fast-path queries through the hickory-proto path too | the same response |
 //! | `dns_answers` | upstream answers to the DNS discovery source | no endpoint the answers do not justify |
@@ -19,6 +19,7 @@
 //! | `cluster_datagram` | bytes as a gossip datagram, and as a message to seal | never opens, never panics; sealed parts fit UDP, open once, not when altered or under another key |
 //! | `cluster_keyfile` | text as a gossip key file | no panic; 1 to 16 keys that round-trip, in order |
 //! | `store_record` | a store key | decode never panics, encode → decode round-trips |
+//! | `records_db` | bytes as a sequence of registrations, merges, health changes, removals, hidden origins, purges | after every change the incremental tables match a recompute from scratch (`Db::verify`) |
 //! | `docker_event` | JSON as a container inspect answer | only names under the domain, only its addresses |
 //! | `config_yaml`, `resolv_conf`, `http_form` | text | no panic, bounded results |
 //! | `allow_list` | text as a DNS allow list | entries print back to themselves, one per word; errors are one line |
@@ -49,7 +50,7 @@ pub use dns::{dns_differential, dns_udp};
 pub use gossip::{cluster_datagram, cluster_keyfile};
 pub use http::http_path;
 pub use proxy_headers::http_headers;
-pub use records::{cluster_bucket, cluster_value, docker_event, store_record};
+pub use records::{cluster_bucket, cluster_value, docker_event, records_db, store_record};
 pub use tcp::dns_tcp;
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -88,7 +89,7 @@ pub(crate) const ZONE: &str = "weave.local";
 pub(crate) struct FixtureEntry {
     pub(crate) id: String,
     pub(crate) ip: IpAddr,
-    /// The first label; the name is `<name>.weave.local.`.
+    /// The labels before the domain; the name is `<name>.weave.local.`.
     pub(crate) name: &'static str,
     /// Service and port, answered as SRV.
     pub(crate) service: Option<(&'static str, u16)>,
@@ -112,7 +113,11 @@ pub(crate) const BIG_COUNT: u8 = 60;
 ///   80, 81, 82): only the healthy one is answered;
 /// - `down`: two unhealthy entries (v4 and v6, port 80) and a starting one (port 81):
 ///   the unhealthy ones are answered when the zone fails open, nothing otherwise;
-/// - `boot`: one starting entry (port 80): never answered.
+/// - `boot`: one starting entry (port 80): never answered;
+/// - names of several labels, whose ancestors are empty non-terminals while they
+///   are answered: `api.prod` (`_http._tcp` port 80) and `x.y.deep` (unchecked),
+///   `db.stage` (starting: `stage` does not exist), `svc.fail` (unhealthy: `fail`
+///   exists only when the zone fails open).
 pub(crate) fn fixture() -> Vec<FixtureEntry> {
     use Health::{Healthy, Starting, Unchecked, Unhealthy};
     let v4 = |a, b, c, d| IpAddr::V4(Ipv4Addr::new(a, b, c, d));
@@ -163,6 +168,10 @@ pub(crate) fn fixture() -> Vec<FixtureEntry> {
     add("d2", v6(0x42, 2), "down", http, 80, Unhealthy);
     add("d3", v4(10, 42, 0, 3), "down", http, 81, Starting);
     add("b1", v4(10, 43, 0, 1), "boot", http, 80, Starting);
+    add("p1", v4(10, 44, 0, 1), "api.prod", http, 80, Unchecked);
+    add("p2", v4(10, 44, 0, 2), "x.y.deep", None, 0, Unchecked);
+    add("p3", v4(10, 44, 0, 3), "db.stage", None, 0, Starting);
+    add("p4", v4(10, 44, 0, 4), "svc.fail", None, 0, Unhealthy);
     all
 }
 

@@ -331,3 +331,77 @@ pub fn docker_event(data: &[u8]) {
         "the mapping changed after a JSON round trip"
     );
 }
+
+/// One change of the records database read from 5 bytes: what (add, merge from a
+/// peer, health, removals, hiding, purging, collecting tombstones), then the id,
+/// the address, the name and the service and health.
+fn records_change(db: &dwara_nameserver::Db, op: &[u8]) {
+    use dwara_nameserver::{Entry, Health, ServicePort};
+    const NAMES: [&str; 5] = [
+        "web.weave.local",
+        "a.web.weave.local",
+        "b.a.web.weave.local",
+        "x.y.weave.local",
+        "other.weave.local",
+    ];
+    let [what, id, ip, name, attrs] = [op[0], op[1], op[2], op[3], op[4]];
+    let id = format!("c{}", id % 24);
+    let ip = if ip & 0x80 != 0 {
+        IpAddr::from([0xfd00, 0, 0, 0, 0, 0, 0, u16::from(ip % 4)])
+    } else {
+        IpAddr::from([10, 0, 0, ip % 12])
+    };
+    let fqdn = NAMES[usize::from(name) % NAMES.len()];
+    let service = match attrs & 0x03 {
+        0 => None,
+        1 => ServicePort::parse("_http._tcp", "80").ok(),
+        2 => ServicePort::parse("_http._tcp", "8080").ok(),
+        _ => ServicePort::parse("_dns._udp", "53").ok(),
+    };
+    let health = Health::from_code((attrs >> 2) & 0x03).unwrap_or_default();
+    match what % 12 {
+        0..=3 => drop(db.add_checked(&id, ip, fqdn, service.as_ref(), health)),
+        4 | 5 => drop(db.apply(Entry {
+            id,
+            ip,
+            fqdn: fqdn.to_owned(),
+            origin: "peer".to_owned(),
+            version: u64::from(attrs >> 4),
+            tombstone: name & 0x80 != 0,
+            service,
+            health,
+        })),
+        6 => drop(db.set_health(&id, ip, health)),
+        7 => drop(db.remove(&id, Some(ip), None)),
+        8 => drop(db.remove(&id, None, Some(fqdn))),
+        9 if attrs & 0x10 != 0 => db.hide_origin("peer"),
+        9 => db.show_origin("peer"),
+        10 => drop(db.purge_origin("peer")),
+        _ => drop(db.gc_tombstones(std::time::Duration::ZERO)),
+    }
+}
+
+/// Bytes as a sequence of changes to a records database (the first byte picks
+/// failing open or closed, then 5 bytes per change, see `records_change`): after
+/// every change, what the edit path keeps incrementally (serve flags, the large
+/// names' indexes, the PTR index, the counts that make empty non-terminals) is what
+/// a recompute from scratch gives (`Db::verify`).
+pub fn records_db(data: &[u8]) {
+    use dwara_nameserver::{Db, DbConfig, HealthFailMode};
+    let Some((&mode, ops)) = data.split_first() else {
+        return;
+    };
+    let mut config = DbConfig::new(Domain::new("weave.local").expect("static domain"));
+    config.health_fail = if mode & 1 == 0 {
+        HealthFailMode::Open
+    } else {
+        HealthFailMode::Closed
+    };
+    let db = Db::new(config);
+    for (i, op) in ops.chunks_exact(5).take(400).enumerate() {
+        records_change(&db, op);
+        if let Err(e) = db.verify() {
+            panic!("after change {i} ({op:?}): {e}");
+        }
+    }
+}

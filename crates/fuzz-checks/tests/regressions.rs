@@ -76,6 +76,11 @@ fn cluster_bucket_regressions() {
 }
 
 #[test]
+fn records_db_regressions() {
+    replay("records_db", dwara_fuzz_checks::records_db);
+}
+
+#[test]
 fn store_record_regressions() {
     replay("store_record", dwara_fuzz_checks::store_record);
 }

@@ -23,7 +23,17 @@
 //! while some name serves that address, and is NXDOMAIN otherwise; `addr.<domain>`
 //! itself is an empty non-terminal (NODATA). A service name that exists answers
 //! NODATA to other types; `_tcp.<name>` above an existing `_x._tcp.<name>` is an
-//! empty non-terminal (NODATA); any other `_` name below the domain is NXDOMAIN.
+//! empty non-terminal (NODATA); any other `_` name below the domain is NXDOMAIN
+//! unless it is an empty non-terminal by the rule below.
+//!
+//! Empty non-terminals (RFC 8020): a name below the domain that answers nothing of
+//! its own but has a name below it that is answered (`prod.weave.local` while
+//! `api.prod.weave.local` has an answered record) is NODATA (NOERROR, no answer, the
+//! SOA in authority) to every type, not NXDOMAIN, so resolvers that minimise query
+//! names (RFC 9156) do not cut off the names below it. A name whose records are all
+//! tombstones, hidden or not passing their checks does not count. The tables keep,
+//! per ancestor, how many answered names are below it, so this costs one lookup on
+//! the NXDOMAIN path only.
 //!
 //! Each worker (a UDP thread, a TCP connection) answers through a [`Worker`]: the
 //! handler, its counters, its transport and its own state (the shuffling generator,
@@ -366,10 +376,15 @@ impl Handler {
                     (self.write_negative(q, out, Rcode::NOERROR), Rcode::NOERROR)
                 }
             }
-            Found::Absent if self.below_domain(lower) => (
-                self.write_negative(q, out, Rcode::NXDOMAIN),
-                Rcode::NXDOMAIN,
-            ),
+            // An empty non-terminal (a name below it is answered): NODATA (RFC 8020).
+            Found::Absent if self.below_domain(lower) => {
+                let rc = if self.tables.has_descendants(lower) {
+                    Rcode::NOERROR
+                } else {
+                    Rcode::NXDOMAIN
+                };
+                (self.write_negative(q, out, rc), rc)
+            }
             Found::Absent => return Outcome::Forward { qtype: q.qtype },
         };
         w.counters.record(Some(q.qtype), rc.code());

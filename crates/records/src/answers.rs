@@ -15,14 +15,21 @@
 //! - `v4` / `v6`: address → the names registered for it ([`PtrRef`]), flagged `serve`
 //!   when the name has a servable record of that address. A PTR query is answered by
 //!   parsing the reverse name into an address and writing those names out.
+//! - `descendants`: wire name strictly below the domain → how many names below it
+//!   have a `serve` record, kept only while not zero. A name that is absent (or has
+//!   no `serve` record) but is counted here is an empty non-terminal: NODATA, not
+//!   NXDOMAIN (RFC 8020). The writer changes the counts of a name's ancestors when
+//!   the name starts or stops being answered, one shard write per label.
 //!
-//! Names are shared (`Arc<[u8]>`) between the tables and the writer's id index, so a
+//! Names are shared (`Arc<[u8]>`) between the tables and the writer's indexes, so a
 //! name is stored once. Readers take one shard's read lock for one lookup and copy;
 //! the writer (serialised by the database's mutex) takes one shard's write lock per
 //! change. Memory per record is what bounds a 100,000-name node (see
-//! `docs/PERFORMANCE.md`), hence boxed slices rather than vectors, and no second copy
-//! of the answers in wire form: writing 16 or 28 bytes per record at query time costs
-//! the same as copying them from a prebuilt buffer.
+//! `docs/PERFORMANCE.md`), hence no spare capacity for a name's first records (its
+//! list grows one record at a time up to four, then doubles, so adding an instance
+//! to a large name is O(1) amortised), address lists as boxed slices, and no second
+//! copy of the answers in wire form: writing 16 or 28 bytes per record at query time
+//! costs the same as copying them from a prebuilt buffer.
 
 use std::borrow::Borrow;
 use std::collections::HashMap;
@@ -195,12 +202,18 @@ impl<K: Hash + Eq, V> Shards<K, V> {
 /// The records, as the DNS server reads them.
 #[derive(Debug)]
 pub struct Tables {
-    /// Lower-cased wire name → its records, in registration order.
-    pub names: Shards<NameRef, Box<[Rec]>>,
+    /// Lower-cased wire name → its records, in registration order (a `Vec` with
+    /// spare capacity for names that grow, none for small ones).
+    pub names: Shards<NameRef, Vec<Rec>>,
     /// IPv4 address → the names registered for it.
     pub v4: Shards<u32, Box<[PtrRef]>>,
     /// IPv6 address → the names registered for it.
     pub v6: Shards<u128, Box<[PtrRef]>>,
+    /// Lower-cased wire name strictly below the domain → how many names below it
+    /// have an answered record (absent when none): such a name with no answered
+    /// record of its own is an empty non-terminal, NODATA rather than NXDOMAIN
+    /// (RFC 8020).
+    pub descendants: Shards<Box<[u8]>, u32>,
 }
 
 impl Tables {
@@ -209,6 +222,39 @@ impl Tables {
             names: Shards::new(),
             v4: Shards::new(),
             v6: Shards::new(),
+            descendants: Shards::new(),
+        }
+    }
+
+    /// Whether a name below `lower` has an answered record.
+    #[inline]
+    pub fn has_descendants(&self, lower: &[u8]) -> bool {
+        self.descendants.read(lower, |n| n.is_some())
+    }
+
+    /// Counts `name` (lower-cased wire form) as answered (`answered`) or no longer
+    /// in every ancestor of it strictly below the domain, whose wire form is the
+    /// last `domain_len` bytes of `name`: one shard write per label.
+    pub(crate) fn count_descendant(&self, name: &[u8], domain_len: usize, answered: bool) {
+        let mut pos = 0;
+        loop {
+            pos += 1 + usize::from(name.get(pos).copied().unwrap_or(0));
+            if pos >= name.len() || name.len() - pos <= domain_len {
+                return;
+            }
+            let ancestor = &name[pos..];
+            self.descendants
+                .write(ancestor, |m| match m.get_mut(ancestor) {
+                    Some(n) if answered => *n += 1,
+                    Some(n) if *n > 1 => *n -= 1,
+                    Some(_) => {
+                        m.remove(ancestor);
+                    }
+                    None if answered => {
+                        m.insert(ancestor.into(), 1);
+                    }
+                    None => {}
+                });
         }
     }
 
@@ -221,20 +267,55 @@ impl Tables {
         }
     }
 
-    /// Replaces the names registered for `ip` (an empty list removes the address).
-    pub(crate) fn set_addr(&self, ip: IpAddr, refs: Vec<PtrRef>) {
-        fn put<K: Hash + Eq + Copy>(s: &Shards<K, Box<[PtrRef]>>, k: K, refs: Vec<PtrRef>) {
+    /// Sets `name`'s entry for `ip`: present (answered or not), or absent. Changes
+    /// the address's list in place when the name is in it already.
+    pub(crate) fn set_ptr(&self, ip: IpAddr, name: &NameRef, present: bool, serve: bool) {
+        fn put<K: Hash + Eq + Copy>(
+            s: &Shards<K, Box<[PtrRef]>>,
+            k: K,
+            name: &NameRef,
+            present: bool,
+            serve: bool,
+        ) {
             s.write(&k, |m| {
-                if refs.is_empty() {
-                    m.remove(&k);
-                } else {
-                    m.insert(k, refs.into_boxed_slice());
+                let refs = m.get_mut(&k);
+                let at = refs
+                    .as_ref()
+                    .and_then(|refs| refs.iter().position(|p| p.name == *name));
+                match (refs, at) {
+                    (Some(refs), Some(i)) if present => refs[i].serve = serve,
+                    (Some(refs), Some(i)) => {
+                        let mut v = std::mem::take(refs).into_vec();
+                        v.remove(i);
+                        if v.is_empty() {
+                            m.remove(&k);
+                        } else {
+                            *refs = v.into_boxed_slice();
+                        }
+                    }
+                    (refs, None) if present => {
+                        let new = PtrRef {
+                            name: name.clone(),
+                            serve,
+                        };
+                        match refs {
+                            Some(refs) => {
+                                let mut v = std::mem::take(refs).into_vec();
+                                v.push(new);
+                                *refs = v.into_boxed_slice();
+                            }
+                            None => {
+                                m.insert(k, Box::new([new]));
+                            }
+                        }
+                    }
+                    _ => {}
                 }
             });
         }
         match ip {
-            IpAddr::V4(v4) => put(&self.v4, u32::from(v4), refs),
-            IpAddr::V6(v6) => put(&self.v6, u128::from(v6), refs),
+            IpAddr::V4(v4) => put(&self.v4, u32::from(v4), name, present, serve),
+            IpAddr::V6(v6) => put(&self.v6, u128::from(v6), name, present, serve),
         }
     }
 

@@ -6,8 +6,9 @@
 //! entry again with another service or port (or none) replaces it.
 //! Entries live in the tables the DNS server reads (see `answers`): by lower-cased
 //! wire name, with an address index for PTR and, on the writer's side, an id index.
-//! A change rewrites only the name and the addresses it touches: O(records of that
-//! name), never O(database), so 100,000 registrations stay linear.
+//! A change rewrites only the records and addresses it touches: O(records sharing the
+//! touched address) amortised, never O(name) or O(database) (see `edit`), so 100,000
+//! registrations stay linear whether they are 100,000 names or instances of one.
 //!
 //! The change API is documented on [`Db`].
 //!
@@ -113,6 +114,8 @@ struct Writer {
     /// Interned origin names and whether their records are hidden; a record's
     /// `origin` is an index into it.
     origins: Vec<Origin>,
+    /// Positions and counts of the names of [`index::INDEX_MIN`] records or more.
+    indexes: HashMap<NameRef, index::NameIndex, foldhash::fast::RandomState>,
     live: usize,
     generation: u64,
 }
@@ -437,11 +440,22 @@ impl Db {
             .iter()
             .filter(|n| only.as_deref().is_none_or(|o| &n[..] == o))
         {
+            // A large name's index gives the records of the id without a scan.
+            let index = w.indexes.get(&name[..]);
             self.tables.names.read(&name[..], |recs| {
-                for r in recs.into_iter().flatten() {
+                let recs = recs.map_or(&[][..], |r| &r[..]);
+                let mut check = |r: &Rec| {
                     if !r.tombstone && &*r.id == id && ip.is_none_or(|ip| ip == r.ip) {
                         origins.push(w.origin_name(r.origin).to_owned());
                     }
+                };
+                match index {
+                    Some(ix) => ix
+                        .of_id(id)
+                        .iter()
+                        .filter_map(|&p| recs.get(p as usize))
+                        .for_each(&mut check),
+                    None => recs.iter().for_each(check),
                 }
             });
         }
@@ -666,6 +680,10 @@ fn text_of_wire(wire: &[u8]) -> String {
     }
 }
 
+mod check;
 mod edit;
+mod index;
+
+pub use check::Inconsistency;
 #[cfg(test)]
 mod tests;

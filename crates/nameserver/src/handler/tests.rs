@@ -917,3 +917,97 @@ fn the_do_bit_is_echoed_and_other_flags_are_not() {
         }
     }
 }
+
+/// A name with nothing of its own but an answered name below it is an empty
+/// non-terminal: NODATA with the SOA to every type (RFC 8020), through the fast
+/// path and the hickory-proto one, until the last answered name below it goes.
+#[test]
+fn empty_non_terminals_answer_nodata_until_the_last_name_below_goes() {
+    let mut f = fixture();
+    let ask = |f: &mut Fixture, name: &str, t: RecordType, edns: Option<u16>| {
+        let m = f.answer(&query(name, t, edns), Transport::Udp);
+        let soa = m.authorities.len() == 1
+            && m.authorities[0].record_type() == RecordType::SOA
+            && m.authorities[0].name.to_ascii() == "weave.local.";
+        (m.metadata.response_code, m.answers.len(), soa)
+    };
+    let nodata = (ResponseCode::NoError, 0, true);
+    let nxdomain = (ResponseCode::NXDomain, 0, true);
+    assert_eq!(
+        ask(&mut f, "prod.weave.local.", RecordType::A, None),
+        nxdomain
+    );
+    f.db.add("e1", ip("10.9.0.1"), "api.eu.prod.weave.local")
+        .unwrap();
+    for name in ["prod.weave.local.", "Eu.Prod.weave.local."] {
+        for t in [
+            RecordType::A,
+            RecordType::AAAA,
+            RecordType::MX,
+            RecordType::SRV,
+            RecordType::TXT,
+            RecordType::SOA,
+            RecordType::ANY,
+        ] {
+            assert_eq!(ask(&mut f, name, t, None), nodata, "{name} {t}");
+            assert_eq!(ask(&mut f, name, t, Some(1232)), nodata, "{name} {t} EDNS");
+        }
+    }
+    // Not the names beside or below, nor `_` names under the non-terminal.
+    for name in [
+        "x.prod.weave.local.",
+        "x.api.eu.prod.weave.local.",
+        "us.prod.weave.local.",
+        "_http._tcp.prod.weave.local.",
+    ] {
+        assert_eq!(ask(&mut f, name, RecordType::A, None), nxdomain, "{name}");
+    }
+    assert_eq!(
+        ask(&mut f, "api.eu.prod.weave.local.", RecordType::A, None),
+        (ResponseCode::NoError, 1, false)
+    );
+    // A second name below keeps it; a starting (unanswered) one does not count.
+    f.db.add("e2", ip("10.9.0.2"), "db.prod.weave.local")
+        .unwrap();
+    f.db.add_checked(
+        "e3",
+        ip("10.9.0.3"),
+        "web.us.prod.weave.local",
+        None,
+        dwara_records::Health::Starting,
+    )
+    .unwrap();
+    assert_eq!(
+        ask(&mut f, "us.prod.weave.local.", RecordType::A, None),
+        nxdomain
+    );
+    f.db.remove_all("e1");
+    assert_eq!(
+        ask(&mut f, "eu.prod.weave.local.", RecordType::A, None),
+        nxdomain
+    );
+    assert_eq!(
+        ask(&mut f, "prod.weave.local.", RecordType::A, None),
+        nodata
+    );
+    f.db.remove_all("e2");
+    assert_eq!(
+        ask(&mut f, "prod.weave.local.", RecordType::A, None),
+        nxdomain
+    );
+    assert_eq!(
+        ask(&mut f, "prod.weave.local.", RecordType::MX, None),
+        nxdomain
+    );
+    // It comes back with the check's verdict.
+    f.db.set_health("e3", ip("10.9.0.3"), dwara_records::Health::Healthy);
+    assert_eq!(
+        ask(&mut f, "us.prod.weave.local.", RecordType::TXT, None),
+        nodata
+    );
+    assert_eq!(
+        ask(&mut f, "prod.weave.local.", RecordType::A, None),
+        nodata
+    );
+    f.db.verify().unwrap();
+}

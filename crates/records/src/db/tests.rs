@@ -479,3 +479,292 @@ fn one_pass_serve_flags_match_their_definition() {
         }
     }
 }
+
+/// A generator of the same sequence every run (a linear congruential one).
+struct Lcg(u64);
+
+impl Lcg {
+    fn next(&mut self, n: u64) -> usize {
+        self.0 = self
+            .0
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1);
+        usize::try_from((self.0 >> 33) % n).unwrap()
+    }
+}
+
+/// One random change of `db`, among a few names (one of them the parent of two
+/// others) large enough to keep an index: local adds with services and health,
+/// merges from a peer, health changes, removals by id or by address, hiding and
+/// showing the peer, purging it, collecting tombstones.
+fn random_change(db: &Db, rng: &mut Lcg, failing: bool) {
+    let http = ServicePort::parse("_http._tcp", "80").unwrap();
+    let alt = ServicePort::parse("_http._tcp", "8080").unwrap();
+    let dns = ServicePort::parse("_dns._udp", "53").unwrap();
+    let services = [None, Some(&http), Some(&alt), Some(&dns)];
+    let names = [
+        "web.weave.local",
+        "a.web.weave.local",
+        "b.a.web.weave.local",
+        "x.y.weave.local",
+    ];
+    let id = format!("c{}", rng.next(24));
+    let addr = if rng.next(8) == 0 {
+        ip(&format!("fd00::{}", rng.next(4) + 1))
+    } else {
+        ip(&format!("10.0.0.{}", rng.next(12) + 1))
+    };
+    let fqdn = names[rng.next(4)];
+    if failing && rng.next(2) == 0 {
+        // A check of a live local entry fails.
+        let live: Vec<Entry> = db
+            .entries()
+            .into_iter()
+            .filter(|e| !e.tombstone && e.origin == DEFAULT_ORIGIN)
+            .collect();
+        if !live.is_empty() {
+            let e = &live[rng.next(live.len() as u64)];
+            db.set_health(
+                &e.id,
+                e.ip,
+                [Health::Starting, Health::Unhealthy][rng.next(2)],
+            );
+        }
+        return;
+    }
+    // In failing phases checks fail or have no verdict, so names start failing open.
+    let health = if failing {
+        [Health::Starting, Health::Unhealthy, Health::Unhealthy][rng.next(3)]
+    } else {
+        Health::ALL[rng.next(4)]
+    };
+    match rng.next(20) {
+        0..=7 => {
+            db.add_checked(&id, addr, fqdn, services[rng.next(4)], health)
+                .unwrap();
+        }
+        8..=9 => {
+            let version = u64::try_from(rng.next(6)).unwrap() + 1;
+            db.apply(Entry {
+                id,
+                ip: addr,
+                fqdn: fqdn.into(),
+                origin: "peer".into(),
+                version,
+                tombstone: rng.next(3) == 0,
+                service: services[rng.next(4)].cloned(),
+                health,
+            })
+            .unwrap();
+        }
+        10..=12 => {
+            db.set_health(&id, addr, health);
+        }
+        13..=14 => {
+            db.remove(&id, Some(addr), None);
+        }
+        15 => {
+            db.remove(&id, None, Some(fqdn));
+        }
+        16 => {
+            db.remove_all(&id);
+        }
+        17 => {
+            if rng.next(2) == 0 {
+                db.hide_origin("peer");
+            } else {
+                db.show_origin("peer");
+            }
+        }
+        18 => {
+            if rng.next(4) == 0 {
+                db.purge_origin("peer");
+            }
+        }
+        _ => {
+            if rng.next(4) == 0 {
+                db.gc_tombstones(Duration::ZERO);
+            }
+        }
+    }
+}
+
+/// The incremental edit path (serve flags of the touched addresses only, the large
+/// names' indexes and counts, the PTR index, the answered-descendant counts)
+/// matches a recompute from scratch after every change, failing open and closed:
+/// fail-open flips, two ports on one address, revivals, hidden and shown origins,
+/// forgets then re-adds, health changes.
+#[test]
+fn incremental_edits_match_a_recompute_from_scratch() {
+    for mode in [HealthFailMode::Open, HealthFailMode::Closed] {
+        let mut config = DbConfig::new(Domain::new("weave.local").unwrap());
+        config.health_fail = mode;
+        let db = Db::new(config);
+        let mut rng = Lcg(0x2545_f491_4f6c_dd1d);
+        let (mut largest, mut failing_open) = (0, 0);
+        for step in 0..3_000 {
+            random_change(&db, &mut rng, (step / 500) % 2 == 1);
+            if let Err(e) = db.verify() {
+                panic!("{mode:?}, after change {step}: {e}");
+            }
+            largest = largest.max(db.writer.lock().indexes.len());
+            failing_open += db.health_counts().1;
+        }
+        assert!(largest > 0, "no name grew large enough for an index");
+        if mode == HealthFailMode::Open {
+            assert!(failing_open > 0, "no name failed open");
+        }
+    }
+}
+
+/// A name below which another name is answered is an empty non-terminal until the
+/// last answered descendant goes; tombstones and hidden records do not count.
+#[test]
+fn ancestors_count_answered_descendants() {
+    let db = db();
+    let has = |db: &Db, name: &str| {
+        let wire = wire_of_text(name).unwrap();
+        db.tables().has_descendants(&wire)
+    };
+    db.add("c1", ip("10.0.0.1"), "api.prod.eu.weave.local")
+        .unwrap();
+    assert!(has(&db, "prod.eu.weave.local"));
+    assert!(has(&db, "eu.weave.local"));
+    assert!(!has(&db, "api.prod.eu.weave.local"), "nothing below it");
+    assert!(!has(&db, "weave.local"), "the domain itself is not counted");
+    db.add("c2", ip("10.0.0.2"), "web.prod.eu.weave.local")
+        .unwrap();
+    db.remove_all("c1");
+    assert!(has(&db, "prod.eu.weave.local"), "web is still answered");
+    db.add_checked(
+        "c3",
+        ip("10.0.0.3"),
+        "web.prod.eu.weave.local",
+        None,
+        Health::Starting,
+    )
+    .unwrap();
+    db.remove_all("c2");
+    assert!(
+        !has(&db, "prod.eu.weave.local"),
+        "a starting record is not answered"
+    );
+    db.set_health("c3", ip("10.0.0.3"), Health::Healthy);
+    assert!(has(&db, "eu.weave.local"));
+    db.apply(Entry {
+        id: "p1".into(),
+        ip: ip("10.0.0.4"),
+        fqdn: "db.eu.weave.local.".into(),
+        origin: "peer".into(),
+        version: 1,
+        tombstone: false,
+        service: None,
+        health: Health::Unchecked,
+    })
+    .unwrap();
+    db.remove_all("c3");
+    assert!(has(&db, "eu.weave.local"), "the peer's db is answered");
+    assert!(!has(&db, "prod.eu.weave.local"));
+    db.hide_origin("peer");
+    assert!(!has(&db, "eu.weave.local"), "hidden records do not count");
+    db.show_origin("peer");
+    assert!(has(&db, "eu.weave.local"));
+    db.purge_origin("peer");
+    assert!(!has(&db, "eu.weave.local"));
+    db.verify().unwrap();
+}
+
+/// A large name (it keeps an index) starts failing open when its last passing
+/// record fails, and stops when one passes again: every record's flags change.
+#[test]
+fn a_large_name_flips_to_failing_open_and_back() {
+    let db = db();
+    let addr = |i: u8| IpAddr::from([10, 0, 1, i]);
+    for i in 0..20 {
+        db.add_checked(
+            &format!("c{i}"),
+            addr(i),
+            "big.weave.local",
+            None,
+            Health::Healthy,
+        )
+        .unwrap();
+    }
+    assert!(db.writer.lock().indexes.len() == 1, "the name has an index");
+    for i in 0..20 {
+        db.set_health(&format!("c{i}"), addr(i), Health::Unhealthy);
+        db.verify().unwrap();
+        let served = db.lookup("big.weave.local").len();
+        assert_eq!(
+            served,
+            if i == 19 { 20 } else { 19 - usize::from(i) },
+            "after {i}"
+        );
+    }
+    db.set_health("c7", addr(7), Health::Healthy);
+    db.verify().unwrap();
+    assert_eq!(db.lookup("big.weave.local"), vec![addr(7)]);
+}
+
+/// A large name of a peer's and this node's records, two ports of one service at
+/// one address among them: hiding and showing the peer, purging it, collecting
+/// tombstones and registering again keep the index, the flags and the tables
+/// right (checked against a recompute after each step).
+#[test]
+fn a_large_name_survives_hiding_purging_and_re_adding() {
+    let db = db();
+    let http = ServicePort::parse("_http._tcp", "80").unwrap();
+    let alt = ServicePort::parse("_http._tcp", "8080").unwrap();
+    let addr = |i: u8| IpAddr::from([10, 0, 2, i]);
+    let peer = |i: u8, service: &ServicePort| Entry {
+        id: format!("p{i}"),
+        ip: addr(i % 4),
+        fqdn: "big.weave.local.".into(),
+        origin: "peer".into(),
+        version: 1,
+        tombstone: false,
+        service: Some(service.clone()),
+        health: Health::Healthy,
+    };
+    for i in 0..12 {
+        db.apply(peer(i, if (i / 4) % 2 == 0 { &http } else { &alt }))
+            .unwrap();
+    }
+    for i in 0..8 {
+        db.add_service(
+            &format!("c{i}"),
+            addr(10 + i),
+            "big.weave.local",
+            Some(&http),
+        )
+        .unwrap();
+    }
+    db.verify().unwrap();
+    let endpoints = |db: &Db| db.lookup_service("_http._tcp.big.weave.local").len();
+    assert_eq!(
+        endpoints(&db),
+        8 + 8,
+        "4 peer addresses with two ports each"
+    );
+    db.hide_origin("peer");
+    db.verify().unwrap();
+    assert_eq!(endpoints(&db), 8);
+    db.show_origin("peer");
+    db.verify().unwrap();
+    assert_eq!(endpoints(&db), 16);
+    for i in 0..6 {
+        db.remove_all(&format!("c{i}"));
+    }
+    assert_eq!(db.purge_origin("peer"), 12);
+    db.verify().unwrap();
+    assert_eq!(db.gc_tombstones(Duration::ZERO), 6);
+    db.verify().unwrap();
+    assert!(db.writer.lock().indexes.is_empty(), "2 records: no index");
+    for i in 0..20 {
+        db.add(&format!("n{i}"), addr(100 + i), "big.weave.local")
+            .unwrap();
+        db.verify().unwrap();
+    }
+    assert_eq!(db.lookup("big.weave.local").len(), 22);
+    assert_eq!(db.writer.lock().indexes.len(), 1);
+}
