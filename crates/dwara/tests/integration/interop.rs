@@ -4,7 +4,7 @@
 //! small HTTP backends on 127.0.0.x that answer with their own address. Real
 //! processes and real HTTP requests; every wait polls with a deadline.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::path::Path;
@@ -255,6 +255,154 @@ fn haproxy_reaches_every_instance_by_srv_and_by_a_and_follows_changes() {
         "HAProxy followed a failing check=tcp in {:?}",
         started.elapsed()
     );
+}
+
+/// HAProxy by SRV at `by_srv` with a stats socket at `sock`: the README's
+/// `resolvers` and `server-template` lines.
+fn haproxy_weights_config(dns: SocketAddr, by_srv: SocketAddr, sock: &Path) -> String {
+    format!(
+        "\
+global
+    stats socket {sock} mode 600 level admin
+
+defaults
+    mode http
+    timeout connect 1s
+    timeout client 5s
+    timeout server 5s
+
+resolvers dwara
+    nameserver dwara {dns}
+    accepted_payload_size 4096
+    timeout resolve 200ms
+    timeout retry 200ms
+    hold valid 200ms
+    hold obsolete 0s
+
+frontend by_srv
+    bind {by_srv}
+    default_backend web_srv
+
+backend web_srv
+    balance roundrobin
+    server-template web 10 _http._tcp.web.weave.local resolvers dwara init-addr none
+",
+        sock = sock.display()
+    )
+}
+
+/// HAProxy's own weights of the servers of `backend`, by `address:port`, from
+/// `show servers state` on its stats socket (servers without an address left out).
+fn haproxy_weights(sock: &Path, backend: &str) -> BTreeMap<String, u32> {
+    use std::io::{Read as _, Write as _};
+    let Ok(mut s) = std::os::unix::net::UnixStream::connect(sock) else {
+        return BTreeMap::new();
+    };
+    let mut out = String::new();
+    let asked = s.write_all(format!("show servers state {backend}\n").as_bytes());
+    if asked.is_err() || s.read_to_string(&mut out).is_err() {
+        return BTreeMap::new();
+    }
+    let mut lines = out.lines().skip_while(|l| !l.starts_with("# "));
+    let Some(header) = lines.next() else {
+        return BTreeMap::new();
+    };
+    let columns: Vec<&str> = header[2..].split_whitespace().collect();
+    let at = |name: &str| columns.iter().position(|c| *c == name).unwrap();
+    let (addr, port, weight) = (at("srv_addr"), at("srv_port"), at("srv_uweight"));
+    lines
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .filter(|f| f.len() == columns.len() && f[port] != "0" && f[addr] != "-")
+        .map(|f| {
+            (
+                format!("{}:{}", f[addr], f[port]),
+                f[weight].parse().unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// How many of `n` requests through `proxy` each backend answered, by address.
+fn counts(proxy: SocketAddr, n: usize) -> BTreeMap<String, usize> {
+    let got = reached(proxy, n).expect("every request answered with a 200");
+    let mut counts = BTreeMap::new();
+    for body in got {
+        *counts.entry(body).or_default() += 1;
+    }
+    counts
+}
+
+/// Registers `web` under `web.weave.local` (`_http._tcp`) with `weights`.
+fn register_weighted(s: &Serve, web: &[HttpBackend], weights: [u16; 3]) {
+    for (i, (b, w)) in web.iter().zip(weights).enumerate() {
+        let extra = format!("&service=_http._tcp&weight={w}");
+        register(s, &format!("web{i}"), b.addr(), "web.weave.local", &extra);
+    }
+}
+
+/// Waits until HAProxy's weights of `web` are `want`.
+fn await_haproxy_weights(sock: &Path, web: &[HttpBackend], want: [u32; 3]) {
+    let want: BTreeMap<String, u32> = web
+        .iter()
+        .zip(want)
+        .map(|(b, w)| (b.addr().to_string(), w))
+        .collect();
+    let mut last = BTreeMap::new();
+    let ok = poll(FOLLOW, || {
+        last = haproxy_weights(sock, "web_srv");
+        (last == want).then_some(())
+    });
+    assert!(ok.is_some(), "HAProxy's weights {last:?}, want {want:?}");
+}
+
+/// HAProxy 2.6 maps an SRV weight `w` (0–65535) to its own server weight (0–256)
+/// as `(w + 255) / 256` (`resolvers.c`): SRV weights 1 to 256 are all weight 1.
+/// So the canary is registered at 256 beside two at 2304 (HAProxy: 1 and 9), and
+/// the same split at SRV weights 1 and 9 is shown to be even, as HAProxy has it.
+#[test]
+fn haproxy_splits_traffic_by_srv_weight() {
+    if !require("haproxy") {
+        return;
+    }
+    let s = dwara();
+    let web = backends(51, 3);
+    register_weighted(&s, &web, [2304, 2304, 256]);
+    let dir = tempfile::tempdir().unwrap();
+    let by_srv = free_loopback();
+    let sock = dir.path().join("haproxy.sock");
+    let config = dir.path().join("haproxy.cfg");
+    std::fs::write(&config, haproxy_weights_config(s.dns, by_srv, &sock)).unwrap();
+    let _haproxy = Proxy::spawn(
+        "haproxy",
+        Command::new("haproxy").arg("-db").arg("-f").arg(&config),
+        &[by_srv],
+    );
+    await_haproxy_weights(&sock, &web, [9, 9, 1]);
+    const N: usize = 2000;
+    let split = counts(by_srv, N);
+    eprintln!("HAProxy, SRV weights 2304, 2304, 256: {N} requests {split:?}");
+    let got = |b: &HttpBackend| split.get(&b.addr().to_string()).copied().unwrap_or(0);
+    let (low, high) = crate::weights::binomial_band(N, 1.0 / 19.0);
+    assert!(
+        (low..=high).contains(&got(&web[2])),
+        "canary {} of {N}, want {low}..={high} (1/19): {split:?}",
+        got(&web[2])
+    );
+    let (low, high) = crate::weights::binomial_band(N, 9.0 / 19.0);
+    for b in &web[..2] {
+        assert!((low..=high).contains(&got(b)), "{split:?}");
+    }
+    // SRV weights 9, 9, 1 are HAProxy weights 1, 1, 1: an even split.
+    register_weighted(&s, &web, [9, 9, 1]);
+    await_haproxy_weights(&sock, &web, [1, 1, 1]);
+    const EVEN: usize = 600;
+    let split = counts(by_srv, EVEN);
+    eprintln!("HAProxy, SRV weights 9, 9, 1: {EVEN} requests {split:?}");
+    let (low, high) = crate::weights::binomial_band(EVEN, 1.0 / 3.0);
+    for b in &web {
+        let n = split.get(&b.addr().to_string()).copied().unwrap_or(0);
+        assert!((low..=high).contains(&n), "{split:?}");
+    }
 }
 
 /// The Caddy configuration the README shows, with these addresses: `dynamic srv`
