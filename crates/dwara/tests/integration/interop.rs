@@ -1,8 +1,10 @@
 //! SRV and A answers of a real `dwara serve` used by the programs people point at
-//! it: HAProxy (`resolvers` + `server-template`, by SRV and by A) and Caddy
-//! (`reverse_proxy { dynamic srv }` and `dynamic a`, Go's resolver), in front of
-//! small HTTP backends on 127.0.0.x that answer with their own address. Real
-//! processes and real HTTP requests; every wait polls with a deadline.
+//! it: HAProxy (`resolvers` + `server-template`, by SRV and by A, and its split by
+//! SRV weight), Caddy (`reverse_proxy { dynamic srv }` and `dynamic a`, Go's
+//! resolver) and Prometheus (`dns_sd_configs`, `type: SRV`), in front of small
+//! HTTP backends on 127.0.0.x that answer with their own address (and a metric on
+//! `/metrics`). Real processes and real HTTP requests; every wait polls with a
+//! deadline.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -494,4 +496,122 @@ fn caddy_reaches_every_instance_by_srv_and_by_a() {
     let (status, _) = test_support::http::request(s.http, "DELETE", "/name/web1", None);
     assert_eq!(status, 204);
     await_reached("after a delete", by_srv, 12, &[&web[0], &web[2]]);
+}
+
+/// Prometheus scraping every instance of `web.weave.local` found by SRV.
+fn prometheus_config() -> &'static str {
+    "\
+global:
+  scrape_interval: 1s
+  scrape_timeout: 500ms
+scrape_configs:
+  - job_name: web
+    dns_sd_configs:
+      - names: [_http._tcp.web.weave.local]
+        type: SRV
+        refresh_interval: 1s
+"
+}
+
+/// Prometheus' active targets from `/api/v1/targets`: `__address__` → health.
+fn prometheus_targets(web: SocketAddr) -> BTreeMap<String, String> {
+    let client = reqwest::blocking::Client::builder()
+        .timeout(Duration::from_secs(2))
+        .no_proxy()
+        .build()
+        .unwrap();
+    let Ok(resp) = client
+        .get(format!("http://{web}/api/v1/targets?state=active"))
+        .send()
+    else {
+        return BTreeMap::new();
+    };
+    let Ok(v) = serde_json::from_str::<serde_json::Value>(&resp.text().unwrap_or_default()) else {
+        return BTreeMap::new();
+    };
+    v["data"]["activeTargets"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|t| {
+            let addr = t["discoveredLabels"]["__address__"].as_str()?;
+            Some((addr.to_owned(), t["health"].as_str()?.to_owned()))
+        })
+        .collect()
+}
+
+/// Prometheus' `dns_sd_configs` (`type: SRV`) asks the servers of /etc/resolv.conf,
+/// always on port 53, and scrapes each target by its name through the system
+/// resolver. So dwara listens on port 53 of an address of its own in 127/8, and
+/// Prometheus runs in a mount namespace (`unshare -m`) where a bind mount puts a
+/// resolv.conf naming that address over /etc/resolv.conf: the host's file is
+/// never touched. Every instance must appear at its registered port, by its own
+/// target name, and be scraped (`up`).
+#[test]
+fn prometheus_dns_sd_by_srv_scrapes_every_instance() {
+    if !require("prometheus") || !require("unshare") {
+        return;
+    }
+    let started = Instant::now();
+    // An address of 127/8 per process, so parallel runs do not share port 53.
+    let ns_ip = IpAddr::from([127, 53, (std::process::id() % 250) as u8 + 1, 1]);
+    let dns = SocketAddr::new(ns_ip, 53);
+    let s = Serve::start(&[
+        "--dns-listen",
+        &dns.to_string(),
+        "--http-listen",
+        "127.0.0.1:0",
+    ]);
+    let web = backends(81, 3);
+    for (i, b) in web.iter().enumerate() {
+        register(
+            &s,
+            &format!("web{i}"),
+            b.addr(),
+            "web.weave.local",
+            "&service=_http._tcp",
+        );
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let resolv = dir.path().join("resolv.conf");
+    std::fs::write(&resolv, format!("nameserver {ns_ip}\n")).unwrap();
+    let config = dir.path().join("prometheus.yml");
+    std::fs::write(&config, prometheus_config()).unwrap();
+    let listen = free_loopback();
+    let _prometheus = Proxy::spawn(
+        "prometheus",
+        Command::new("unshare")
+            .args(["--mount", "--propagation", "private", "sh", "-c"])
+            .arg("mount --bind \"$0\" /etc/resolv.conf && exec prometheus \"$@\"")
+            .arg(&resolv)
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.path().join("data").display()
+            ))
+            .arg(format!("--web.listen-address={listen}"))
+            .arg("--log.level=warn"),
+        &[listen],
+    );
+    let want: BTreeMap<String, String> = web
+        .iter()
+        .map(|b| {
+            let target = test_support::dig::srv_target(b.addr().ip(), "weave.local");
+            let target = target.trim_end_matches('.');
+            (format!("{target}:{}", b.addr().port()), "up".to_owned())
+        })
+        .collect();
+    let mut last = BTreeMap::new();
+    let found = poll(Duration::from_secs(30), || {
+        last = prometheus_targets(listen);
+        (last == want).then_some(())
+    });
+    assert!(
+        found.is_some(),
+        "Prometheus' targets {last:?}, want {want:?}"
+    );
+    eprintln!(
+        "Prometheus scraped all three instances {:?} after dwara started",
+        started.elapsed()
+    );
 }
