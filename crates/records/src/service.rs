@@ -45,8 +45,8 @@ pub const DEFAULT_WEIGHT: u16 = 1;
 /// let s = ServicePort::parse("_HTTP._tcp", "80").unwrap();
 /// assert_eq!((s.service(), s.port()), ("_http._tcp", 80));
 /// assert_eq!((s.priority(), s.weight()), (0, 1));
-/// let canary = s.with_priority(0).with_weight(9);
-/// assert_eq!(canary.weight(), 9);
+/// let heavy = s.with_priority(1).with_weight(9);
+/// assert_eq!((heavy.priority(), heavy.weight()), (1, 9));
 /// assert!(ServicePort::parse("http", "80").is_err());
 /// assert!(ServicePort::parse("_http._tcp", "0").is_err());
 /// ```
