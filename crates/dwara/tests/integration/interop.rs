@@ -556,6 +556,11 @@ fn prometheus_dns_sd_by_srv_scrapes_every_instance() {
     // An address of 127/8 per process, so parallel runs do not share port 53.
     let ns_ip = IpAddr::from([127, 53, (std::process::id() % 250) as u8 + 1, 1]);
     let dns = SocketAddr::new(ns_ip, 53);
+    // Port 53 needs root (or CAP_NET_BIND_SERVICE).
+    let bindable = std::net::UdpSocket::bind(dns).map(drop);
+    if !test_support::require(&format!("binding {dns}"), bindable) {
+        return;
+    }
     let s = Serve::start(&[
         "--dns-listen",
         &dns.to_string(),
