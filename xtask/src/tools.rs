@@ -32,6 +32,10 @@ const TOOLS: &[(&str, &str)] = &[
     // Interop tests put HAProxy and Caddy in front of dwara's SRV and A answers.
     ("haproxy", "haproxy"),
     ("caddy", "caddy"),
+    // Interop tests point Prometheus' dns_sd_configs (SRV) at dwara, from a mount
+    // namespace whose /etc/resolv.conf names it.
+    ("prometheus", "prometheus"),
+    ("unshare", "util-linux"),
     // Pingora's compression (flate2 with zlib-ng) builds zlib-ng with CMake.
     ("cmake", "cmake"),
 ];

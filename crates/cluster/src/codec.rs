@@ -13,8 +13,10 @@
 //! envelope = 0x01 plain                        (0x02 was a value sealed by builds
 //!                                               before sealed datagrams: rejected)
 //! plain    = bucket | record
-//! bucket   = 0x02 | 0x03                        format version (3: items may carry a
-//!                                               service; 2: they may not)
+//! bucket   = 0x02 | 0x03 | 0x04                 format version (4: services may
+//!                                               carry a priority and weight; 3:
+//!                                               items may carry a service; 2: they
+//!                                               may not)
 //!            varint   bucket version            (LEB128, at most 10 bytes)
 //!            varint   item count                (at least 1)
 //!            item…                              strictly ascending (id, address,
@@ -26,13 +28,17 @@
 //!                                               3 only): a service follows; bits 2-3
 //!                                               (format 3 only): health (0 unchecked,
 //!                                               1 starting, 2 healthy, 3 unhealthy);
+//!                                               bit 4 (format 4 only, with bit 1):
+//!                                               a priority and weight follow;
 //!                                               others 0
 //!            4 | 16   address bytes
 //!            varint   id length, id bytes       (UTF-8, 1..=256 bytes)
 //!            varint   fqdn length, fqdn bytes   (UTF-8, 1..=255 bytes)
 //!           [u16      port                      (big-endian, 1..=65535)
 //!            varint   service length, service   (`_name._tcp|_udp`, checked as the
-//!                                                name server checks it)]
+//!                                                name server checks it)
+//!           [u16      priority                  (big-endian; bit 4 only, never
+//!            u16      weight                     both the defaults 0 and 1)]]
 //! ```
 //!
 //! An entry's health is an attribute its owner publishes with it, like its service:
@@ -41,11 +47,14 @@
 //! as a newer version of the entry.
 //!
 //! Format history: 1 (one entry per key), 2 (buckets), 3 (buckets whose entries may
-//! carry a service and port, answered as SRV). A node writes format 2 for a bucket
-//! none of whose entries has a service, so nodes of builds before format 3 keep
-//! reading every bucket until services are used; they reject a format 3 bucket
-//! (counted as malformed), so upgrade every node before registering ports. This
-//! build reads all three.
+//! carry a service and port, answered as SRV), 4 (services may carry an SRV
+//! priority and weight other than 0 and 1). A node writes the lowest format its
+//! bucket needs: 2 when no entry has a service or a check, 3 when no service has a
+//! priority or weight of its own, else 4. So nodes of older builds keep reading
+//! every bucket until the newer attribute is used; they reject a bucket of a format
+//! they do not know (counted as malformed, and the entries in it are not learnt
+//! from that node), so upgrade every node before registering ports (format 3) or
+//! priorities and weights (format 4). This build reads all four.
 //!
 //! The version is the chitchat version the key was set at; a receiver rejects a value
 //! whose version is not its key's. An entry leaves a bucket by the bucket being set
@@ -74,6 +83,8 @@ pub const RECORD_FORMAT: u8 = 1;
 pub const BUCKET_FORMAT: u8 = 2;
 /// The format version of a bucket whose items may carry a service.
 pub const BUCKET_FORMAT_SERVICES: u8 = 3;
+/// The format version of a bucket whose services may carry a priority and weight.
+pub const BUCKET_FORMAT_RANKED: u8 = 4;
 /// Longest container id a record carries.
 pub const MAX_ID_LEN: usize = 256;
 /// Longest name a record carries (the DNS limit in text form).
@@ -86,6 +97,7 @@ const FLAG_V6: u8 = 0x01;
 const FLAG_SERVICE: u8 = 0x02;
 const HEALTH_SHIFT: u8 = 2;
 const HEALTH_MASK: u8 = 0x0c;
+const FLAG_RANK: u8 = 0x10;
 
 /// One entry as published: what a record carries (the origin is the publisher).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -124,7 +136,8 @@ impl Item {
             IpAddr::V6(_) => 16,
         };
         let service = self.service.as_ref().map_or(0, |s| {
-            2 + varint_len(s.service().len() as u64) + s.service().len()
+            let rank = if s.has_default_rank() { 0 } else { 4 };
+            2 + varint_len(s.service().len() as u64) + s.service().len() + rank
         });
         1 + addr
             + varint_len(self.id.len() as u64)
@@ -236,20 +249,27 @@ pub fn decode_record(bytes: &[u8]) -> Result<Record, DecodeError> {
     })
 }
 
-/// Encodes a bucket (no envelope): format 2 when no item has a service, else 3. Its
-/// items must be strictly ascending and at least one, as [`decode_bucket`] requires.
-pub fn encode_bucket(bucket: &Bucket) -> Vec<u8> {
-    let items: usize = bucket.items.iter().map(Item::encoded_len).sum();
-    let mut out = Vec::with_capacity(BUCKET_OVERHEAD + items);
-    let services = bucket
-        .items
+/// The format a bucket of `items` is written in: the lowest that carries them.
+pub fn bucket_format(items: &[Item]) -> u8 {
+    let ranked = |i: &Item| i.service.as_ref().is_some_and(|s| !s.has_default_rank());
+    if items.iter().any(ranked) {
+        BUCKET_FORMAT_RANKED
+    } else if items
         .iter()
-        .any(|i| i.service.is_some() || i.health != Health::Unchecked);
-    out.push(if services {
+        .any(|i| i.service.is_some() || i.health != Health::Unchecked)
+    {
         BUCKET_FORMAT_SERVICES
     } else {
         BUCKET_FORMAT
-    });
+    }
+}
+
+/// Encodes a bucket (no envelope) in [`bucket_format`]. Its items must be strictly
+/// ascending and at least one, as [`decode_bucket`] requires.
+pub fn encode_bucket(bucket: &Bucket) -> Vec<u8> {
+    let items: usize = bucket.items.iter().map(Item::encoded_len).sum();
+    let mut out = Vec::with_capacity(BUCKET_OVERHEAD + items);
+    out.push(bucket_format(&bucket.items));
     put_varint(&mut out, bucket.version);
     put_varint(&mut out, bucket.items.len() as u64);
     for item in &bucket.items {
@@ -262,7 +282,7 @@ pub fn encode_bucket(bucket: &Bucket) -> Vec<u8> {
 pub fn decode_bucket(bytes: &[u8]) -> Result<Bucket, DecodeError> {
     let mut r = Reader { bytes, pos: 0 };
     let format = match bytes.first() {
-        Some(&BUCKET_FORMAT_SERVICES) => BUCKET_FORMAT_SERVICES,
+        Some(&f @ (BUCKET_FORMAT_SERVICES | BUCKET_FORMAT_RANKED)) => f,
         _ => BUCKET_FORMAT,
     };
     let version = r.header(format)?;
@@ -345,10 +365,10 @@ pub fn value_len(plain_len: usize) -> usize {
 }
 
 fn put_item(out: &mut Vec<u8>, item: &Item) {
-    let service = if item.service.is_some() {
-        FLAG_SERVICE
-    } else {
-        0
+    let service = match &item.service {
+        None => 0,
+        Some(s) if s.has_default_rank() => FLAG_SERVICE,
+        Some(_) => FLAG_SERVICE | FLAG_RANK,
     } | (item.health.code() << HEALTH_SHIFT);
     match item.ip {
         IpAddr::V4(v4) => {
@@ -368,6 +388,10 @@ fn put_item(out: &mut Vec<u8>, item: &Item) {
         out.extend_from_slice(&s.port().to_be_bytes());
         put_varint(out, s.service().len() as u64);
         out.extend_from_slice(s.service().as_bytes());
+        if !s.has_default_rank() {
+            out.extend_from_slice(&s.priority().to_be_bytes());
+            out.extend_from_slice(&s.weight().to_be_bytes());
+        }
     }
 }
 
@@ -442,15 +466,16 @@ impl Reader<'_> {
         self.varint()
     }
 
-    /// One item of a value of `format` (only format 3 items may carry a service).
+    /// One item of a value of `format` (only format 3 and 4 items may carry a
+    /// service, only format 4 services a priority and weight).
     fn item(&mut self, format: u8) -> Result<Item, DecodeError> {
         let flags = self.u8()?;
-        let known = if format == BUCKET_FORMAT_SERVICES {
-            FLAG_V6 | FLAG_SERVICE | HEALTH_MASK
-        } else {
-            FLAG_V6
+        let known = match format {
+            BUCKET_FORMAT_RANKED => FLAG_V6 | FLAG_SERVICE | HEALTH_MASK | FLAG_RANK,
+            BUCKET_FORMAT_SERVICES => FLAG_V6 | FLAG_SERVICE | HEALTH_MASK,
+            _ => FLAG_V6,
         };
-        if flags & !known != 0 {
+        if flags & !known != 0 || (flags & FLAG_RANK != 0 && flags & FLAG_SERVICE == 0) {
             return Err(DecodeError::UnknownFlags(flags));
         }
         let health = Health::from_code((flags & HEALTH_MASK) >> HEALTH_SHIFT)
@@ -472,7 +497,18 @@ impl Reader<'_> {
             if service.service() != name {
                 return Err(DecodeError::BadField("service"));
             }
-            Some(service)
+            if flags & FLAG_RANK == 0 {
+                Some(service)
+            } else {
+                let priority = u16::from_be_bytes(self.array::<2>()?);
+                let weight = u16::from_be_bytes(self.array::<2>()?);
+                let ranked = service.with_priority(priority).with_weight(weight);
+                // The defaults are written without the flag: one encoding per item.
+                if ranked.has_default_rank() {
+                    return Err(DecodeError::BadField("priority and weight"));
+                }
+                Some(ranked)
+            }
         } else {
             None
         };

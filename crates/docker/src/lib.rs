@@ -16,5 +16,7 @@ pub use config::{
 };
 pub use error::{Error, Result};
 #[doc(hidden)]
-pub use names::{PORT_LABEL, SERVICE_LABEL, desired_records, service_of};
+pub use names::{
+    PORT_LABEL, PRIORITY_LABEL, SERVICE_LABEL, WEIGHT_LABEL, desired_records, service_of,
+};
 pub use updater::{DockerOff, DockerUpdater, Repair, Started};

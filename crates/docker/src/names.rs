@@ -6,6 +6,8 @@
 //! SRV; `dwara.service=_http._tcp` names the service. Without `dwara.service` the
 //! service is `_<port>._<proto>`, the protocol from the port's exposure in the
 //! container's config (`80/udp` exposed and `80/tcp` not: `_udp`; else `_tcp`).
+//! `dwara.priority` and `dwara.weight` (0–65535 each, RFC 2782; default 0 and 1)
+//! set the SRV record's priority and weight, and need `dwara.port`.
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;
@@ -13,7 +15,10 @@ use std::net::IpAddr;
 use bollard::models::{
     ContainerInspectResponse, ContainerStateStatusEnum, EndpointSettings, HealthStatusEnum,
 };
-use dwara_records::{Domain, Error as NameError, Health, Protocol, ServicePort, parse_port};
+use dwara_records::{
+    DEFAULT_PRIORITY, DEFAULT_WEIGHT, Domain, Error as NameError, Health, Protocol, ServicePort,
+    parse_port, parse_priority, parse_weight,
+};
 
 use crate::config::{NameSource, NameSources};
 use crate::time::{Nanos, parse_rfc3339};
@@ -151,24 +156,41 @@ pub(crate) fn desired(
 pub const PORT_LABEL: &str = "dwara.port";
 /// The label naming a container's service.
 pub const SERVICE_LABEL: &str = "dwara.service";
+/// The label giving the SRV priority of a container's service.
+pub const PRIORITY_LABEL: &str = "dwara.priority";
+/// The label giving the SRV weight of a container's service.
+pub const WEIGHT_LABEL: &str = "dwara.weight";
 
-/// The service and port the container's labels ask for: `None` without
-/// `dwara.port`; an error naming the bad label value otherwise.
+/// The service and port the container's labels ask for, with their priority and
+/// weight: `None` without `dwara.port`; an error naming the bad label value
+/// otherwise.
 pub fn service_of(c: &ContainerInspectResponse) -> Result<Option<ServicePort>, NameError> {
     let config = c.config.as_ref();
     let labels = config.and_then(|c| c.labels.as_ref());
     let label = |key: &str| labels.and_then(|l| l.get(key)).map(String::as_str);
     let Some(port) = label(PORT_LABEL) else {
-        return match label(SERVICE_LABEL) {
-            Some(service) => Err(NameError::ServiceWithoutPort {
+        let without = |field, value: &str| NameError::RankWithoutPort {
+            field,
+            value: value.to_owned(),
+        };
+        return match (
+            label(SERVICE_LABEL),
+            label(PRIORITY_LABEL),
+            label(WEIGHT_LABEL),
+        ) {
+            (Some(service), _, _) => Err(NameError::ServiceWithoutPort {
                 service: service.to_owned(),
             }),
-            None => Ok(None),
+            (None, Some(v), _) => Err(without("priority", v)),
+            (None, None, Some(v)) => Err(without("weight", v)),
+            (None, None, None) => Ok(None),
         };
     };
     let port = parse_port(port)?;
-    match label(SERVICE_LABEL) {
-        Some(service) => ServicePort::new(service.trim(), port).map(Some),
+    let priority = label(PRIORITY_LABEL).map(parse_priority).transpose()?;
+    let weight = label(WEIGHT_LABEL).map(parse_weight).transpose()?;
+    let service = match label(SERVICE_LABEL) {
+        Some(service) => ServicePort::new(service.trim(), port)?,
         None => {
             let exposed = |proto: &str| {
                 config
@@ -180,9 +202,14 @@ pub fn service_of(c: &ContainerInspectResponse) -> Result<Option<ServicePort>, N
             } else {
                 Protocol::Tcp
             };
-            Ok(Some(ServicePort::unnamed(port, protocol)))
+            ServicePort::unnamed(port, protocol)
         }
-    }
+    };
+    Ok(Some(
+        service
+            .with_priority(priority.unwrap_or(DEFAULT_PRIORITY))
+            .with_weight(weight.unwrap_or(DEFAULT_WEIGHT)),
+    ))
 }
 
 /// [`desired`] from public parts, for the fuzz target in `dwara-fuzz-checks`: the

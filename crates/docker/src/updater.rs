@@ -611,7 +611,7 @@ impl Shared {
             Err(e) => {
                 self.metrics.bad_labels.inc();
                 tracing::warn!(container = %id, error = %e,
-                    "bad dwara.port/dwara.service label; names registered without a service");
+                    "bad dwara.port/dwara.service/dwara.priority/dwara.weight label; names registered without a service");
                 None
             }
         };

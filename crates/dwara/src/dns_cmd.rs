@@ -49,8 +49,8 @@ impl ApiArgs {
 #[derive(Debug, Subcommand)]
 pub(crate) enum DnsCommand {
     /// Register IP under FQDN for container ID (with --port, also answered as SRV at
-    /// SERVICE.FQDN; with --check tcp, answered only while IP:PORT accepts
-    /// connections).
+    /// SERVICE.FQDN, with --priority and --weight; with --check tcp, answered only
+    /// while IP:PORT accepts connections).
     Add {
         /// The container (or any owner) id.
         id: String,
@@ -64,6 +64,14 @@ pub(crate) enum DnsCommand {
         /// The service (`_http._tcp`); default `_<port>._tcp`. Needs --port.
         #[arg(long, requires = "port")]
         service: Option<String>,
+        /// The SRV priority (0–65535, lower is preferred; RFC 2782) [default: 0].
+        /// Needs --port.
+        #[arg(long, requires = "port")]
+        priority: Option<u16>,
+        /// The SRV weight (0–65535, the share among instances of one priority;
+        /// RFC 2782) [default: 1]. Needs --port.
+        #[arg(long, requires = "port")]
+        weight: Option<u16>,
         /// Check the entry: `tcp` connects to IP:PORT every check interval of the
         /// server; the name is answered only while it passes. Needs --port.
         #[arg(long, requires = "port", value_parser = ["tcp"])]
@@ -100,14 +108,19 @@ pub(crate) async fn run(cmd: DnsCommand) -> anyhow::Result<()> {
             fqdn,
             port,
             service,
+            priority,
+            weight,
             check,
             api,
         } => {
             let url = api.url(&["name", &id, &ip.to_string()])?;
-            let port = port.map(|p| p.to_string());
+            let [port, priority, weight] =
+                [port, priority, weight].map(|v| v.map(|v| v.to_string()));
             let mut form = vec![("fqdn", fqdn.as_str())];
             form.extend(port.as_deref().map(|p| ("port", p)));
             form.extend(service.as_deref().map(|s| ("service", s)));
+            form.extend(priority.as_deref().map(|p| ("priority", p)));
+            form.extend(weight.as_deref().map(|w| ("weight", w)));
             form.extend(check.as_deref().map(|c| ("check", c)));
             expect_ok(request(Method::PUT, url, Some(&form), &api).await?)?;
         }

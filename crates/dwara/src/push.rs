@@ -5,8 +5,9 @@
 //! whose `hostname` is in the domain (and whose `nameservers`, if any, include this
 //! name server's DNS address: an upstream that names other servers asked for
 //! them), it hands out a [`DbSource`]. That source answers from [`Db::lookup`],
-//! (or, for SRV, [`Db::lookup_service`]: the entries registered with that service,
-//! at their ports), which is what a DNS query would be answered from, and its
+//! (or, for SRV, [`Db::lookup_srv`]: the entries registered with that service, at
+//! their ports, with their priorities and weights), which is what a DNS query would
+//! be answered from, and its
 //! [`DiscoverySource::changes`] is [`Db::watch`], so the refresh loop resolves again
 //! as soon as the database changes (a `PUT`, a `DELETE`, a Docker event, a peer's
 //! gossip, a peer going down), with the loop's usual policy: the `min_endpoints`
@@ -80,15 +81,19 @@ pub(crate) struct DbSource {
 
 impl DbSource {
     /// The endpoints the database serves for the name now: for SRV, the entries
-    /// registered with the service (`<service>.<fqdn>`) at their ports, priority 0
-    /// and weight 1 as the name server answers them.
+    /// registered with the service (`<service>.<fqdn>`) at their ports, with the
+    /// priority and weight the name server answers them with.
     fn endpoints(&self) -> EndpointSet {
         if self.record_type == RecordType::SRV {
             return self
                 .db
-                .lookup_service(&self.fqdn)
+                .lookup_srv(&self.fqdn)
                 .into_iter()
-                .map(|addr| Endpoint::new(addr).with_weight(1).with_priority(0))
+                .map(|t| {
+                    Endpoint::new(t.addr)
+                        .with_weight(t.weight)
+                        .with_priority(t.priority)
+                })
                 .collect();
         }
         let family = |ip: &IpAddr| match self.record_type {
@@ -219,10 +224,24 @@ mod tests {
         // Without the service: not an SRV endpoint.
         db.add("c2", "10.0.0.2".parse().unwrap(), "api.weave.local")
             .unwrap();
+        // With a priority and weight of its own: the endpoint carries them.
+        let canary = http.clone().with_priority(1).with_weight(9);
+        db.add_service(
+            "c3",
+            "10.0.0.3".parse().unwrap(),
+            "api.weave.local",
+            Some(&canary),
+        )
+        .unwrap();
         let got = srv.resolve().await.unwrap().endpoints;
         assert_eq!(
-            got.iter().map(|e| e.addr.to_string()).collect::<Vec<_>>(),
-            ["10.0.0.1:8080"]
+            got.iter()
+                .map(|e| (e.addr.to_string(), e.priority, e.weight))
+                .collect::<Vec<_>>(),
+            [
+                ("10.0.0.1:8080".to_owned(), 0, 1),
+                ("10.0.0.3:8080".to_owned(), 1, 9)
+            ]
         );
         assert_eq!(srv.describe(), "db SRV _http._tcp.api.weave.local. (push)");
     }

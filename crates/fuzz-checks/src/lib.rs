@@ -250,13 +250,24 @@ pub fn resolv_conf(data: &[u8]) {
 /// Any bytes as an HTTP form body: no panic, and a decoded value is never longer than
 /// the body it came from (decoding only shrinks, up to UTF-8 replacement characters).
 /// The `port` and `service` values give a service only in the checked form (port
-/// 1–65535, `_name._tcp|_udp`, lower-case), which parses back to itself; a `check`
-/// value gives a check only when it names a known kind and there is a port.
+/// 1–65535, `_name._tcp|_udp`, lower-case), which parses back to itself, with the
+/// `priority` and `weight` values when given (0 and 1 when not) and never without
+/// a port; a `check` value gives a check only when it names a known kind and there
+/// is a port.
 pub fn http_form(data: &[u8]) {
-    let port = dwara_nameserver::http::form_value(data, "port");
-    let service = dwara_nameserver::http::form_value(data, "service");
-    let parsed = dwara_nameserver::http::service_param(port.as_deref(), service.as_deref());
-    let check = dwara_nameserver::http::form_value(data, "check");
+    use dwara_nameserver::http::{ServiceForm, form_value, service_param};
+    let [port, service, priority, weight] =
+        ["port", "service", "priority", "weight"].map(|key| form_value(data, key));
+    let parsed = service_param(ServiceForm {
+        port: port.as_deref(),
+        service: service.as_deref(),
+        priority: priority.as_deref(),
+        weight: weight.as_deref(),
+    });
+    if port.is_none() && (priority.is_some() || weight.is_some()) {
+        assert!(parsed.is_err(), "a priority or weight without a port");
+    }
+    let check = form_value(data, "check");
     let with_check = dwara_nameserver::http::check_param(
         check.as_deref(),
         parsed.as_ref().ok().and_then(Option::as_ref),
@@ -276,10 +287,18 @@ pub fn http_form(data: &[u8]) {
         let text = s.service();
         assert_eq!(text, text.to_ascii_lowercase());
         assert!(text.starts_with('_') && (text.ends_with("._tcp") || text.ends_with("._udp")));
-        let again = ServicePort::parse(text, &s.port().to_string());
+        let given = |value: Option<&String>, default: u16| {
+            value.map_or(default, |v| {
+                v.trim().parse::<u16>().expect("an accepted value")
+            })
+        };
+        assert_eq!(s.priority(), given(priority.as_ref(), 0), "{priority:?}");
+        assert_eq!(s.weight(), given(weight.as_ref(), 1), "{weight:?}");
+        let again = ServicePort::parse(text, &s.port().to_string())
+            .map(|a| a.with_priority(s.priority()).with_weight(s.weight()));
         assert_eq!(again.as_ref().ok(), Some(&s), "{text}");
     }
-    if let Some(value) = dwara_nameserver::http::form_value(data, "fqdn") {
+    if let Some(value) = form_value(data, "fqdn") {
         let replaced = value.matches('\u{FFFD}').count();
         assert!(
             value.len() <= data.len() + 2 * replaced,

@@ -7,9 +7,10 @@ use std::sync::OnceLock;
 
 use bollard::models::ContainerInspectResponse;
 use dwara_cluster::codec::{
-    BUCKET_FORMAT, BUCKET_FORMAT_SERVICES, BUCKET_OVERHEAD, Bucket, Item, MAX_FQDN_LEN, MAX_ID_LEN,
-    RECORD_FORMAT, Record, decode_bucket, decode_bucket_value, decode_plain, decode_record,
-    decode_value, encode_bucket, encode_bucket_value, encode_record, encode_value, value_len,
+    BUCKET_FORMAT, BUCKET_FORMAT_RANKED, BUCKET_FORMAT_SERVICES, BUCKET_OVERHEAD, Bucket, Item,
+    MAX_FQDN_LEN, MAX_ID_LEN, RECORD_FORMAT, Record, bucket_format, decode_bucket,
+    decode_bucket_value, decode_plain, decode_record, decode_value, encode_bucket,
+    encode_bucket_value, encode_record, encode_value, value_len,
 };
 use dwara_docker::{NameSource, NameSources, desired_records};
 use dwara_nameserver::Domain;
@@ -92,7 +93,7 @@ pub fn cluster_bucket(data: &[u8]) {
         (Some(&RECORD_FORMAT), plain) => {
             assert_eq!(plain, decode_record(data).map(Bucket::from));
         }
-        (Some(&BUCKET_FORMAT) | Some(&BUCKET_FORMAT_SERVICES), plain) => {
+        (Some(&(BUCKET_FORMAT | BUCKET_FORMAT_SERVICES | BUCKET_FORMAT_RANKED)), plain) => {
             assert_eq!(plain, decode_bucket(data));
         }
         (_, plain) => assert!(plain.is_err(), "{plain:?}"),
@@ -112,9 +113,14 @@ pub fn cluster_bucket(data: &[u8]) {
         } else {
             IpAddr::from([0xfd00, 0, 0, 0, 0, 0, 0, u16::from(n)])
         };
-        // An id that is a valid service gives the item that service, on port n + 1.
-        let service =
-            dwara_nameserver::ServicePort::parse(id, &(u16::from(n) + 1).to_string()).ok();
+        // An id that is a valid service gives the item that service, on port n + 1,
+        // with a priority and weight of its own every third item.
+        let service = dwara_nameserver::ServicePort::parse(id, &(u16::from(n) + 1).to_string())
+            .ok()
+            .map(|s| match n % 3 {
+                0 => s.with_priority(u16::from(n)).with_weight(fqdn.len() as u16),
+                _ => s,
+            });
         items.insert(Item {
             id: id.to_owned(),
             ip,
@@ -156,20 +162,30 @@ fn check_bucket(b: &Bucket) {
         assert!((1..=MAX_FQDN_LEN).contains(&item.fqdn.len()));
         if let Some(s) = &item.service {
             // Only the checked, normalised form decodes.
-            let again = dwara_nameserver::ServicePort::parse(s.service(), &s.port().to_string());
+            let again = dwara_nameserver::ServicePort::parse(s.service(), &s.port().to_string())
+                .map(|a| a.with_priority(s.priority()).with_weight(s.weight()));
             assert_eq!(again.as_ref().ok(), Some(s));
         }
     }
     let plain = encode_bucket(b);
+    let ranked = b
+        .items
+        .iter()
+        .any(|i| i.service.as_ref().is_some_and(|s| !s.has_default_rank()));
     let attributes = b
         .items
         .iter()
         .any(|i| i.service.is_some() || i.health != dwara_nameserver::Health::Unchecked);
+    let want = match (ranked, attributes) {
+        (true, _) => BUCKET_FORMAT_RANKED,
+        (false, true) => BUCKET_FORMAT_SERVICES,
+        (false, false) => BUCKET_FORMAT,
+    };
     assert_eq!(
-        plain[0] == BUCKET_FORMAT_SERVICES,
-        attributes,
-        "format 3 iff a service or a checked entry"
+        plain[0], want,
+        "format 4 iff a priority or weight, else 3 iff a service or a checked entry"
     );
+    assert_eq!(bucket_format(&b.items), want);
     assert_eq!(decode_bucket(&plain).as_ref(), Ok(b));
     let v = encode_bucket_value(b);
     assert_eq!(v.len(), value_len(plain.len()));
@@ -209,11 +225,17 @@ pub fn store_record(data: &[u8]) {
     match r.encode() {
         Ok(key) => {
             assert_eq!(dwara_store::decode(&key).as_ref().ok(), Some(&r));
-            // With a service named by the id and a port from the length.
+            // With a service named by the id and a port from the length, and a
+            // priority and weight from the bytes (the defaults for short inputs).
             let port = (data.len() % 65_536) as u16;
+            let rank = |i: usize, default| {
+                data.get(i..i + 2)
+                    .map_or(default, |b| u16::from_be_bytes([b[0], b[1]]))
+            };
             let with = r.clone().with_service(Some(dwara_store::Service {
-                name: id.to_owned(),
-                port,
+                priority: rank(0, dwara_store::DEFAULT_PRIORITY),
+                weight: rank(2, dwara_store::DEFAULT_WEIGHT),
+                ..dwara_store::Service::new(id, port)
             }));
             match with.encode_value() {
                 Ok(value) => {
@@ -261,7 +283,8 @@ fn listed_ips(c: &ContainerInspectResponse, network: Option<&str>) -> BTreeSet<I
 
 /// The first byte picks the name sources (bits 0–2), a network filter (bit 3) and
 /// a `die` time (bits 4–6); the rest is JSON for a container inspect answer. Its
-/// `dwara.port` / `dwara.service` labels give a checked service or an error.
+/// `dwara.port` / `dwara.service` / `dwara.priority` / `dwara.weight` labels give a
+/// checked service or an error.
 /// Every record's name is a normalised name strictly below the domain, every
 /// address is one the selected networks list, and the mapping is a pure function
 /// of the container (the same after a JSON round trip).
@@ -307,8 +330,21 @@ pub fn docker_event(data: &[u8]) {
             port.map(|p| p.trim().parse::<u16>().ok()),
             Some(Some(s.port()))
         );
-        let again = dwara_nameserver::ServicePort::parse(s.service(), &s.port().to_string());
+        let again = dwara_nameserver::ServicePort::parse(s.service(), &s.port().to_string())
+            .map(|a| a.with_priority(s.priority()).with_weight(s.weight()));
         assert_eq!(again.ok().as_ref(), Some(&s));
+        // The labelled priority and weight, or the defaults without them.
+        for (label, got, default) in [
+            (dwara_docker::PRIORITY_LABEL, s.priority(), 0),
+            (dwara_docker::WEIGHT_LABEL, s.weight(), 1),
+        ] {
+            let value = labels.and_then(|l| l.get(label));
+            assert_eq!(
+                value.map_or(Some(default), |v| v.trim().parse::<u16>().ok()),
+                Some(got),
+                "{label}"
+            );
+        }
     }
     let records = desired_records(&c, domain, &sources, network, died_at);
     let ips = listed_ips(&c, network);

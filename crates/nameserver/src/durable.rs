@@ -2,9 +2,9 @@
 //! [`dwara_store::Store`] before the answer is sent.
 //!
 //! Only the HTTP handlers come through here, so only this node's hand-made
-//! registrations are stored, with their service and check (a stored check starts
-//! again when the store is loaded). The Docker updater and replication write to the
-//! [`Db`] directly and rebuild their entries themselves.
+//! registrations are stored, with their service (port, priority, weight) and check
+//! (a stored check starts again when the store is loaded). The Docker updater and
+//! replication write to the [`Db`] directly and rebuild their entries themselves.
 //!
 //! Ordering: a change is applied to the [`Db`] and queued for the store under one
 //! lock, so the store sees changes in the order the database did; the handler then
@@ -133,7 +133,9 @@ fn stored_service(s: &Service) -> Result<ServicePort> {
     let port = std::num::NonZeroU16::new(s.port).ok_or(dwara_records::Error::InvalidPort {
         input: s.port.to_string(),
     })?;
-    Ok(ServicePort::new(&s.name, port)?)
+    Ok(ServicePort::new(&s.name, port)?
+        .with_priority(s.priority)
+        .with_weight(s.weight))
 }
 
 /// `e` and its causes on one line, `: `-separated.
@@ -194,8 +196,9 @@ pub(crate) async fn add(
         // Also when the entry was live already (e.g. made by the Docker updater):
         // it is now a hand-made registration too.
         let service = service.map(|s| Service {
-            name: s.service().to_owned(),
-            port: s.port(),
+            priority: s.priority(),
+            weight: s.weight(),
+            ..Service::new(s.service(), s.port())
         });
         d.store.submit(Write::Put(
             Registration::new(id, ip, fqdn)

@@ -13,7 +13,8 @@
 //!
 //! SRV: a query for `<service>.<name>` (two `_` labels, e.g. `_http._tcp.web.weave.local`)
 //! is answered from the records of `<name>` that carry that service: one SRV record
-//! per instance, i.e. per (address, port) (priority 0, weight 1), in random order,
+//! per instance, i.e. per (address, port), with the registration's priority and
+//! weight (0 and 1 unless set), in random order,
 //! each targeting a name of its own, `<hex address>.addr.<domain>`
 //! (`0a200001.addr.weave.local`), written out: RFC 2782 forbids compressing the
 //! target, and Go's resolver refuses an answer that does. TC when not all fit. Then,
@@ -607,9 +608,11 @@ impl Handler {
             }
             let Some(srv) = &r.service else { continue };
             write_rr_head(&mut out[pos..], rtype::SRV, self.ttl, 0);
+            let [r0, r1] = srv.spec.priority().to_be_bytes();
+            let [w0, w1] = srv.spec.weight().to_be_bytes();
             let [p0, p1] = srv.spec.port().to_be_bytes();
-            // Priority 0, weight 1, the port, the target.
-            out[pos + 12..pos + SRV_FIXED_LEN].copy_from_slice(&[0, 0, 0, 1, p0, p1]);
+            // The entry's priority and weight, the port, the target.
+            out[pos + 12..pos + SRV_FIXED_LEN].copy_from_slice(&[r0, r1, w0, w1, p0, p1]);
             *target = (pos + SRV_FIXED_LEN) as u32;
             let end = self.write_target(out, pos + SRV_FIXED_LEN, r.ip);
             // A name is at most 255 bytes: the rdata length fits.

@@ -4,16 +4,18 @@
 //!
 //! | request | effect |
 //! |---|---|
-//! | `PUT /name/<id>/<ip>`, form `fqdn=…`, optional `port=1..65535`, `service=_name._tcp`, `check=tcp` | add (or replace the entry's service, port and check); 204; 400 with a message for a bad IP, a missing fqdn or one outside the domain or at or below `addr.<domain>` (reserved for SRV targets), a bad port or service, a service without a port, an unknown check or a check without a port |
+//! | `PUT /name/<id>/<ip>`, form `fqdn=…`, optional `port=1..65535`, `service=_name._tcp`, `priority=0..65535`, `weight=0..65535`, `check=tcp` | add (or replace the entry's service, port, priority, weight and check); 204; 400 with a message for a bad IP, a missing fqdn or one outside the domain or at or below `addr.<domain>` (reserved for SRV targets), a bad port, service, priority or weight, a service, priority or weight without a port, an unknown check or a check without a port |
 //! | `DELETE /name/<id>/<ip>` (`fqdn` optional, form body or query) | tombstone; 204 also when nothing matched |
 //! | `DELETE /name/<id>` | tombstone every entry of the id; 204 |
 //! | either DELETE matching only other nodes' live entries | 409, JSON `{"error", "owners": [node…]}` |
 //! | `GET /name/<fqdn>` | 200 JSON array of IPs; 404 when none |
 //! | `GET /name/<service>.<fqdn>` | 200 JSON array of the service's endpoints, `"ip:port"` (`"[v6]:port"`); 404 when none |
-//! | `GET /name` | 200 JSON array of every live entry (with `service` and `port` when it has them, `health` when it is checked, `check` when this node runs its check); `?tombstones=true` adds tombstones, `?fqdn=<fqdn>` keeps one name's |
+//! | `GET /name` | 200 JSON array of every live entry (with `service`, `port`, `priority` and `weight` when it has a service, `health` when it is checked, `check` when this node runs its check); `?tombstones=true` adds tombstones, `?fqdn=<fqdn>` keeps one name's |
 //! | `GET /domain` | the domain as text |
 //!
-//! A `port` without `service` registers the service `_<port>._tcp`. With
+//! A `port` without `service` registers the service `_<port>._tcp`. `priority` and
+//! `weight` are those of the entry's SRV record (RFC 2782; 0 and 1 when not given;
+//! weight 0 is allowed: a very small share beside weights above 0). With
 //! `check=tcp` this node connects to the entry's address and port every check
 //! interval (see `checks`): the entry is not answered before the first connect
 //! succeeds, and leaves the answers after the configured number of failures in a
@@ -95,24 +97,52 @@ fn fqdn_param(body: &[u8], query: Option<&str>) -> Option<String> {
     param(body, query, "fqdn")
 }
 
-/// The service of a registration from its `port` and `service` form values: none
-/// without a port, `_<port>._tcp` for a port alone. Public for fuzzing.
-pub fn service_param(
-    port: Option<&str>,
-    service: Option<&str>,
-) -> Result<Option<crate::ServicePort>, crate::Error> {
-    match (port, service) {
-        (None, None) => Ok(None),
-        (None, Some(s)) => Err(dwara_records::Error::ServiceWithoutPort {
-            service: s.to_owned(),
+/// The service form values of a registration, as given (absent: `None`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ServiceForm<'a> {
+    /// `port=1..65535`.
+    pub port: Option<&'a str>,
+    /// `service=_name._tcp|_udp`.
+    pub service: Option<&'a str>,
+    /// `priority=0..65535`.
+    pub priority: Option<&'a str>,
+    /// `weight=0..65535`.
+    pub weight: Option<&'a str>,
+}
+
+/// The service of a registration from its form values: none without a port,
+/// `_<port>._tcp` for a port alone; priority and weight (RFC 2782, 0–65535, default
+/// 0 and 1) only with a port. Public for fuzzing.
+pub fn service_param(form: ServiceForm<'_>) -> Result<Option<crate::ServicePort>, crate::Error> {
+    let Some(p) = form.port else {
+        let without = |field, value: &str| dwara_records::Error::RankWithoutPort {
+            field,
+            value: value.to_owned(),
+        };
+        return Err(match (form.service, form.priority, form.weight) {
+            (None, None, None) => return Ok(None),
+            (Some(s), _, _) => dwara_records::Error::ServiceWithoutPort {
+                service: s.to_owned(),
+            },
+            (None, Some(v), _) => without("priority", v),
+            (None, None, Some(v)) => without("weight", v),
         }
-        .into()),
-        (Some(p), None) => Ok(Some(crate::ServicePort::unnamed(
-            dwara_records::parse_port(p)?,
-            crate::Protocol::Tcp,
-        ))),
-        (Some(p), Some(s)) => Ok(Some(crate::ServicePort::parse(s, p)?)),
-    }
+        .into());
+    };
+    let service = match form.service {
+        None => crate::ServicePort::unnamed(dwara_records::parse_port(p)?, crate::Protocol::Tcp),
+        Some(s) => crate::ServicePort::parse(s, p)?,
+    };
+    let priority = form
+        .priority
+        .map(dwara_records::parse_priority)
+        .transpose()?;
+    let weight = form.weight.map(dwara_records::parse_weight).transpose()?;
+    Ok(Some(
+        service
+            .with_priority(priority.unwrap_or(dwara_records::DEFAULT_PRIORITY))
+            .with_weight(weight.unwrap_or(dwara_records::DEFAULT_WEIGHT)),
+    ))
 }
 
 /// The check of a registration from its `check` form value and its service: none
@@ -159,9 +189,15 @@ async fn add(
     if let Some(reason) = reserved(state.db.domain(), &fqdn) {
         return bad_request(reason);
     }
-    let port = param(&body, query.as_deref(), "port");
-    let service = param(&body, query.as_deref(), "service");
-    let service = match service_param(port.as_deref(), service.as_deref()) {
+    let [port, service, priority, weight] =
+        ["port", "service", "priority", "weight"].map(|key| param(&body, query.as_deref(), key));
+    let form = ServiceForm {
+        port: port.as_deref(),
+        service: service.as_deref(),
+        priority: priority.as_deref(),
+        weight: weight.as_deref(),
+    };
+    let service = match service_param(form) {
         Ok(s) => s,
         Err(e) => return bad_request(e),
     };
@@ -341,7 +377,7 @@ mod tests {
 
     #[test]
     fn checks_need_a_known_kind_and_a_port() {
-        let s = service_param(Some("80"), None).unwrap();
+        let s = service_param(port(Some("80"), None)).unwrap();
         assert_eq!(check_param(None, s.as_ref()).unwrap(), None);
         assert_eq!(check_param(None, None).unwrap(), None);
         assert_eq!(
@@ -360,29 +396,83 @@ mod tests {
         }
         // From a form, the way the handler reads it.
         let form = b"fqdn=a.weave.local&port=8080&check=tcp";
-        let s = service_param(form_value(form, "port").as_deref(), None).unwrap();
+        let s = service_param(port(form_value(form, "port").as_deref(), None)).unwrap();
         let c = check_param(form_value(form, "check").as_deref(), s.as_ref());
         assert_eq!(c.unwrap(), Some(CheckKind::Tcp));
     }
 
+    /// The service form of a port and a service, no priority or weight.
+    fn port<'a>(port: Option<&'a str>, service: Option<&'a str>) -> ServiceForm<'a> {
+        ServiceForm {
+            port,
+            service,
+            ..ServiceForm::default()
+        }
+    }
+
     #[test]
     fn services_come_from_port_and_service() {
-        assert_eq!(service_param(None, None).unwrap(), None);
-        let s = service_param(Some("80"), Some("_HTTP._tcp"))
+        assert_eq!(service_param(port(None, None)).unwrap(), None);
+        let s = service_param(port(Some("80"), Some("_HTTP._tcp")))
             .unwrap()
             .unwrap();
         assert_eq!((s.service(), s.port()), ("_http._tcp", 80));
-        let s = service_param(Some("8080"), None).unwrap().unwrap();
+        assert_eq!((s.priority(), s.weight()), (0, 1));
+        let s = service_param(port(Some("8080"), None)).unwrap().unwrap();
         assert_eq!((s.service(), s.port()), ("_8080._tcp", 8080));
-        for (port, service) in [
+        for (port_value, service) in [
             (None, Some("_http._tcp")),
             (Some("0"), None),
             (Some("65536"), Some("_http._tcp")),
             (Some("80"), Some("http")),
             (Some("80"), Some("_http._sctp")),
         ] {
-            let e = service_param(port, service).unwrap_err();
+            let e = service_param(port(port_value, service)).unwrap_err();
             assert!(!e.to_string().is_empty());
+        }
+    }
+
+    #[test]
+    fn priority_and_weight_are_rfc_2782_ranges_and_need_a_port() {
+        let ranked = |priority, weight| {
+            service_param(ServiceForm {
+                port: Some("80"),
+                service: Some("_http._tcp"),
+                priority,
+                weight,
+            })
+        };
+        let s = ranked(Some("2"), Some("9")).unwrap().unwrap();
+        assert_eq!((s.priority(), s.weight(), s.port()), (2, 9, 80));
+        let s = ranked(Some("65535"), Some("0")).unwrap().unwrap();
+        assert_eq!((s.priority(), s.weight()), (65535, 0));
+        let s = ranked(None, Some(" 7 ")).unwrap().unwrap();
+        assert_eq!((s.priority(), s.weight()), (0, 7));
+        for (priority, weight, field, value) in [
+            (Some("65536"), None, "priority", "65536"),
+            (Some("-1"), None, "priority", "-1"),
+            (None, Some("70000"), "weight", "70000"),
+            (None, Some("heavy"), "weight", "heavy"),
+            (Some("1"), Some("1.5"), "weight", "1.5"),
+        ] {
+            let e = ranked(priority, weight).unwrap_err().to_string();
+            assert!(
+                e.contains(&format!("invalid {field} {value:?}")) && e.contains("0 to 65535"),
+                "{e}"
+            );
+        }
+        // Without a port there is no SRV record to carry them.
+        for (priority, weight, want) in [
+            (Some("1"), None, "priority \"1\" given without a port"),
+            (None, Some("9"), "weight \"9\" given without a port"),
+        ] {
+            let form = ServiceForm {
+                priority,
+                weight,
+                ..ServiceForm::default()
+            };
+            let e = service_param(form).unwrap_err().to_string();
+            assert!(e.contains(want), "{e}");
         }
     }
 }

@@ -77,12 +77,24 @@ pub struct Entry {
     /// A removed entry kept so the removal can be replicated.
     pub tombstone: bool,
     /// The service and port answered as SRV at `<service>.<fqdn>`, if any. In JSON
-    /// its two fields, `service` and `port`, sit beside the others (absent when none).
+    /// its fields, `service`, `port`, `priority` and `weight`, sit beside the others
+    /// (absent when none; priority and weight read as 0 and 1 when absent).
     #[serde(flatten, default, skip_serializing_if = "Option::is_none")]
     pub service: Option<ServicePort>,
     /// What the owner's check says (absent in JSON when there is no check).
     #[serde(default, skip_serializing_if = "Health::is_unchecked")]
     pub health: Health,
+}
+
+/// One SRV record of a service as [`Db::lookup_srv`] gives it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SrvEndpoint {
+    /// The instance's address and the service's port.
+    pub addr: SocketAddr,
+    /// RFC 2782 priority (lower is preferred).
+    pub priority: u16,
+    /// RFC 2782 weight within the priority.
+    pub weight: u16,
 }
 
 /// What happened to an entry.
@@ -584,6 +596,33 @@ impl Db {
                 }
             }
             out
+        })
+    }
+
+    /// The SRV records of a service name `<service>.<fqdn>`, as the name server
+    /// answers them: one per endpoint of [`Db::lookup_service`], in the same order,
+    /// with the priority and weight of the entry that endpoint is answered from.
+    pub fn lookup_srv(&self, name: &str) -> Vec<SrvEndpoint> {
+        let Ok(name) = parse_name(name) else {
+            return Vec::new();
+        };
+        let wire = wire_lower(&name);
+        let Some((labels, base)) = crate::answers::split_service(&wire) else {
+            return Vec::new();
+        };
+        self.tables.names.read(base, |recs| {
+            recs.into_iter()
+                .flatten()
+                .filter(|r| r.srv_serve)
+                .filter_map(|r| {
+                    let srv = r.service.as_ref().filter(|s| &*s.labels == labels)?;
+                    Some(SrvEndpoint {
+                        addr: SocketAddr::new(r.ip, srv.spec.port()),
+                        priority: srv.spec.priority(),
+                        weight: srv.spec.weight(),
+                    })
+                })
+                .collect()
         })
     }
 

@@ -34,6 +34,28 @@ pub enum Error {
         /// The text as given.
         input: String,
     },
+    /// An SRV priority is not a number from 0 to 65535.
+    #[error("invalid priority {input:?}: want a number from 0 to 65535 (RFC 2782)")]
+    InvalidPriority {
+        /// The text as given.
+        input: String,
+    },
+    /// An SRV weight is not a number from 0 to 65535.
+    #[error("invalid weight {input:?}: want a number from 0 to 65535 (RFC 2782)")]
+    InvalidWeight {
+        /// The text as given.
+        input: String,
+    },
+    /// A priority or weight was given without a port: they belong to a service.
+    #[error(
+        "{field} {value:?} given without a port (form value port=1..65535): priority and weight belong to the SRV record of a service"
+    )]
+    RankWithoutPort {
+        /// `priority` or `weight`.
+        field: &'static str,
+        /// The value as given.
+        value: String,
+    },
     /// A service was given without a port.
     #[error("service {service:?} given without a port (form value port=1..65535)")]
     ServiceWithoutPort {

@@ -9,8 +9,13 @@ mod health;
 mod name;
 mod service;
 
-pub use db::{Change, ChangeKind, DEFAULT_ORIGIN, Db, DbConfig, Entry, Inconsistency};
+pub use db::{
+    Change, ChangeKind, DEFAULT_ORIGIN, Db, DbConfig, Entry, Inconsistency, SrvEndpoint,
+};
 pub use error::{Error, Result};
 pub use health::{Health, HealthFailMode};
 pub use name::{Domain, parse_name, reverse_name, wire_lower};
-pub use service::{MAX_SERVICE_NAME, Protocol, ServicePort, parse_port};
+pub use service::{
+    DEFAULT_PRIORITY, DEFAULT_WEIGHT, MAX_SERVICE_NAME, Protocol, ServicePort, parse_port,
+    parse_priority, parse_weight,
+};

@@ -2,8 +2,20 @@
 //!
 //! An entry registered with a [`ServicePort`] (say `_http._tcp`, port 80) under
 //! `web.weave.local.` makes the name server answer `SRV` for
-//! `_http._tcp.web.weave.local.`: priority 0, weight 1, that port, target
-//! `web.weave.local.`, with the target's addresses in the additional section.
+//! `_http._tcp.web.weave.local.`: one record per instance (address and port), with
+//! the entry's priority and weight (0 and 1 unless the registration set them), that
+//! port, and the target `<hex address>.addr.<domain>` (`0a200007.addr.weave.local.`
+//! for 10.32.0.7), a name of the instance's own that answers A or AAAA with its one
+//! address; those address records go in the additional section.
+//!
+//! Two entries offering one service at one address and port are one SRV record,
+//! with the priority and weight of the first registered.
+//!
+//! Priority and weight are RFC 2782's: 0–65535 each, a client uses the instances
+//! of the lowest priority it can reach and spreads over them in proportion to
+//! their weights. Weight 0 is allowed, as RFC 2782 allows it: such an instance
+//! gets a very small share while others of its priority have a weight above 0 (see
+//! the RFC's selection rule), and an even share among weight-0 instances alone.
 //!
 //! A service is two labels, RFC 2782 and RFC 6335 style: `_name._tcp` or `_name._udp`,
 //! where `name` is 1 to 15 letters, digits and hyphens (not starting or ending with a
@@ -19,13 +31,22 @@ use crate::error::{Error, Result};
 /// Longest service name label (RFC 6335 §5.1), without the underscore.
 pub const MAX_SERVICE_NAME: usize = 15;
 
-/// The service an entry offers and its port: answered as SRV at `<service>.<fqdn>`.
+/// The priority of an SRV record when the registration does not set one.
+pub const DEFAULT_PRIORITY: u16 = 0;
+/// The weight of an SRV record when the registration does not set one.
+pub const DEFAULT_WEIGHT: u16 = 1;
+
+/// The service an entry offers, its port, and the priority and weight of its SRV
+/// record: answered as SRV at `<service>.<fqdn>`.
 ///
 /// ```
 /// use dwara_records::ServicePort;
 ///
 /// let s = ServicePort::parse("_HTTP._tcp", "80").unwrap();
 /// assert_eq!((s.service(), s.port()), ("_http._tcp", 80));
+/// assert_eq!((s.priority(), s.weight()), (0, 1));
+/// let heavy = s.with_priority(1).with_weight(9);
+/// assert_eq!((heavy.priority(), heavy.weight()), (1, 9));
 /// assert!(ServicePort::parse("http", "80").is_err());
 /// assert!(ServicePort::parse("_http._tcp", "0").is_err());
 /// ```
@@ -34,13 +55,21 @@ pub const MAX_SERVICE_NAME: usize = 15;
 pub struct ServicePort {
     service: String,
     port: NonZeroU16,
+    priority: u16,
+    weight: u16,
 }
 
-/// The serde form: `{"service": "_http._tcp", "port": 80}` (flattened into an entry).
+/// The serde form: `{"service": "_http._tcp", "port": 80, "priority": 0,
+/// "weight": 1}` (flattened into an entry); priority and weight may be absent
+/// (what builds before them wrote), meaning 0 and 1.
 #[derive(Serialize, Deserialize)]
 struct RawServicePort {
     service: String,
     port: u16,
+    #[serde(default)]
+    priority: Option<u16>,
+    #[serde(default)]
+    weight: Option<u16>,
 }
 
 impl TryFrom<RawServicePort> for ServicePort {
@@ -50,7 +79,9 @@ impl TryFrom<RawServicePort> for ServicePort {
         let port = NonZeroU16::new(raw.port).ok_or(Error::InvalidPort {
             input: raw.port.to_string(),
         })?;
-        Self::new(&raw.service, port)
+        Ok(Self::new(&raw.service, port)?
+            .with_priority(raw.priority.unwrap_or(DEFAULT_PRIORITY))
+            .with_weight(raw.weight.unwrap_or(DEFAULT_WEIGHT)))
     }
 }
 
@@ -59,6 +90,8 @@ impl From<ServicePort> for RawServicePort {
         Self {
             service: s.service,
             port: s.port.get(),
+            priority: Some(s.priority),
+            weight: Some(s.weight),
         }
     }
 }
@@ -94,6 +127,8 @@ impl ServicePort {
         Ok(Self {
             service: lower,
             port,
+            priority: DEFAULT_PRIORITY,
+            weight: DEFAULT_WEIGHT,
         })
     }
 
@@ -109,7 +144,22 @@ impl ServicePort {
         Self {
             service: format!("_{port}.{}", protocol.label()),
             port,
+            priority: DEFAULT_PRIORITY,
+            weight: DEFAULT_WEIGHT,
         }
+    }
+
+    /// The same service with the SRV priority `priority` (lower is preferred).
+    #[must_use]
+    pub fn with_priority(self, priority: u16) -> Self {
+        Self { priority, ..self }
+    }
+
+    /// The same service with the SRV weight `weight` (the share among instances of
+    /// one priority; 0 allowed, see the module docs).
+    #[must_use]
+    pub fn with_weight(self, weight: u16) -> Self {
+        Self { weight, ..self }
     }
 
     /// The service, lower-case (`_http._tcp`).
@@ -120,6 +170,22 @@ impl ServicePort {
     /// The port.
     pub fn port(&self) -> u16 {
         self.port.get()
+    }
+
+    /// The SRV priority (0 unless set).
+    pub fn priority(&self) -> u16 {
+        self.priority
+    }
+
+    /// The SRV weight (1 unless set).
+    pub fn weight(&self) -> u16 {
+        self.weight
+    }
+
+    /// Whether priority and weight are the defaults, 0 and 1 (what builds before
+    /// them answered): stores and peers then keep the older, shorter form.
+    pub fn has_default_rank(&self) -> bool {
+        self.priority == DEFAULT_PRIORITY && self.weight == DEFAULT_WEIGHT
     }
 
     /// The service's two labels in wire form (`\x05_http\x04_tcp`, no root label).
@@ -136,7 +202,11 @@ impl ServicePort {
 
 impl fmt::Display for ServicePort {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} port {}", self.service, self.port)
+        write!(f, "{} port {}", self.service, self.port)?;
+        if !self.has_default_rank() {
+            write!(f, " priority {} weight {}", self.priority, self.weight)?;
+        }
+        Ok(())
     }
 }
 
@@ -164,6 +234,26 @@ pub fn parse_port(input: &str) -> Result<NonZeroU16> {
         .trim()
         .parse::<NonZeroU16>()
         .map_err(|_| Error::InvalidPort {
+            input: input.to_owned(),
+        })
+}
+
+/// Parses an SRV priority, 0–65535 (RFC 2782's 16-bit field).
+pub fn parse_priority(input: &str) -> Result<u16> {
+    input
+        .trim()
+        .parse::<u16>()
+        .map_err(|_| Error::InvalidPriority {
+            input: input.to_owned(),
+        })
+}
+
+/// Parses an SRV weight, 0–65535 (RFC 2782's 16-bit field; 0 allowed).
+pub fn parse_weight(input: &str) -> Result<u16> {
+    input
+        .trim()
+        .parse::<u16>()
+        .map_err(|_| Error::InvalidWeight {
             input: input.to_owned(),
         })
 }
@@ -226,13 +316,45 @@ mod tests {
     }
 
     #[test]
+    fn priorities_and_weights_are_0_to_65535() {
+        assert_eq!(parse_priority("0").unwrap(), 0);
+        assert_eq!(parse_priority(" 65535 ").unwrap(), 65535);
+        assert_eq!(parse_weight("0").unwrap(), 0);
+        assert_eq!(parse_weight("9").unwrap(), 9);
+        for bad in ["65536", "-1", "", "x", "1.5", "0x10"] {
+            let e = parse_priority(bad).unwrap_err().to_string();
+            assert!(e.contains("priority") && e.contains(bad), "{e}");
+            let e = parse_weight(bad).unwrap_err().to_string();
+            assert!(e.contains("weight") && e.contains(bad), "{e}");
+        }
+        let s = ServicePort::parse("_http._tcp", "80").unwrap();
+        assert!(s.has_default_rank());
+        assert_eq!(s.to_string(), "_http._tcp port 80");
+        let ranked = s.clone().with_priority(2).with_weight(0);
+        assert!(!ranked.has_default_rank());
+        assert_ne!(ranked, s);
+        assert_eq!(ranked.to_string(), "_http._tcp port 80 priority 2 weight 0");
+    }
+
+    #[test]
     fn serde_form_is_checked() {
+        // What builds before priority and weight wrote: the defaults.
         let s: ServicePort =
             serde_json::from_str(r#"{"service":"_http._tcp","port":8080}"#).unwrap();
-        assert_eq!(s.port(), 8080);
+        assert_eq!((s.port(), s.priority(), s.weight()), (8080, 0, 1));
         assert_eq!(
             serde_json::to_string(&s).unwrap(),
-            r#"{"service":"_http._tcp","port":8080}"#
+            r#"{"service":"_http._tcp","port":8080,"priority":0,"weight":1}"#
+        );
+        let w: ServicePort =
+            serde_json::from_str(r#"{"service":"_http._tcp","port":8080,"priority":3,"weight":9}"#)
+                .unwrap();
+        assert_eq!(w, s.with_priority(3).with_weight(9));
+        assert!(
+            serde_json::from_str::<ServicePort>(
+                r#"{"service":"_http._tcp","port":80,"weight":65536}"#
+            )
+            .is_err()
         );
         assert!(
             serde_json::from_str::<ServicePort>(r#"{"service":"_http._tcp","port":0}"#).is_err()

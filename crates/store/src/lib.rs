@@ -15,7 +15,7 @@ use redb::{ReadableDatabase, ReadableTable, TableDefinition};
 
 pub use error::StoreError;
 pub use open::LOCK_NAME;
-pub use record::{Registration, Service, decode, decode_row};
+pub use record::{DEFAULT_PRIORITY, DEFAULT_WEIGHT, Registration, Service, decode, decode_row};
 pub use writer::Pending;
 
 /// The newest store format this build reads and the one it writes.

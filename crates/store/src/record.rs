@@ -38,6 +38,24 @@
 //! Rows without a check keep version 1, so a build before checks reads them; it
 //! reports a version 2 row as undecodable and keeps it in the file.
 //!
+//! A registration whose service sets an SRV priority or weight other than the
+//! defaults (0 and 1) is stored with value version 3, with or without a check:
+//!
+//! | bytes | meaning |
+//! |---|---|
+//! | 1 | value version (`3`) |
+//! | 2 | port, big-endian, not 0 |
+//! | 2 | priority, big-endian |
+//! | 2 | weight, big-endian |
+//! | 1 | check kind length `c`, 0–255 (0: no check) |
+//! | `c` | check kind (`tcp`), UTF-8 |
+//! | rest | service (`_http._tcp`), UTF-8, not empty |
+//!
+//! Rows with the default priority and weight keep version 1 or 2 (and a version 3
+//! value holding the defaults is rejected: one value per registration), so builds
+//! before priorities read every row until one is set; they report a version 3 row
+//! as undecodable and keep it in the file.
+//!
 //! Putting a registration again with another service or check overwrites the value:
 //! still one row per (id, ip, fqdn).
 
@@ -51,15 +69,43 @@ const RECORD_V1: u8 = 1;
 const VALUE_V1: u8 = 1;
 /// The value version written by this build for a registration with a check.
 const VALUE_V2: u8 = 2;
+/// The value version written by this build for a service with a priority or weight
+/// other than the defaults.
+const VALUE_V3: u8 = 3;
+/// The priority a value of version 1 or 2 stands for.
+pub const DEFAULT_PRIORITY: u16 = 0;
+/// The weight a value of version 1 or 2 stands for.
+pub const DEFAULT_WEIGHT: u16 = 1;
 
-/// The service and port a registration carries (the name server checks the service's
-/// form; the store keeps it as given).
+/// The service and port a registration carries, with its SRV priority and weight
+/// (the name server checks the service's form; the store keeps it as given).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Service {
     /// The service, e.g. `_http._tcp`.
     pub name: String,
     /// The port, 1–65535.
     pub port: u16,
+    /// The SRV priority ([`DEFAULT_PRIORITY`] in rows written before priorities).
+    pub priority: u16,
+    /// The SRV weight ([`DEFAULT_WEIGHT`] in rows written before weights).
+    pub weight: u16,
+}
+
+impl Service {
+    /// `name` on `port` with the default priority and weight.
+    pub fn new(name: impl Into<String>, port: u16) -> Self {
+        Self {
+            name: name.into(),
+            port,
+            priority: DEFAULT_PRIORITY,
+            weight: DEFAULT_WEIGHT,
+        }
+    }
+
+    /// Whether priority and weight are the defaults (stored as version 1 or 2).
+    fn has_default_rank(&self) -> bool {
+        self.priority == DEFAULT_PRIORITY && self.weight == DEFAULT_WEIGHT
+    }
 }
 
 /// One registration: container `id` registered `ip` under `fqdn`.
@@ -122,18 +168,31 @@ impl Registration {
                 reason: "service with port 0 or an empty name",
             });
         }
-        let mut out = Vec::with_capacity(4 + s.name.len());
+        let mut out = Vec::with_capacity(8 + s.name.len());
+        let check_len = |check: &str| {
+            u8::try_from(check.len())
+                .ok()
+                .filter(|l| *l > 0)
+                .ok_or(StoreError::Unencodable {
+                    reason: "check kind empty or longer than 255 bytes",
+                })
+        };
         match &self.check {
+            _ if !s.has_default_rank() => {
+                let len = self.check.as_deref().map(check_len).transpose()?;
+                out.push(VALUE_V3);
+                out.extend_from_slice(&s.port.to_be_bytes());
+                out.extend_from_slice(&s.priority.to_be_bytes());
+                out.extend_from_slice(&s.weight.to_be_bytes());
+                out.push(len.unwrap_or(0));
+                out.extend_from_slice(self.check.as_deref().unwrap_or_default().as_bytes());
+            }
             None => {
                 out.push(VALUE_V1);
                 out.extend_from_slice(&s.port.to_be_bytes());
             }
             Some(check) => {
-                let len = u8::try_from(check.len()).ok().filter(|l| *l > 0).ok_or(
-                    StoreError::Unencodable {
-                        reason: "check kind empty or longer than 255 bytes",
-                    },
-                )?;
+                let len = check_len(check)?;
                 out.push(VALUE_V2);
                 out.extend_from_slice(&s.port.to_be_bytes());
                 out.push(len);
@@ -237,13 +296,14 @@ pub fn decode(key: &[u8]) -> Result<Registration, StoreError> {
 ///
 /// Never panics: any bytes give either the registration or
 /// [`StoreError::BadRecord`]. An empty value (every row of builds before services)
-/// is a registration without a service; a version 1 value one without a check.
+/// is a registration without a service; a version 1 value one without a check;
+/// versions 1 and 2 have the default priority and weight.
 ///
 /// ```
 /// use dwara_store::{Registration, Service, decode_row};
 ///
 /// let r = Registration::new("c1", "10.32.0.7".parse().unwrap(), "web.weave.local.")
-///     .with_service(Some(Service { name: "_http._tcp".into(), port: 80 }));
+///     .with_service(Some(Service::new("_http._tcp", 80)));
 /// let (key, value) = (r.encode().unwrap(), r.encode_value().unwrap());
 /// assert_eq!(decode_row(&key, &value).unwrap(), r);
 /// assert_eq!(decode_row(&key, b"").unwrap().service, None);
@@ -254,7 +314,7 @@ pub fn decode_row(key: &[u8], value: &[u8]) -> Result<Registration, StoreError> 
     let Some((&version, rest)) = value.split_first() else {
         return Ok(r);
     };
-    if version != VALUE_V1 && version != VALUE_V2 {
+    if !matches!(version, VALUE_V1 | VALUE_V2 | VALUE_V3) {
         return Err(bad("unknown value version"));
     }
     let (port, rest) = rest.split_first_chunk::<2>().ok_or(bad("truncated port"))?;
@@ -262,19 +322,22 @@ pub fn decode_row(key: &[u8], value: &[u8]) -> Result<Registration, StoreError> 
     if port == 0 {
         return Err(bad("port 0"));
     }
-    let (check, name) = if version == VALUE_V2 {
-        let (&len, rest) = rest.split_first().ok_or(bad("missing check length"))?;
-        if len == 0 {
-            return Err(bad("empty check"));
+    let (priority, weight, rest) = if version == VALUE_V3 {
+        let (rank, rest) = rest
+            .split_first_chunk::<4>()
+            .ok_or(bad("truncated priority and weight"))?;
+        let priority = u16::from_be_bytes([rank[0], rank[1]]);
+        let weight = u16::from_be_bytes([rank[2], rank[3]]);
+        if priority == DEFAULT_PRIORITY && weight == DEFAULT_WEIGHT {
+            return Err(bad("version 3 value with the default priority and weight"));
         }
-        if rest.len() < usize::from(len) {
-            return Err(bad("truncated check"));
-        }
-        let (check, name) = rest.split_at(usize::from(len));
-        let check = std::str::from_utf8(check).map_err(|_| bad("check is not UTF-8"))?;
-        (Some(check.to_owned()), name)
+        (priority, weight, rest)
     } else {
-        (None, rest)
+        (DEFAULT_PRIORITY, DEFAULT_WEIGHT, rest)
+    };
+    let (check, name) = match version {
+        VALUE_V1 => (None, rest),
+        _ => decode_check(rest, version == VALUE_V3)?,
     };
     if name.is_empty() {
         return Err(bad("empty service"));
@@ -283,8 +346,29 @@ pub fn decode_row(key: &[u8], value: &[u8]) -> Result<Registration, StoreError> 
     Ok(r.with_service(Some(Service {
         name: name.to_owned(),
         port,
+        priority,
+        weight,
     }))
     .with_check(check))
+}
+
+/// A value's check (length, kind) and what follows it; a length of 0 is no check
+/// when `optional` (version 3), else an error (version 2 always has one).
+fn decode_check(rest: &[u8], optional: bool) -> Result<(Option<String>, &[u8]), StoreError> {
+    let (&len, rest) = rest.split_first().ok_or(bad("missing check length"))?;
+    if len == 0 {
+        return if optional {
+            Ok((None, rest))
+        } else {
+            Err(bad("empty check"))
+        };
+    }
+    if rest.len() < usize::from(len) {
+        return Err(bad("truncated check"));
+    }
+    let (check, name) = rest.split_at(usize::from(len));
+    let check = std::str::from_utf8(check).map_err(|_| bad("check is not UTF-8"))?;
+    Ok((Some(check.to_owned()), name))
 }
 
 #[cfg(test)]
@@ -330,16 +414,15 @@ mod tests {
         let r = Registration::new("c1", "10.0.0.1".parse().unwrap(), "a.weave.local.");
         let key = r.encode().unwrap();
         assert_eq!(r.encode_value().unwrap(), b"");
-        let s = r.clone().with_service(Some(Service {
-            name: "_http._tcp".to_owned(),
-            port: 8080,
-        }));
+        let s = r
+            .clone()
+            .with_service(Some(Service::new("_http._tcp", 8080)));
         let value = s.encode_value().unwrap();
         assert_eq!(value, b"\x01\x1f\x90_http._tcp");
         assert_eq!(decode_row(&key, &value).unwrap(), s);
         assert_eq!(decode_row(&key, b"").unwrap(), r);
         let cases: &[(&[u8], &str)] = &[
-            (&[3, 0, 80, b'x'], "unknown value version"),
+            (&[5, 0, 80, b'x'], "unknown value version"),
             (&[1, 0], "truncated port"),
             (&[1, 0, 0, b'x'], "port 0"),
             (&[1, 0, 80], "empty service"),
@@ -375,11 +458,62 @@ mod tests {
         ] {
             assert!(bad.encode_value().is_err(), "{bad:?}");
         }
-        let zero = r.with_service(Some(Service {
-            name: "_x._tcp".to_owned(),
-            port: 0,
-        }));
+        let zero = r.with_service(Some(Service::new("_x._tcp", 0)));
         assert!(zero.encode_value().is_err());
+    }
+
+    #[test]
+    fn values_carry_priority_and_weight_from_version_3() {
+        let r = Registration::new("c1", "10.0.0.1".parse().unwrap(), "a.weave.local.");
+        let key = r.encode().unwrap();
+        let plain = r
+            .clone()
+            .with_service(Some(Service::new("_http._tcp", 8080)));
+        // The defaults keep the older versions, which builds before weights read.
+        assert_eq!(plain.encode_value().unwrap()[0], VALUE_V1);
+        let ranked = r.clone().with_service(Some(Service {
+            priority: 2,
+            weight: 9,
+            ..Service::new("_http._tcp", 8080)
+        }));
+        let value = ranked.encode_value().unwrap();
+        assert_eq!(value, b"\x03\x1f\x90\x00\x02\x00\x09\x00_http._tcp");
+        assert_eq!(decode_row(&key, &value).unwrap(), ranked);
+        let checked = ranked.clone().with_check(Some("tcp".to_owned()));
+        let value = checked.encode_value().unwrap();
+        assert_eq!(value, b"\x03\x1f\x90\x00\x02\x00\x09\x03tcp_http._tcp");
+        assert_eq!(decode_row(&key, &value).unwrap(), checked);
+        // Weight 0 is a weight (RFC 2782).
+        let zero = r.clone().with_service(Some(Service {
+            weight: 0,
+            ..Service::new("_http._tcp", 80)
+        }));
+        let value = zero.encode_value().unwrap();
+        assert_eq!(decode_row(&key, &value).unwrap(), zero);
+        let cases: &[(&[u8], &str)] = &[
+            (&[3, 0, 80, 0, 1], "truncated priority and weight"),
+            (
+                &[3, 0, 80, 0, 0, 0, 1, 0, b'x'],
+                "version 3 value with the default priority and weight",
+            ),
+            (&[3, 0, 80, 0, 0, 0, 2], "missing check length"),
+            (&[3, 0, 80, 0, 0, 0, 2, 3, b't'], "truncated check"),
+            (&[3, 0, 80, 0, 0, 0, 2, 1, 0xff, b'x'], "check is not UTF-8"),
+            (&[3, 0, 80, 0, 0, 0, 2, 0], "empty service"),
+            (&[4, 0, 80, b'x'], "unknown value version"),
+        ];
+        for (value, want) in cases {
+            match decode_row(&key, value) {
+                Err(StoreError::BadRecord { reason }) => assert_eq!(reason, *want, "{value:?}"),
+                other => panic!("{value:?}: {other:?}"),
+            }
+        }
+        assert!(
+            ranked
+                .with_check(Some(String::new()))
+                .encode_value()
+                .is_err()
+        );
     }
 
     #[test]

@@ -561,12 +561,7 @@ fn a_full_disk_fails_writes_and_the_store_recovers_when_space_is_back() {
 #[test]
 fn services_survive_a_reopen_and_a_put_replaces_them() {
     let dir = tempfile::tempdir().unwrap();
-    let http = |port| {
-        Some(Service {
-            name: "_http._tcp".to_owned(),
-            port,
-        })
-    };
+    let http = |port| Some(Service::new("_http._tcp", port));
     let plain = reg("c1", "10.0.0.1", "a.weave.local.");
     {
         let store = Store::open(dir.path()).unwrap();
@@ -585,10 +580,74 @@ fn services_survive_a_reopen_and_a_put_replaces_them() {
         ]),
         "one row per registration; the last put's service"
     );
+    // A priority and weight survive a reopen too, and a put without them resets them.
+    let canary = plain.clone().with_service(Some(Service {
+        priority: 1,
+        weight: 9,
+        ..Service::new("_http._tcp", 80)
+    }));
+    {
+        let store = Store::open(dir.path()).unwrap();
+        put(&store, &canary);
+    }
+    assert!(stored(dir.path()).contains(&canary));
     {
         let store = Store::open(dir.path()).unwrap();
         put(&store, &plain);
         delete(&store, "c2", None, None);
     }
     assert_eq!(stored(dir.path()), BTreeSet::from([plain]));
+}
+
+#[test]
+fn rows_written_before_priorities_load_with_the_defaults_beside_new_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = one_registration(dir.path());
+    // Rows as builds before priority and weight wrote them, byte for byte: no
+    // service, a service (value version 1), a service and a check (version 2).
+    let key = |id: &[u8]| {
+        [
+            &b"\x01\x00\x00\x00\x02"[..],
+            id,
+            b"\x04\x0a\x00\x00\x07a.weave.local.",
+        ]
+        .concat()
+    };
+    {
+        let db = redb::Database::open(&file).unwrap();
+        let txn = db.begin_write().unwrap();
+        {
+            let mut table = txn.open_table(REGISTRATIONS).unwrap();
+            table.insert(&key(b"o1")[..], &b""[..]).unwrap();
+            table
+                .insert(&key(b"o2")[..], &b"\x01\x00\x50_http._tcp"[..])
+                .unwrap();
+            table
+                .insert(&key(b"o3")[..], &b"\x02\x00\x51\x03tcp_http._tcp"[..])
+                .unwrap();
+        }
+        txn.commit().unwrap();
+    }
+    let ranked = reg("n1", "10.0.0.8", "a.weave.local.").with_service(Some(Service {
+        priority: 1,
+        weight: 9,
+        ..Service::new("_http._tcp", 82)
+    }));
+    {
+        let store = Store::open(dir.path()).unwrap();
+        put(&store, &ranked);
+    }
+    let old = |id| reg(id, "10.0.0.7", "a.weave.local.");
+    assert_eq!(
+        stored(dir.path()),
+        BTreeSet::from([
+            reg("c", "10.0.0.1", "x.weave.local."),
+            old("o1"),
+            old("o2").with_service(Some(Service::new("_http._tcp", 80))),
+            old("o3")
+                .with_service(Some(Service::new("_http._tcp", 81)))
+                .with_check(Some("tcp".to_owned())),
+            ranked,
+        ])
+    );
 }

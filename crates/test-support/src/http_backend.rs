@@ -3,7 +3,8 @@
 //!
 //! Each [`HttpBackend`] runs on its own thread and tokio runtime (so plain `#[test]`
 //! functions can use it), serves HTTP/1.1 with hyper and answers `200` with the body
-//! `<ip>:<port>\n`. [`HttpBackend::stop`] closes the listener and every connection,
+//! `<ip>:<port>\n`; `GET /metrics` instead answers one sample in Prometheus' text
+//! format, `backend{addr="<ip>:<port>"} 1`, so a Prometheus can scrape it. [`HttpBackend::stop`] closes the listener and every connection,
 //! so new connections are refused, as when the process behind it dies.
 
 use std::convert::Infallible;
@@ -82,14 +83,19 @@ impl Drop for HttpBackend {
 
 async fn serve(listener: tokio::net::TcpListener, me: SocketAddr) {
     let body = Bytes::from(format!("{me}\n"));
+    let metrics = Bytes::from(format!("backend{{addr=\"{me}\"}} 1\n"));
     loop {
         let Ok((stream, _)) = listener.accept().await else {
             continue;
         };
-        let body = body.clone();
+        let (body, metrics) = (body.clone(), metrics.clone());
         tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |_req| {
-                let body = body.clone();
+            let service = hyper::service::service_fn(move |req: hyper::Request<_>| {
+                let body = if req.uri().path() == "/metrics" {
+                    metrics.clone()
+                } else {
+                    body.clone()
+                };
                 async move { Ok::<_, Infallible>(hyper::Response::new(Full::new(body))) }
             });
             let _ = hyper::server::conn::http1::Builder::new()

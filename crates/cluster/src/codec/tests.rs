@@ -197,6 +197,87 @@ fn buckets_with_services_are_format_3() {
     }
 }
 
+#[test]
+fn services_with_a_priority_or_weight_are_format_4_and_old_peers_still_decode() {
+    let web = |port| {
+        with_service(
+            item("c0ffee", "10.1.2.3", "web.weave.local."),
+            "_http._tcp",
+            port,
+        )
+    };
+    // What a peer of the build before priorities sends for one service: format 3,
+    // byte for byte (the encoding `buckets_with_services_are_format_3` pins).
+    let mut old = vec![3, 0xac, 0x02, 1, 0x02, 10, 1, 2, 3, 6];
+    old.extend_from_slice(b"c0ffee");
+    old.push(16);
+    old.extend_from_slice(b"web.weave.local.");
+    old.extend_from_slice(&[0x1f, 0x90, 10]);
+    old.extend_from_slice(b"_http._tcp");
+    let decoded = decode_bucket(&old).unwrap();
+    let s = decoded.items[0].service.as_ref().unwrap();
+    assert_eq!((s.port(), s.priority(), s.weight()), (8080, 0, 1));
+    // The defaults are still written that way, so old peers read them.
+    assert_eq!(encode_bucket(&decoded), old);
+    // A priority or weight of its own: format 4, flag 0x10, both after the service.
+    let mut ranked = web("8080");
+    ranked.service = ranked.service.map(|s| s.with_priority(2).with_weight(9));
+    let b = Bucket {
+        version: 300,
+        items: vec![ranked, item("d", "10.1.2.4", "web.weave.local.")],
+    };
+    let bytes = encode_bucket(&b);
+    let mut want = vec![4, 0xac, 0x02, 2, 0x12, 10, 1, 2, 3, 6];
+    want.extend_from_slice(b"c0ffee");
+    want.push(16);
+    want.extend_from_slice(b"web.weave.local.");
+    want.extend_from_slice(&[0x1f, 0x90, 10]);
+    want.extend_from_slice(b"_http._tcp");
+    want.extend_from_slice(&[0, 2, 0, 9]);
+    want.extend_from_slice(&[0, 10, 1, 2, 4, 1, b'd', 16]);
+    want.extend_from_slice(b"web.weave.local.");
+    assert_eq!(bytes, want);
+    assert_eq!(decode_bucket(&bytes), Ok(b.clone()));
+    let planned: usize = b.items.iter().map(Item::encoded_len).sum();
+    assert_eq!(planned + 4, bytes.len());
+    // Weight 0 is a weight; priority alone is enough for format 4.
+    for (priority, weight) in [(0, 0), (5, 1), (65535, 65535)] {
+        let mut i = web("80");
+        i.service = i
+            .service
+            .map(|s| s.with_priority(priority).with_weight(weight));
+        let one = Bucket {
+            version: 1,
+            items: vec![i],
+        };
+        let bytes = encode_bucket(&one);
+        assert_eq!(bytes[0], BUCKET_FORMAT_RANKED);
+        assert_eq!(decode_bucket(&bytes), Ok(one));
+    }
+    // The flag in a format 3 bucket (what an old build writes) is unknown; so is
+    // the flag without a service, and the defaults under the flag (one encoding).
+    let mut three = bytes.clone();
+    three[0] = 3;
+    assert_eq!(decode_bucket(&three), Err(DecodeError::UnknownFlags(0x12)));
+    let mut unserviced = want[..4].to_vec();
+    unserviced.extend_from_slice(&[0x10, 10, 1, 2, 3, 1, b'c', 1, b'x']);
+    unserviced[3] = 1;
+    assert_eq!(
+        decode_bucket(&unserviced),
+        Err(DecodeError::UnknownFlags(0x10))
+    );
+    let rank_at = bytes.len() - (4 + 8 + 16);
+    let mut defaults = bytes.clone();
+    defaults[rank_at..rank_at + 4].copy_from_slice(&[0, 0, 0, 1]);
+    assert_eq!(
+        decode_bucket(&defaults),
+        Err(DecodeError::BadField("priority and weight"))
+    );
+    for cut in 0..bytes.len() {
+        assert!(decode_bucket(&bytes[..cut]).is_err(), "cut at {cut}");
+    }
+}
+
 fn sample_bucket() -> Bucket {
     Bucket {
         version: 300,
@@ -278,10 +359,17 @@ fn bucket_values_read_buckets_and_single_records() {
 }
 
 fn bucket() -> impl Strategy<Value = Bucket> {
-    let service = proptest::option::of(("_[a-z0-9]{1,15}\\._(tcp|udp)", 1u16..));
+    let rank = proptest::option::of((any::<u16>(), any::<u16>()));
+    let service = proptest::option::of(("_[a-z0-9]{1,15}\\._(tcp|udp)", 1u16.., rank));
     let item = (record(), service).prop_map(|(r, s)| {
         let mut item = Bucket::from(r).items.remove(0);
-        item.service = s.map(|(name, port)| ServicePort::parse(&name, &port.to_string()).unwrap());
+        item.service = s.map(|(name, port, rank)| {
+            let (priority, weight) = rank.unwrap_or((0, 1));
+            ServicePort::parse(&name, &port.to_string())
+                .unwrap()
+                .with_priority(priority)
+                .with_weight(weight)
+        });
         item
     });
     (proptest::collection::btree_set(item, 1..40), any::<u64>()).prop_map(|(items, version)| {

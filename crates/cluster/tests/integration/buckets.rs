@@ -467,3 +467,56 @@ async fn services_replicate_and_a_changed_port_replaces_the_old_one() {
     nodes[0].db.remove_all(&id(7));
     assert!(wait_until(WAIT, || async { srv(1).len() == 49 }).await);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn priorities_and_weights_replicate_and_a_changed_weight_replaces_the_old_one() {
+    let (_t, nodes) = channel_cluster(2, None).await;
+    assert!(all_live(&nodes).await);
+    let http = |priority: u16, weight: u16| {
+        dwara_records::ServicePort::parse("_http._tcp", "80")
+            .unwrap()
+            .with_priority(priority)
+            .with_weight(weight)
+    };
+    // Ten at the defaults (format 3 buckets) and ten with weights of their own
+    // (format 4), on the same port.
+    for i in 0..20 {
+        let service = if i < 10 {
+            http(0, 1)
+        } else {
+            http(1, i as u16)
+        };
+        nodes[0]
+            .db
+            .add_service(&id(i), ip(i), "web.weave.local", Some(&service))
+            .unwrap();
+    }
+    let srv = |n: usize| {
+        let mut v: Vec<_> = nodes[n]
+            .db
+            .lookup_srv("_http._tcp.web.weave.local")
+            .into_iter()
+            .map(|t| (t.addr, t.priority, t.weight))
+            .collect();
+        v.sort();
+        v
+    };
+    assert!(
+        wait_until(WAIT, || async { srv(1) == srv(0) && srv(1).len() == 20 }).await,
+        "{:?}",
+        srv(1)
+    );
+    assert!(srv(1).contains(&(std::net::SocketAddr::new(ip(12), 80), 1, 12)));
+    // Only the weight changes: the entry is replaced on the peer, not doubled.
+    nodes[0]
+        .db
+        .add_service(&id(3), ip(3), "web.weave.local", Some(&http(0, 0)))
+        .unwrap();
+    assert!(
+        wait_until(WAIT, || async { srv(1) == srv(0) }).await,
+        "{:?}",
+        srv(1)
+    );
+    assert!(srv(1).contains(&(std::net::SocketAddr::new(ip(3), 80), 0, 0)));
+    assert_eq!(srv(1).len(), 20);
+}

@@ -246,3 +246,50 @@ fn labels_give_the_service_and_port() {
         assert!(got.is_err(), "{labels}: {got:?}");
     }
 }
+
+#[test]
+fn labels_give_the_priority_and_weight() {
+    let rank = |labels| {
+        service_of(&labelled(labels, serde_json::Value::Null))
+            .map(|s| s.map(|s| (s.port(), s.priority(), s.weight())))
+            .map_err(|e| e.to_string())
+    };
+    assert_eq!(
+        rank(serde_json::json!({"dwara.port": "80"})),
+        Ok(Some((80, 0, 1)))
+    );
+    assert_eq!(
+        rank(serde_json::json!({"dwara.port": "80", "dwara.weight": "9", "dwara.priority": "2"})),
+        Ok(Some((80, 2, 9)))
+    );
+    assert_eq!(
+        rank(
+            serde_json::json!({"dwara.port": "80", "dwara.service": "_web._tcp", "dwara.weight": "0"})
+        ),
+        Ok(Some((80, 0, 0)))
+    );
+    for (labels, want) in [
+        (
+            serde_json::json!({"dwara.port": "80", "dwara.weight": "heavy"}),
+            "invalid weight \"heavy\"",
+        ),
+        (
+            serde_json::json!({"dwara.port": "80", "dwara.priority": "65536"}),
+            "invalid priority \"65536\"",
+        ),
+        (
+            serde_json::json!({"dwara.weight": "9"}),
+            "weight \"9\" given without a port",
+        ),
+        (
+            serde_json::json!({"dwara.priority": "1"}),
+            "priority \"1\" given without a port",
+        ),
+    ] {
+        let got = rank(labels.clone());
+        assert!(
+            got.as_ref().is_err_and(|e| e.contains(want)),
+            "{labels}: {got:?}"
+        );
+    }
+}

@@ -941,6 +941,10 @@ fn labels_register_ports_answered_as_srv() {
             "dwara.port=8080",
             "--label",
             "dwara.service=_http._tcp",
+            "--label",
+            "dwara.priority=2",
+            "--label",
+            "dwara.weight=9",
         ],
     );
     let dns = e.run(
@@ -967,6 +971,19 @@ fn labels_register_ports_answered_as_srv() {
             "dwara.port=0",
         ],
     );
+    let heavy = e.run(
+        "heavy",
+        &[
+            "--hostname",
+            &host("heavy"),
+            "--domainname",
+            DOMAIN,
+            "--label",
+            "dwara.port=80",
+            "--label",
+            "dwara.weight=heavy",
+        ],
+    );
     let srv = |name: &str| {
         let a = s.dig().query(name, "SRV").unwrap();
         let mut extra: Vec<String> = a.additional.iter().map(|r| r.data.clone()).collect();
@@ -974,13 +991,14 @@ fn labels_register_ports_answered_as_srv() {
         (a.status.clone(), a.data("SRV"), extra)
     };
     let web_srv = format!("_http._tcp.{}.{DOMAIN}", host("web"));
-    // One SRV record per address, each targeting its own name.
-    let records = |port: u16, ips: &[String]| {
+    // One SRV record per address, each targeting its own name, with the labels'
+    // priority and weight (0 and 1 without them).
+    let records = |rank: &str, port: u16, ips: &[String]| {
         let mut v: Vec<String> = ips
             .iter()
             .map(|ip| {
                 let target = test_support::dig::srv_target(ip.parse().unwrap(), DOMAIN);
-                format!("0 1 {port} {target}")
+                format!("{rank} {port} {target}")
             })
             .collect();
         v.sort();
@@ -988,7 +1006,7 @@ fn labels_register_ports_answered_as_srv() {
     };
     let want = (
         "NOERROR".to_owned(),
-        records(8080, &ipv4s(&web)),
+        records("2 9", 8080, &ipv4s(&web)),
         ipv4s(&web),
     );
     let up = poll(PATIENCE, || srv(&web_srv) == want);
@@ -999,7 +1017,11 @@ fn labels_register_ports_answered_as_srv() {
     );
     // No dwara.service: `_<port>._<proto>`, udp from the exposure.
     let dns_srv = format!("_53._udp.{}.{DOMAIN}", host("dns"));
-    let want = ("NOERROR".to_owned(), records(53, &ipv4s(&dns)), ipv4s(&dns));
+    let want = (
+        "NOERROR".to_owned(),
+        records("0 1", 53, &ipv4s(&dns)),
+        ipv4s(&dns),
+    );
     assert!(
         poll(PATIENCE, || srv(&dns_srv) == want).is_some(),
         "{:?}",
@@ -1010,7 +1032,11 @@ fn labels_register_ports_answered_as_srv() {
     assert!(poll(PATIENCE, || s.a(&bad_fqdn) == Ok(ipv4s(&bad))).is_some());
     assert_eq!(srv(&format!("_0._tcp.{bad_fqdn}")).0, "NXDOMAIN");
     assert_eq!(srv(&format!("_tcp.{bad_fqdn}")).0, "NXDOMAIN");
-    assert!(s.metric("dwara_docker_bad_labels_total") >= 1.0);
+    // So with a bad weight: the port is not registered without it.
+    let heavy_fqdn = format!("{}.{DOMAIN}", host("heavy"));
+    assert!(poll(PATIENCE, || s.a(&heavy_fqdn) == Ok(ipv4s(&heavy))).is_some());
+    assert_eq!(srv(&format!("_80._tcp.{heavy_fqdn}")).0, "NXDOMAIN");
+    assert!(s.metric("dwara_docker_bad_labels_total") >= 2.0);
     // The HTTP view shows the endpoints; a stopped container's SRV goes with it.
     let (status, body) =
         test_support::http::request(s.0.http, "GET", &format!("/name/{web_srv}"), None);
@@ -1031,7 +1057,7 @@ fn labels_register_ports_answered_as_srv() {
     );
     assert_eq!(
         srv(&dns_srv).1,
-        records(53, &ipv4s(&dns)),
+        records("0 1", 53, &ipv4s(&dns)),
         "the other container's SRV stays"
     );
 }

@@ -1,10 +1,12 @@
 //! SRV and A answers of a real `dwara serve` used by the programs people point at
-//! it: HAProxy (`resolvers` + `server-template`, by SRV and by A) and Caddy
-//! (`reverse_proxy { dynamic srv }` and `dynamic a`, Go's resolver), in front of
-//! small HTTP backends on 127.0.0.x that answer with their own address. Real
-//! processes and real HTTP requests; every wait polls with a deadline.
+//! it: HAProxy (`resolvers` + `server-template`, by SRV and by A, and its split by
+//! SRV weight), Caddy (`reverse_proxy { dynamic srv }` and `dynamic a`, Go's
+//! resolver) and Prometheus (`dns_sd_configs`, `type: SRV`), in front of small
+//! HTTP backends on 127.0.0.x that answer with their own address (and a metric on
+//! `/metrics`). Real processes and real HTTP requests; every wait polls with a
+//! deadline.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::path::Path;
@@ -257,6 +259,154 @@ fn haproxy_reaches_every_instance_by_srv_and_by_a_and_follows_changes() {
     );
 }
 
+/// HAProxy by SRV at `by_srv` with a stats socket at `sock`: the README's
+/// `resolvers` and `server-template` lines.
+fn haproxy_weights_config(dns: SocketAddr, by_srv: SocketAddr, sock: &Path) -> String {
+    format!(
+        "\
+global
+    stats socket {sock} mode 600 level admin
+
+defaults
+    mode http
+    timeout connect 1s
+    timeout client 5s
+    timeout server 5s
+
+resolvers dwara
+    nameserver dwara {dns}
+    accepted_payload_size 4096
+    timeout resolve 200ms
+    timeout retry 200ms
+    hold valid 200ms
+    hold obsolete 0s
+
+frontend by_srv
+    bind {by_srv}
+    default_backend web_srv
+
+backend web_srv
+    balance roundrobin
+    server-template web 10 _http._tcp.web.weave.local resolvers dwara init-addr none
+",
+        sock = sock.display()
+    )
+}
+
+/// HAProxy's own weights of the servers of `backend`, by `address:port`, from
+/// `show servers state` on its stats socket (servers without an address left out).
+fn haproxy_weights(sock: &Path, backend: &str) -> BTreeMap<String, u32> {
+    use std::io::{Read as _, Write as _};
+    let Ok(mut s) = std::os::unix::net::UnixStream::connect(sock) else {
+        return BTreeMap::new();
+    };
+    let mut out = String::new();
+    let asked = s.write_all(format!("show servers state {backend}\n").as_bytes());
+    if asked.is_err() || s.read_to_string(&mut out).is_err() {
+        return BTreeMap::new();
+    }
+    let mut lines = out.lines().skip_while(|l| !l.starts_with("# "));
+    let Some(header) = lines.next() else {
+        return BTreeMap::new();
+    };
+    let columns: Vec<&str> = header[2..].split_whitespace().collect();
+    let at = |name: &str| columns.iter().position(|c| *c == name).unwrap();
+    let (addr, port, weight) = (at("srv_addr"), at("srv_port"), at("srv_uweight"));
+    lines
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .filter(|f| f.len() == columns.len() && f[port] != "0" && f[addr] != "-")
+        .map(|f| {
+            (
+                format!("{}:{}", f[addr], f[port]),
+                f[weight].parse().unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// How many of `n` requests through `proxy` each backend answered, by address.
+fn counts(proxy: SocketAddr, n: usize) -> BTreeMap<String, usize> {
+    let got = reached(proxy, n).expect("every request answered with a 200");
+    let mut counts = BTreeMap::new();
+    for body in got {
+        *counts.entry(body).or_default() += 1;
+    }
+    counts
+}
+
+/// Registers `web` under `web.weave.local` (`_http._tcp`) with `weights`.
+fn register_weighted(s: &Serve, web: &[HttpBackend], weights: [u16; 3]) {
+    for (i, (b, w)) in web.iter().zip(weights).enumerate() {
+        let extra = format!("&service=_http._tcp&weight={w}");
+        register(s, &format!("web{i}"), b.addr(), "web.weave.local", &extra);
+    }
+}
+
+/// Waits until HAProxy's weights of `web` are `want`.
+fn await_haproxy_weights(sock: &Path, web: &[HttpBackend], want: [u32; 3]) {
+    let want: BTreeMap<String, u32> = web
+        .iter()
+        .zip(want)
+        .map(|(b, w)| (b.addr().to_string(), w))
+        .collect();
+    let mut last = BTreeMap::new();
+    let ok = poll(FOLLOW, || {
+        last = haproxy_weights(sock, "web_srv");
+        (last == want).then_some(())
+    });
+    assert!(ok.is_some(), "HAProxy's weights {last:?}, want {want:?}");
+}
+
+/// HAProxy 2.6 maps an SRV weight `w` (0–65535) to its own server weight (0–256)
+/// as `(w + 255) / 256` (`resolvers.c`): SRV weights 1 to 256 are all weight 1.
+/// So the canary is registered at 256 beside two at 2304 (HAProxy: 1 and 9), and
+/// the same split at SRV weights 1 and 9 is shown to be even, as HAProxy has it.
+#[test]
+fn haproxy_splits_traffic_by_srv_weight() {
+    if !require("haproxy") {
+        return;
+    }
+    let s = dwara();
+    let web = backends(51, 3);
+    register_weighted(&s, &web, [2304, 2304, 256]);
+    let dir = tempfile::tempdir().unwrap();
+    let by_srv = free_loopback();
+    let sock = dir.path().join("haproxy.sock");
+    let config = dir.path().join("haproxy.cfg");
+    std::fs::write(&config, haproxy_weights_config(s.dns, by_srv, &sock)).unwrap();
+    let _haproxy = Proxy::spawn(
+        "haproxy",
+        Command::new("haproxy").arg("-db").arg("-f").arg(&config),
+        &[by_srv],
+    );
+    await_haproxy_weights(&sock, &web, [9, 9, 1]);
+    const N: usize = 2000;
+    let split = counts(by_srv, N);
+    eprintln!("HAProxy, SRV weights 2304, 2304, 256: {N} requests {split:?}");
+    let got = |b: &HttpBackend| split.get(&b.addr().to_string()).copied().unwrap_or(0);
+    let (low, high) = crate::weights::binomial_band(N, 1.0 / 19.0);
+    assert!(
+        (low..=high).contains(&got(&web[2])),
+        "canary {} of {N}, want {low}..={high} (1/19): {split:?}",
+        got(&web[2])
+    );
+    let (low, high) = crate::weights::binomial_band(N, 9.0 / 19.0);
+    for b in &web[..2] {
+        assert!((low..=high).contains(&got(b)), "{split:?}");
+    }
+    // SRV weights 9, 9, 1 are HAProxy weights 1, 1, 1: an even split.
+    register_weighted(&s, &web, [9, 9, 1]);
+    await_haproxy_weights(&sock, &web, [1, 1, 1]);
+    const EVEN: usize = 600;
+    let split = counts(by_srv, EVEN);
+    eprintln!("HAProxy, SRV weights 9, 9, 1: {EVEN} requests {split:?}");
+    let (low, high) = crate::weights::binomial_band(EVEN, 1.0 / 3.0);
+    for b in &web {
+        let n = split.get(&b.addr().to_string()).copied().unwrap_or(0);
+        assert!((low..=high).contains(&n), "{split:?}");
+    }
+}
+
 /// The Caddy configuration the README shows, with these addresses: `dynamic srv`
 /// and `dynamic a`, both resolved by dwara at `dns` (the SRV targets too, through
 /// the transport's resolver).
@@ -346,4 +496,127 @@ fn caddy_reaches_every_instance_by_srv_and_by_a() {
     let (status, _) = test_support::http::request(s.http, "DELETE", "/name/web1", None);
     assert_eq!(status, 204);
     await_reached("after a delete", by_srv, 12, &[&web[0], &web[2]]);
+}
+
+/// Prometheus scraping every instance of `web.weave.local` found by SRV.
+fn prometheus_config() -> &'static str {
+    "\
+global:
+  scrape_interval: 1s
+  scrape_timeout: 500ms
+scrape_configs:
+  - job_name: web
+    dns_sd_configs:
+      - names: [_http._tcp.web.weave.local]
+        type: SRV
+        refresh_interval: 1s
+"
+}
+
+/// Prometheus' active targets from `/api/v1/targets`: `__address__` → health.
+fn prometheus_targets(web: SocketAddr) -> BTreeMap<String, String> {
+    let client = reqwest::blocking::Client::builder()
+        .timeout(Duration::from_secs(2))
+        .no_proxy()
+        .build()
+        .unwrap();
+    let Ok(resp) = client
+        .get(format!("http://{web}/api/v1/targets?state=active"))
+        .send()
+    else {
+        return BTreeMap::new();
+    };
+    let Ok(v) = serde_json::from_str::<serde_json::Value>(&resp.text().unwrap_or_default()) else {
+        return BTreeMap::new();
+    };
+    v["data"]["activeTargets"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|t| {
+            let addr = t["discoveredLabels"]["__address__"].as_str()?;
+            Some((addr.to_owned(), t["health"].as_str()?.to_owned()))
+        })
+        .collect()
+}
+
+/// Prometheus' `dns_sd_configs` (`type: SRV`) asks the servers of /etc/resolv.conf,
+/// always on port 53, and scrapes each target by its name through the system
+/// resolver. So dwara listens on port 53 of an address of its own in 127/8, and
+/// Prometheus runs in a mount namespace (`unshare -m`) where a bind mount puts a
+/// resolv.conf naming that address over /etc/resolv.conf: the host's file is
+/// never touched. Every instance must appear at its registered port, by its own
+/// target name, and be scraped (`up`).
+#[test]
+fn prometheus_dns_sd_by_srv_scrapes_every_instance() {
+    if !require("prometheus") || !require("unshare") {
+        return;
+    }
+    let started = Instant::now();
+    // An address of 127/8 per process, so parallel runs do not share port 53.
+    let ns_ip = IpAddr::from([127, 53, (std::process::id() % 250) as u8 + 1, 1]);
+    let dns = SocketAddr::new(ns_ip, 53);
+    // Port 53 needs root (or CAP_NET_BIND_SERVICE).
+    let bindable = std::net::UdpSocket::bind(dns).map(drop);
+    if !test_support::require(&format!("binding {dns}"), bindable) {
+        return;
+    }
+    let s = Serve::start(&[
+        "--dns-listen",
+        &dns.to_string(),
+        "--http-listen",
+        "127.0.0.1:0",
+    ]);
+    let web = backends(81, 3);
+    for (i, b) in web.iter().enumerate() {
+        register(
+            &s,
+            &format!("web{i}"),
+            b.addr(),
+            "web.weave.local",
+            "&service=_http._tcp",
+        );
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let resolv = dir.path().join("resolv.conf");
+    std::fs::write(&resolv, format!("nameserver {ns_ip}\n")).unwrap();
+    let config = dir.path().join("prometheus.yml");
+    std::fs::write(&config, prometheus_config()).unwrap();
+    let listen = free_loopback();
+    let _prometheus = Proxy::spawn(
+        "prometheus",
+        Command::new("unshare")
+            .args(["--mount", "--propagation", "private", "sh", "-c"])
+            .arg("mount --bind \"$0\" /etc/resolv.conf && exec prometheus \"$@\"")
+            .arg(&resolv)
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.path().join("data").display()
+            ))
+            .arg(format!("--web.listen-address={listen}"))
+            .arg("--log.level=warn"),
+        &[listen],
+    );
+    let want: BTreeMap<String, String> = web
+        .iter()
+        .map(|b| {
+            let target = test_support::dig::srv_target(b.addr().ip(), "weave.local");
+            let target = target.trim_end_matches('.');
+            (format!("{target}:{}", b.addr().port()), "up".to_owned())
+        })
+        .collect();
+    let mut last = BTreeMap::new();
+    let found = poll(Duration::from_secs(30), || {
+        last = prometheus_targets(listen);
+        (last == want).then_some(())
+    });
+    assert!(
+        found.is_some(),
+        "Prometheus' targets {last:?}, want {want:?}"
+    );
+    eprintln!(
+        "Prometheus scraped all three instances {:?} after dwara started",
+        started.elapsed()
+    );
 }

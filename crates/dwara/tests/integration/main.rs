@@ -16,3 +16,4 @@ mod push;
 mod serve;
 mod store;
 mod watch;
+mod weights;

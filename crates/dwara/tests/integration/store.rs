@@ -523,3 +523,57 @@ fn a_tcp_check_is_stored_and_runs_again_after_a_restart() {
     assert_eq!(a(&s, "web.weave.local"), ["127.0.0.1"]);
     assert_eq!(s.metric("dwara_health_checks_running "), Some(0.0));
 }
+
+/// A priority and weight are stored and answered again after SIGKILL, beside a row
+/// written the way builds before priorities and weights wrote it (value version 1:
+/// port and service only), which loads with the defaults 0 and 1.
+#[test]
+fn priorities_and_weights_survive_sigkill_beside_rows_of_earlier_builds() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = serve(dir.path());
+    let add = s.dns(&[
+        "add",
+        "c1",
+        "10.32.0.1",
+        "web.weave.local",
+        "--port",
+        "80",
+        "--service",
+        "_http._tcp",
+        "--priority",
+        "1",
+        "--weight",
+        "9",
+    ]);
+    assert!(add.status.success(), "{add:?}");
+    let status = s.signal_and_wait("TERM");
+    assert!(status.success(), "{status:?}");
+    // The row of an earlier build, byte for byte: record version 1, id "c2",
+    // 10.32.0.2, the fqdn; value version 1, port 80, the service.
+    let key = [
+        &b"\x01\x00\x00\x00\x02c2\x04\x0a\x20\x00\x02"[..],
+        b"web.weave.local.",
+    ]
+    .concat();
+    {
+        let db = redb::Database::open(dir.path().join(STORE_FILE)).unwrap();
+        let txn = db.begin_write().unwrap();
+        let regs: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("registrations");
+        txn.open_table(regs)
+            .unwrap()
+            .insert(&key[..], &b"\x01\x00\x50_http._tcp"[..])
+            .unwrap();
+        txn.commit().unwrap();
+    }
+    let s = serve(dir.path());
+    let want = [
+        "0 1 80 0a200002.addr.weave.local.",
+        "1 9 80 0a200001.addr.weave.local.",
+    ];
+    let srv = s.dig().query("_http._tcp.web.weave.local", "SRV").unwrap();
+    assert_eq!(srv.data("SRV"), want, "{}", srv.raw);
+    kill(s);
+    let s = serve(dir.path());
+    let srv = s.dig().query("_http._tcp.web.weave.local", "SRV").unwrap();
+    assert_eq!(srv.data("SRV"), want, "{}", srv.raw);
+}

@@ -236,3 +236,78 @@ fn http_shows_ports_and_rejects_bad_ones() {
     }
     assert_eq!(s.http("GET", "/name/x.weave.local", None).0, 404);
 }
+
+#[test]
+fn priority_and_weight_are_answered_listed_and_checked() {
+    let s = services();
+    // Two more instances of api's `_http._tcp`: a canary at weight 0 and a
+    // fallback at priority 10, weight 65535.
+    for (id, ip, extra) in [
+        ("c7", "10.32.0.7", "&weight=0"),
+        ("c8", "10.32.0.8", "&priority=10&weight=65535"),
+    ] {
+        let form = format!("fqdn=api.weave.local&port=81&service=_http._tcp{extra}");
+        let (status, body) = put(&s, id, ip, &form);
+        assert_eq!(status, 204, "{id}: {body}");
+    }
+    // The default instances still answer 0 1; the others their own.
+    let a = s.dig().query("_http._tcp.api.weave.local", "SRV").unwrap();
+    assert_eq!(
+        a.data("SRV"),
+        [
+            "0 0 81 0a200007.addr.weave.local.",
+            "0 1 80 0a200001.addr.weave.local.",
+            "0 1 80 0a200002.addr.weave.local.",
+            "0 1 80 fd000000000000000000000000000003.addr.weave.local.",
+            "10 65535 81 0a200008.addr.weave.local.",
+        ],
+        "{}",
+        a.raw
+    );
+    // GET /name lists priority and weight beside the port, defaults included.
+    let (_, body) = s.http("GET", "/name?fqdn=api.weave.local", None);
+    let all: Vec<serde_json::Value> = serde_json::from_str(&body).unwrap();
+    let rank = |id: &str| {
+        let e = all.iter().find(|e| e["id"] == id).unwrap();
+        (
+            e["port"].as_u64(),
+            e["priority"].as_u64(),
+            e["weight"].as_u64(),
+        )
+    };
+    assert_eq!(rank("c1"), (Some(80), Some(0), Some(1)), "{body}");
+    assert_eq!(rank("c7"), (Some(81), Some(0), Some(0)), "{body}");
+    assert_eq!(rank("c8"), (Some(81), Some(10), Some(65535)), "{body}");
+    let c5 = all.iter().find(|e| e["id"] == "c5").unwrap();
+    assert!(
+        c5.get("weight").is_none() && c5.get("priority").is_none(),
+        "{c5}"
+    );
+    // A new PUT without them puts the defaults back.
+    let form = "fqdn=api.weave.local&port=81&service=_http._tcp";
+    assert_eq!(put(&s, "c8", "10.32.0.8", form).0, 204);
+    let a = s.dig().query("_http._tcp.api.weave.local", "SRV").unwrap();
+    assert!(
+        a.data("SRV")
+            .contains(&"0 1 81 0a200008.addr.weave.local.".to_owned()),
+        "{}",
+        a.raw
+    );
+    // Bad values: 400 naming the parameter and the value; nothing changes.
+    for (form, needle) in [
+        ("port=80&weight=65536", "invalid weight \"65536\""),
+        ("port=80&weight=-1", "invalid weight \"-1\""),
+        ("port=80&weight=heavy", "invalid weight \"heavy\""),
+        ("port=80&priority=65536", "invalid priority \"65536\""),
+        ("port=80&priority=1e3", "invalid priority \"1e3\""),
+        ("weight=9", "weight \"9\" given without a port"),
+        ("priority=1", "priority \"1\" given without a port"),
+        ("priority=1&weight=9", "priority \"1\" given without a port"),
+    ] {
+        let form = format!("fqdn=x.weave.local&{form}");
+        let (status, body) = put(&s, "bad", "10.9.9.9", &form);
+        assert_eq!(status, 400, "{form}: {body}");
+        assert!(body.contains(needle), "{form}: {body}");
+    }
+    assert_eq!(s.http("GET", "/name/x.weave.local", None).0, 404);
+}
