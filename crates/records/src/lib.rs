@@ -9,9 +9,7 @@ mod health;
 mod name;
 mod service;
 
-pub use db::{
-    Change, ChangeKind, DEFAULT_ORIGIN, Db, DbConfig, Entry, Inconsistency, SrvEndpoint,
-};
+pub use db::{Change, ChangeKind, DEFAULT_ORIGIN, Db, DbConfig, Entry, Inconsistency, SrvEndpoint};
 pub use error::{Error, Result};
 pub use health::{Health, HealthFailMode};
 pub use name::{Domain, parse_name, reverse_name, wire_lower};
