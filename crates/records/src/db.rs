@@ -578,30 +578,15 @@ impl Db {
     /// that service, each with its port, in registration order, without duplicates.
     /// Empty for any other name.
     pub fn lookup_service(&self, name: &str) -> Vec<SocketAddr> {
-        let Ok(name) = parse_name(name) else {
-            return Vec::new();
-        };
-        let wire = wire_lower(&name);
-        let Some((labels, base)) = crate::answers::split_service(&wire) else {
-            return Vec::new();
-        };
-        self.tables.names.read(base, |recs| {
-            let mut out: Vec<SocketAddr> = Vec::new();
-            for r in recs.into_iter().flatten().filter(|r| r.srv_serve) {
-                if let Some(srv) = r.service.as_ref().filter(|s| &*s.labels == labels) {
-                    let ep = SocketAddr::new(r.ip, srv.spec.port());
-                    if !out.contains(&ep) {
-                        out.push(ep);
-                    }
-                }
-            }
-            out
-        })
+        // `srv_serve` marks the first record of each (service, address, port), so
+        // the SRV endpoints have no duplicates.
+        self.lookup_srv(name).into_iter().map(|e| e.addr).collect()
     }
 
     /// The SRV records of a service name `<service>.<fqdn>`, as the name server
-    /// answers them: one per endpoint of [`Db::lookup_service`], in the same order,
-    /// with the priority and weight of the entry that endpoint is answered from.
+    /// answers them: one per (address, port) of the answered entries of `fqdn` with
+    /// that service, in registration order, with the priority and weight of the
+    /// entry each is answered from. Empty for any other name.
     pub fn lookup_srv(&self, name: &str) -> Vec<SrvEndpoint> {
         let Ok(name) = parse_name(name) else {
             return Vec::new();

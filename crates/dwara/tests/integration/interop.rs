@@ -33,7 +33,7 @@ fn require(tool: &str) -> bool {
 }
 
 /// A `dwara serve` on loopback checking registrations every 100 ms.
-fn dwara() -> Serve {
+pub(crate) fn dwara() -> Serve {
     Serve::start(&[
         "--dns-listen",
         "127.0.0.1:0",
@@ -169,12 +169,10 @@ fn free_loopback() -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], test_support::free_port()))
 }
 
-/// The HAProxy configuration the README shows, with these addresses: a
-/// `server-template` by SRV and one by A, resolved by dwara at `dns`.
-fn haproxy_config(dns: SocketAddr, by_srv: SocketAddr, by_a: SocketAddr, a_port: u16) -> String {
-    let mut c = String::new();
-    let _ = write!(
-        c,
+/// HAProxy's `defaults`, dwara as its resolver at `dns`, and a `server-template` by
+/// SRV behind `by_srv`: the README's lines.
+fn haproxy_by_srv(dns: SocketAddr, by_srv: SocketAddr) -> String {
+    format!(
         "\
 defaults
     mode http
@@ -197,7 +195,17 @@ frontend by_srv
 backend web_srv
     balance roundrobin
     server-template web 10 _http._tcp.web.weave.local resolvers dwara init-addr none
+"
+    )
+}
 
+/// The HAProxy configuration the README shows, with these addresses: a
+/// `server-template` by SRV and one by A, resolved by dwara at `dns`.
+fn haproxy_config(dns: SocketAddr, by_srv: SocketAddr, by_a: SocketAddr, a_port: u16) -> String {
+    let mut c = haproxy_by_srv(dns, by_srv);
+    let _ = write!(
+        c,
+        "
 frontend by_a
     bind {by_a}
     default_backend web_a
@@ -263,33 +271,9 @@ fn haproxy_reaches_every_instance_by_srv_and_by_a_and_follows_changes() {
 /// `resolvers` and `server-template` lines.
 fn haproxy_weights_config(dns: SocketAddr, by_srv: SocketAddr, sock: &Path) -> String {
     format!(
-        "\
-global
-    stats socket {sock} mode 600 level admin
-
-defaults
-    mode http
-    timeout connect 1s
-    timeout client 5s
-    timeout server 5s
-
-resolvers dwara
-    nameserver dwara {dns}
-    accepted_payload_size 4096
-    timeout resolve 200ms
-    timeout retry 200ms
-    hold valid 200ms
-    hold obsolete 0s
-
-frontend by_srv
-    bind {by_srv}
-    default_backend web_srv
-
-backend web_srv
-    balance roundrobin
-    server-template web 10 _http._tcp.web.weave.local resolvers dwara init-addr none
-",
-        sock = sock.display()
+        "global\n    stats socket {} mode 600 level admin\n\n{}",
+        sock.display(),
+        haproxy_by_srv(dns, by_srv)
     )
 }
 

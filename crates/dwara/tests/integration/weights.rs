@@ -18,18 +18,6 @@ use crate::nameserver::Serve;
 /// failing, a refresh of one second).
 const FOLLOW: Duration = Duration::from_secs(20);
 
-/// A `dwara serve` name server on loopback checking registrations every 100 ms.
-fn name_server() -> Serve {
-    Serve::start(&[
-        "--dns-listen",
-        "127.0.0.1:0",
-        "--http-listen",
-        "127.0.0.1:0",
-        "--check-interval-ms",
-        "100",
-    ])
-}
-
 /// `dwara dns add <id> <backend ip> <fqdn> --port <backend port> --service
 /// _http._tcp <extra>` against `ns`.
 fn add(ns: &Serve, id: &str, backend: SocketAddr, fqdn: &str, extra: &[&str]) {
@@ -167,7 +155,7 @@ fn backends(first: u8, n: u8) -> Vec<HttpBackend> {
 
 #[test]
 fn a_canary_at_weight_1_beside_two_at_9_gets_one_in_19_through_the_srv_policy() {
-    let ns = name_server();
+    let ns = crate::interop::dwara();
     let web = backends(61, 3);
     for (i, (b, weight)) in web.iter().zip(["9", "9", "1"]).enumerate() {
         add(
@@ -212,7 +200,7 @@ fn a_canary_at_weight_1_beside_two_at_9_gets_one_in_19_through_the_srv_policy() 
 
 #[test]
 fn the_lowest_priority_takes_all_traffic_while_up_then_the_next_one() {
-    let ns = name_server();
+    let ns = crate::interop::dwara();
     let mut ranked = backends(71, 3);
     // Two at priority 0, one at priority 1 with a far larger weight: priority
     // comes first. Checked by the name server, so a stopped one leaves the answers.

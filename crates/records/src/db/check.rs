@@ -30,7 +30,11 @@ fn wrong(name: &[u8], what: String) -> Inconsistency {
 
 /// The serve flags of `recs` by their definition: the first servable record of its
 /// address; of its (service, address, port); of its (service, address) among those.
-fn flags_by_definition(w: &Writer, mode: HealthFailMode, recs: &[Rec]) -> Vec<(bool, bool, bool)> {
+pub(super) fn flags_by_definition(
+    w: &Writer,
+    mode: HealthFailMode,
+    recs: &[Rec],
+) -> Vec<(bool, bool, bool)> {
     let visible = |r: &Rec| !r.tombstone && !w.hidden(r.origin);
     let fail_open =
         mode == HealthFailMode::Open && !recs.iter().any(|r| visible(r) && r.health.passing());

@@ -393,36 +393,11 @@ fn fail_closed_answers_nothing_when_no_entry_passes_and_merges_carry_health() {
     assert_eq!(peer.health, Health::Healthy);
 }
 
-/// The serve flags, worked out the slow way from their definition: the first
-/// servable record of its address; of its (service, address, port); of its
-/// (service, address) among those.
+/// The serve flags, worked out the slow way from their definition (the same function
+/// `Db::verify` checks the incremental edit path with).
 fn served_by_definition(db: &Db, recs: &[Rec]) -> Vec<(bool, bool, bool)> {
     let w = db.writer.lock();
-    let visible = |r: &Rec| !r.tombstone && !w.hidden(r.origin);
-    let fail_open = !recs.iter().any(|r| visible(r) && r.health.passing());
-    let servable: Vec<bool> = recs
-        .iter()
-        .map(|r| visible(r) && (r.health.passing() || (fail_open && r.health == Health::Unhealthy)))
-        .collect();
-    let key = |r: &Rec| {
-        r.service
-            .as_ref()
-            .map(|s| (s.labels.clone(), r.ip, s.spec.port()))
-    };
-    (0..recs.len())
-        .map(|i| {
-            let r = &recs[i];
-            let earlier = |same: &dyn Fn(usize) -> bool| (0..i).any(|j| servable[j] && same(j));
-            let serve = servable[i] && !earlier(&|j| recs[j].ip == r.ip);
-            let srv_serve =
-                servable[i] && key(r).is_some() && !earlier(&|j| key(&recs[j]) == key(r));
-            let srv_addr = srv_serve
-                && !earlier(&|j| {
-                    key(&recs[j]).map(|(l, ip, _)| (l, ip)) == key(r).map(|(l, ip, _)| (l, ip))
-                });
-            (serve, srv_serve, srv_addr)
-        })
-        .collect()
+    check::flags_by_definition(&w, HealthFailMode::Open, recs)
 }
 
 /// Random registrations, health changes and removals on one name, checked after
