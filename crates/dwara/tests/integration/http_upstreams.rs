@@ -12,7 +12,7 @@ use std::time::Duration;
 use http_body_util::{BodyExt, Full};
 use hyper::body::{Bytes, Incoming};
 use hyper::{Request, Response};
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use test_support::dns_server::TestDnsServer;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -311,6 +311,58 @@ async fn headers_are_rewritten_and_bodies_stream_both_ways() {
     assert!(text.starts_with("HTTP/1.1 200"), "{text}");
     assert!(text.contains("\"body\":\"hello world\""), "{text}");
     assert!(!text.contains("\"expect\""), "{text}");
+}
+
+#[tokio::test]
+async fn an_h2_prior_knowledge_client_gets_the_backends_answer() {
+    let port = common_port(&[ip(2)]).await;
+    let _a = Backend::start(ip(2), port).await;
+    let dns = dns(&[ip(2)]).await;
+    let proxy = test_support::free_addr();
+    let serve = Serve::spawn(&upstream(proxy, port, dns.addr(), ""));
+    serve.wait_endpoints(&[format!("127.0.0.2:{port}")]).await;
+    wait_listening(proxy).await;
+
+    // HTTP/2 from the first byte (no upgrade), two streams at once on one
+    // connection; each goes to the backend as an HTTP/1.1 request.
+    let stream = TcpStream::connect(proxy).await.unwrap();
+    let (sender, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    let send = |path: &'static str| {
+        let mut sender = sender.clone();
+        async move {
+            let req = Request::post(format!("http://web.test{path}"))
+                .header("x-kept", "yes")
+                .body(Full::new(Bytes::from_static(b"h2 body")))
+                .unwrap();
+            let resp = tokio::time::timeout(WAIT, sender.send_request(req))
+                .await
+                .expect("an answer in time")
+                .unwrap();
+            (path, resp)
+        }
+    };
+    let (one, two) = tokio::join!(send("/one"), send("/two"));
+    for (path, resp) in [one, two] {
+        assert_eq!(resp.status(), 200);
+        assert_eq!(resp.version(), hyper::Version::HTTP_2);
+        assert!(resp.headers().get("keep-alive").is_none(), "{resp:?}");
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        let seen: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(seen["ip"], "127.0.0.2", "{seen}");
+        assert_eq!(seen["uri"], path, "{seen}");
+        assert_eq!(seen["body"], "h2 body", "{seen}");
+        let h = &seen["headers"];
+        assert_eq!(h["host"], "web.test", "{seen}");
+        assert_eq!(h["x-kept"], "yes", "{seen}");
+        assert_eq!(h["x-forwarded-for"], "127.0.0.1", "{seen}");
+    }
+    // The same listener still speaks HTTP/1.1 to a client that does.
+    let mut client = KeepAlive::open(proxy).await;
+    assert_eq!(client.backend().await, "127.0.0.2");
 }
 
 /// Reads one response whose body is `Content-Length` long.
