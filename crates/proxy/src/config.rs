@@ -168,7 +168,7 @@ pub struct HttpSettings {
     pub response_timeout: Duration,
     /// See [`UpstreamConfig::hash_header`] (lower case).
     pub hash_header: Option<http::HeaderName>,
-    /// See [`UpstreamConfig::max_tries`]; at most [`MAX_TRIES`].
+    /// See [`UpstreamConfig::max_tries`] (1 to 10).
     pub max_tries: u32,
     /// See [`PoolSection`].
     pub pool: PoolSection,

@@ -69,8 +69,10 @@ pub(crate) type RespBody = UnsyncBoxBody<Bytes, hyper::Error>;
 /// Where the endpoints of an HTTP upstream come from.
 #[derive(Debug)]
 pub(crate) enum Dial {
-    /// Picks of the upstream's load balancer (discovery fills it).
-    Lb,
+    /// Picks of the upstream's load balancer (discovery fills it). With SRV
+    /// discovery, `targets` is the cache through which discovery resolves the
+    /// targets that answers name without their addresses.
+    Lb { targets: Option<DnsCache> },
     /// `address: HOST:PORT`: the DNS cache's answer for HOST, in turn.
     Address {
         cache: DnsCache,
@@ -78,6 +80,16 @@ pub(crate) enum Dial {
         port: u16,
         next: AtomicUsize,
     },
+}
+
+impl Dial {
+    /// The DNS cache on the upstream's dial path, if it has one.
+    pub(crate) fn cache(&self) -> Option<&DnsCache> {
+        match self {
+            Self::Lb { targets } => targets.as_ref(),
+            Self::Address { cache, .. } => Some(cache),
+        }
+    }
 }
 
 /// What the HTTP path needs of an upstream beside its [`Target`].
@@ -373,7 +385,7 @@ async fn choose(
 ) -> Result<Choice, String> {
     let tried = tried.as_slice();
     match &*http.dial {
-        Dial::Lb => {
+        Dial::Lb { .. } => {
             let mut last = None;
             for _ in 0..4 {
                 let pick = match key {
@@ -667,7 +679,7 @@ async fn send(
                 g.report_success();
             }
             let keep = match &*http.dial {
-                Dial::Lb => Keep::InSet(target.lb.clone()),
+                Dial::Lb { .. } => Keep::InSet(target.lb.clone()),
                 Dial::Address { .. } => Keep::Always,
             };
             let (mut parts, body) = resp.into_parts();

@@ -14,6 +14,7 @@ use hyper::body::{Bytes, Incoming};
 use hyper::{Request, Response};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use test_support::dns_server::TestDnsServer;
+use test_support::dnsmasq::{Dnsmasq, DnsmasqOptions};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::{JoinHandle, JoinSet};
@@ -621,4 +622,77 @@ async fn an_endpoint_refusing_connections_costs_no_retry_budget() {
         0,
         "{status}"
     );
+}
+
+#[tokio::test]
+async fn srv_targets_named_without_addresses_are_resolved_through_the_dns_cache() {
+    // dnsmasq answers the SRV records (`--srv-host`) and forwards the targets'
+    // domain to the test server; with no cache of its own it cannot put their
+    // addresses in the additional section, so each target is a bare host name.
+    let port = common_port(&[ip(2), ip(3)]).await;
+    let _a = Backend::start(ip(2), port).await;
+    let _b = Backend::start(ip(3), port).await;
+    let names = TestDnsServer::start().await.unwrap();
+    names.set_a("a.hosts.test", &[ip(2)], 30);
+    names.set_a("b.hosts.test", &[ip(3)], 30);
+    let dnsmasq = Dnsmasq::start(DnsmasqOptions {
+        extra_args: vec![
+            format!("--srv-host=_http._tcp.web.test,a.hosts.test,{port}"),
+            format!("--srv-host=_http._tcp.web.test,b.hosts.test,{port}"),
+            format!(
+                "--server=/hosts.test/{}#{}",
+                names.addr().ip(),
+                names.addr().port()
+            ),
+            "--cache-size=0".into(),
+        ],
+        ..DnsmasqOptions::default()
+    })
+    .unwrap();
+    let proxy = test_support::free_addr();
+    let serve = Serve::spawn(&format!(
+        "upstreams:
+  - name: web
+    listen: {proxy}
+    protocol: http
+    dns_discovery:
+      hostname: _http._tcp.web.test
+      record_type: SRV
+      refresh_interval_s: 1
+      nameservers: [{}]
+",
+        dnsmasq.addr()
+    ));
+    serve
+        .wait_endpoints(&[format!("127.0.0.2:{port}"), format!("127.0.0.3:{port}")])
+        .await;
+    wait_listening(proxy).await;
+    let mut client = KeepAlive::open(proxy).await;
+    let mut seen = std::collections::HashSet::new();
+    for _ in 0..4 {
+        seen.insert(client.backend().await);
+    }
+    assert_eq!(seen.len(), 2, "requests reached only {seen:?}");
+
+    // Each target was looked up once (a miss each); the refreshes that follow
+    // find them in the cache while their 30 s TTL runs.
+    let count = |m: &str, outcome: &str| -> u64 {
+        let key = format!("dwara_http_dns_cache_total{{upstream=\"web\",outcome=\"{outcome}\"}} ");
+        m.lines()
+            .find_map(|l| l.strip_prefix(&key))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {key}: {m}"))
+    };
+    let hits =
+        test_support::wait_until(WAIT, || async { count(&metrics(&serve).await, "hit") >= 2 })
+            .await;
+    let m = metrics(&serve).await;
+    assert!(hits, "{m}");
+    assert_eq!(count(&m, "miss"), 2, "{m}");
+    // The addresses came from the name server behind dnsmasq, not from the
+    // SRV answer.
+    assert!(names.query_count_for("a.hosts.test") >= 1);
+    let status = serve.status().await;
+    let cache = &status["upstreams"][0]["http"]["dns_cache"];
+    assert_eq!(cache["misses"], 2, "{status}");
 }
