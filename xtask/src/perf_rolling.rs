@@ -383,7 +383,8 @@ fn client(port: u16, rate: f64, tally: Arc<Tally>, stop: Arc<AtomicBool>) {
 }
 
 fn run_in(dir: &Path, opts: &Options) -> anyhow::Result<()> {
-    let ips: Vec<Ipv4Addr> = (0..=opts.replacements + 3)
+    // Three to start with, then one per replacement.
+    let ips: Vec<Ipv4Addr> = (0..opts.replacements + 3)
         .map(|i| Ipv4Addr::new(127, 0, 0, 10 + u8::try_from(i).unwrap_or(200)))
         .collect();
     let port = free_port(Ipv4Addr::LOCALHOST)?;
