@@ -22,11 +22,12 @@
 //! - `cargo xtask perf l4 [--rounds R] [--seconds S] [--proxies …]` compares dwara's
 //!   L4 upstreams with HAProxy and nginx `stream` under wrk.
 //! - `cargo xtask perf http [--rounds R] [--seconds S]` compares dwara's HTTP upstreams
-//!   with HAProxy `mode http`, nginx `proxy_pass` and Caddy `reverse_proxy` under wrk.
-//! - `cargo xtask perf rolling [--replacements N] [--rate R]` replaces backend
-//!   instances one by one (each killed before its name is deleted) under a fixed-rate
-//!   keep-alive client, through dwara HTTP (push-fed and polled), dwara L4, HAProxy
-//!   and Caddy, and counts failed requests.
+//!   with HAProxy `mode http`, nginx `proxy_pass` and Caddy `reverse_proxy` under wrk,
+//!   and the latency of the 503 with nothing to route to with HAProxy's.
+//! - `cargo xtask perf rolling [--replacements N] [--rate R] [--keep-logs DIR]`
+//!   replaces backend instances one by one (each killed before its name is deleted)
+//!   under a fixed-rate keep-alive client, through dwara HTTP (push-fed and polled),
+//!   dwara L4, HAProxy and Caddy, and counts failed requests.
 //! - `cargo xtask perf push [--rounds R] [--docker]` times an endpoint into and out of
 //!   an upstream's rotation, fed by push from the name server in the same process vs
 //!   polling it over DNS.
@@ -78,7 +79,7 @@ commands:
   perf cluster [--sizes 3,5,10] [--sync 10000,50000] | --faults | --simulate 100,1000
   perf l4 [--rounds R] [--seconds S] [--proxies ...]
   perf http [--rounds R] [--seconds S]
-  perf rolling [--replacements N] [--rate R]
+  perf rolling [--replacements N] [--rate R] [--keep-logs DIR]
   perf push [--rounds R] [--docker]
   perf guard [--qps N] [--seconds S] [--legit-qps N]
   perf guard-flood ... the flooder perf guard runs in a network namespace

@@ -14,13 +14,18 @@
 //!    `mode http`, `nbthread 1`, `http-reuse always`; nginx (one worker) with
 //!    `proxy_pass` to an `upstream` with a `keepalive 64` pool; Caddy
 //!    `reverse_proxy` (its own defaults: Go's runtime on every core, a keep-alive
-//!    pool).
-//! 3. `R` interleaved rounds (default 5) of three wrk loads of `S` seconds (default
+//!    pool). Each dwara has a second `protocol: http` upstream, `empty`, that
+//!    follows a name with no addresses; HAProxy a second frontend whose backend
+//!    has no server: both answer 503 there.
+//! 3. `R` interleaved rounds (default 5) of four wrk loads of `S` seconds (default
 //!    5), every proxy in every round, the order rotated per round: keep-alive
 //!    requests (32 connections), a new client connection per request (32
-//!    connections, `Connection: close`), 1 MiB bodies (8 connections). Each run
-//!    records the rate, the proxy's CPU per request or MiB (user + system from
-//!    `/proc/PID/stat`, worker processes included), wrk's p50 and p99 and errors.
+//!    connections, `Connection: close`), 1 MiB bodies (8 connections), and the
+//!    503 with nothing to route to (one keep-alive connection, one request at a
+//!    time, so the latencies are the time to make the 503; dwara and HAProxy
+//!    only). Each run records the rate, the proxy's CPU per request or MiB (user +
+//!    system from `/proc/PID/stat`, worker processes included), wrk's p50 and p99
+//!    and errors (on the 503 load, answers that were not an error).
 //! 4. Prints the medians and the ratios of `dwara-1t` and `dwara` to each other
 //!    proxy.
 //!
@@ -30,54 +35,44 @@ use std::net::Ipv4Addr;
 use std::path::Path;
 use std::process::Command;
 
-use anyhow::{Context, bail};
-
 use crate::perf_l4::{
-    Load, Options, Proc, Proxy, Run, local, nginx_head, spawn_nginx, start_backend,
-    start_dwara_with, wrk,
+    Load, Options, Proc, Proxy, Run, local, nginx_head, rounds, spawn_nginx, start_backend,
+    start_dwara_with,
 };
-use crate::perf_util::{clock_ticks, free_port, median, release_dwara};
+use crate::perf_util::{free_port, median, parse_flags, release_dwara};
 
 const USAGE: &str =
     "usage: cargo xtask perf http [--rounds R] [--seconds S] [--threads T] [--dwara PATH]";
 const PROXIES: [&str; 5] = ["dwara-1t", "dwara", "haproxy-1t", "nginx", "caddy"];
 
+/// The loads of `perf http`: those of `perf l4` and the 503 without endpoints.
+const LOADS: [Load; 4] = [
+    Load::KeepAlive,
+    Load::NewConnection,
+    Load::Bodies,
+    Load::NoEndpoints,
+];
+
 fn parse_args(args: &[String]) -> anyhow::Result<Options> {
-    let mut o = Options {
-        rounds: 5,
-        seconds: 5,
+    let f = parse_flags(
+        args,
+        &["--rounds", "--seconds", "--threads", "--dwara"],
+        USAGE,
+    )?;
+    Ok(Options {
+        rounds: f.count("--rounds", 5)?,
+        seconds: f.count("--seconds", 5)?,
         idle: 0,
-        threads: 1,
+        threads: f.count("--threads", 1)?,
         proxies: Vec::new(),
         before: None,
-        dwara: None,
-    };
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        let mut value = |name: &str| -> anyhow::Result<&String> {
-            it.next().with_context(|| format!("{name} needs a value"))
-        };
-        let number = |v: &String, name: &str| -> anyhow::Result<usize> {
-            v.parse()
-                .with_context(|| format!("{name} needs a number, got {v:?}"))
-        };
-        match a.as_str() {
-            "--rounds" => o.rounds = number(value("--rounds")?, "--rounds")?.max(1),
-            "--seconds" => {
-                o.seconds = u32::try_from(number(value("--seconds")?, "--seconds")?.max(1))?;
-            }
-            "--threads" => {
-                o.threads = u32::try_from(number(value("--threads")?, "--threads")?.max(1))?;
-            }
-            "--dwara" => o.dwara = Some(value("--dwara")?.into()),
-            other => bail!("unknown argument {other:?}; {USAGE}"),
-        }
-    }
-    Ok(o)
+        dwara: f.path("--dwara"),
+    })
 }
 
 fn start_haproxy(dir: &Path, backend: u16) -> anyhow::Result<Proxy> {
     let port = free_port(Ipv4Addr::LOCALHOST)?;
+    let empty = free_port(Ipv4Addr::LOCALHOST)?;
     let conf = dir.join("haproxy-http.cfg");
     std::fs::write(
         &conf,
@@ -86,8 +81,11 @@ fn start_haproxy(dir: &Path, backend: u16) -> anyhow::Result<Proxy> {
              defaults\n  mode http\n  http-reuse always\n  timeout connect 5s\n  \
              timeout client 300s\n  timeout server 300s\n\
              frontend f\n  bind {listen}\n  default_backend b\n\
-             backend b\n  server s1 {backend}\n",
+             backend b\n  server s1 {backend}\n\
+             frontend e\n  bind {empty}\n  default_backend none\n\
+             backend none\n",
             listen = local(port),
+            empty = local(empty),
             backend = local(backend),
         ),
     )?;
@@ -97,7 +95,12 @@ fn start_haproxy(dir: &Path, backend: u16) -> anyhow::Result<Proxy> {
         Command::new("haproxy").arg("-db").arg("-f").arg(&conf),
     )?;
     proc.wait_http(port)?;
-    Ok(Proxy { proc, port })
+    proc.wait_answer(empty, "HTTP/1.1 503")?;
+    Ok(Proxy {
+        proc,
+        port,
+        empty: Some(empty),
+    })
 }
 
 fn start_nginx(dir: &Path, backend: u16) -> anyhow::Result<Proxy> {
@@ -117,7 +120,11 @@ fn start_nginx(dir: &Path, backend: u16) -> anyhow::Result<Proxy> {
     )?;
     let mut proc = spawn_nginx("nginx", dir, &conf)?;
     proc.wait_http(port)?;
-    Ok(Proxy { proc, port })
+    Ok(Proxy {
+        proc,
+        port,
+        empty: None,
+    })
 }
 
 fn start_caddy(dir: &Path, backend: u16) -> anyhow::Result<Proxy> {
@@ -142,7 +149,11 @@ fn start_caddy(dir: &Path, backend: u16) -> anyhow::Result<Proxy> {
             .env("XDG_CONFIG_HOME", dir),
     )?;
     proc.wait_http(port)?;
-    Ok(Proxy { proc, port })
+    Ok(Proxy {
+        proc,
+        port,
+        empty: None,
+    })
 }
 
 /// Runs the comparison.
@@ -157,11 +168,10 @@ pub(crate) fn run(args: &[String]) -> anyhow::Result<()> {
 
 fn start(dir: &Path, name: &str, opts: &Options, backend: u16) -> anyhow::Result<Proxy> {
     let bin = opts.dwara.clone().unwrap_or_else(release_dwara);
-    let http = "    protocol: http\n";
     match name {
         "dwara" | "dwara-1t" => {
             let dns = free_port(Ipv4Addr::LOCALHOST)?;
-            start_dwara_with(dir, name, &bin, (backend, dns), name == "dwara-1t", http)
+            start_dwara_with(dir, name, &bin, (backend, dns), name == "dwara-1t", true)
         }
         "haproxy-1t" => start_haproxy(dir, backend),
         "nginx" => start_nginx(dir, backend),
@@ -188,38 +198,14 @@ fn run_in(dir: &Path, opts: &Options) -> anyhow::Result<()> {
         .iter()
         .map(|name| start(dir, name, opts, backend))
         .collect::<anyhow::Result<Vec<_>>>()?;
-    let ticks = clock_ticks();
-    let mut runs: Vec<Vec<Vec<Run>>> = vec![vec![Vec::new(); proxies.len()]; Load::ALL.len()];
-    for round in 0..opts.rounds {
-        for (l, load) in Load::ALL.iter().enumerate() {
-            for k in 0..proxies.len() {
-                let i = (k + round) % proxies.len();
-                let p = &proxies[i];
-                let r = wrk(p, *load, opts, ticks)?;
-                println!(
-                    "  round {} {:<5} {:<11} {:>10.1} {}/s  {:>8.2} us CPU/{}  p50 {:>7.3} ms  p99 {:>7.3} ms  errors {}",
-                    round + 1,
-                    load.unit(),
-                    p.proc.name,
-                    r.rate,
-                    load.unit(),
-                    r.cpu_us,
-                    load.unit(),
-                    r.p50_ms,
-                    r.p99_ms,
-                    r.errors
-                );
-                runs[l][i].push(r);
-            }
-        }
-    }
+    let runs = rounds(&proxies, &LOADS, opts)?;
     report(&proxies, &runs, opts);
     Ok(())
 }
 
 fn report(proxies: &[Proxy], runs: &[Vec<Vec<Run>>], opts: &Options) {
     let med = |rs: &[Run], f: &dyn Fn(&Run) -> f64| median(rs.iter().map(f).collect());
-    for (l, load) in Load::ALL.iter().enumerate() {
+    for (l, load) in LOADS.iter().enumerate() {
         println!("\n{}, median of {} rounds:", load.title(), opts.rounds);
         println!(
             "  {:<11} {:>12} {:>14} {:>8} {:>8} {:>7} {:>13} {:>13} {:>11}",
@@ -236,6 +222,9 @@ fn report(proxies: &[Proxy], runs: &[Vec<Vec<Run>>], opts: &Options) {
         let one = &runs[l][0];
         let all = &runs[l][1];
         for (p, rs) in proxies.iter().zip(&runs[l]) {
+            if rs.is_empty() {
+                continue;
+            }
             println!(
                 "  {:<11} {:>12.1} {:>14.2} {:>8.3} {:>8.3} {:>7} {:>12.2}x {:>12.2}x {:>10.2}x",
                 p.proc.name,

@@ -42,7 +42,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::perf_util::{clock_ticks, free_port, median, release_dwara, rss_kib};
+use crate::perf_util::{clock_ticks, free_port, median, parse_flags, release_dwara, rss_kib};
 use anyhow::{Context, bail};
 
 const USAGE: &str = "usage: cargo xtask perf l4 [--rounds R] [--seconds S] [--idle N] \
@@ -68,49 +68,38 @@ pub(crate) struct Options {
 }
 
 fn parse_args(args: &[String]) -> anyhow::Result<Options> {
-    let mut o = Options {
-        rounds: 5,
-        seconds: 5,
-        idle: 1000,
-        threads: 1,
-        proxies: ALL_PROXIES.iter().map(|p| (*p).to_owned()).collect(),
-        before: None,
-        dwara: None,
+    let f = parse_flags(
+        args,
+        &[
+            "--rounds",
+            "--seconds",
+            "--idle",
+            "--threads",
+            "--proxies",
+            "--before",
+            "--dwara",
+        ],
+        USAGE,
+    )?;
+    let proxies: Vec<String> = match f.text("--proxies") {
+        Some(list) => list.split(',').map(str::to_owned).collect(),
+        None => ALL_PROXIES.iter().map(|p| (*p).to_owned()).collect(),
     };
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        let mut value = |name: &str| -> anyhow::Result<&String> {
-            it.next().with_context(|| format!("{name} needs a value"))
-        };
-        let number = |v: &String, name: &str| -> anyhow::Result<usize> {
-            v.parse()
-                .with_context(|| format!("{name} needs a number, got {v:?}"))
-        };
-        match a.as_str() {
-            "--rounds" => o.rounds = number(value("--rounds")?, "--rounds")?.max(1),
-            "--seconds" => {
-                o.seconds = u32::try_from(number(value("--seconds")?, "--seconds")?.max(1))?
-            }
-            "--idle" => o.idle = number(value("--idle")?, "--idle")?.max(1),
-            "--threads" => {
-                o.threads = u32::try_from(number(value("--threads")?, "--threads")?.max(1))?
-            }
-            "--proxies" => {
-                let list: Vec<String> = value("--proxies")?.split(',').map(str::to_owned).collect();
-                if let Some(bad) = list.iter().find(|p| !ALL_PROXIES.contains(&p.as_str())) {
-                    bail!("unknown proxy {bad:?}; known: {}", ALL_PROXIES.join(","));
-                }
-                if !list.iter().any(|p| p == "dwara") {
-                    bail!("--proxies must include dwara (the ratios are dwara's)");
-                }
-                o.proxies = list;
-            }
-            "--before" => o.before = Some(PathBuf::from(value("--before")?)),
-            "--dwara" => o.dwara = Some(PathBuf::from(value("--dwara")?)),
-            other => bail!("unknown argument {other:?}; {USAGE}"),
-        }
+    if let Some(bad) = proxies.iter().find(|p| !ALL_PROXIES.contains(&p.as_str())) {
+        bail!("unknown proxy {bad:?}; known: {}", ALL_PROXIES.join(","));
     }
-    Ok(o)
+    if !proxies.iter().any(|p| p == "dwara") {
+        bail!("--proxies must include dwara (the ratios are dwara's)");
+    }
+    Ok(Options {
+        rounds: f.count("--rounds", 5)?,
+        seconds: f.count("--seconds", 5)?,
+        idle: f.count("--idle", 1000)?,
+        threads: f.count("--threads", 1)?,
+        proxies,
+        before: f.path("--before"),
+        dwara: f.path("--dwara"),
+    })
 }
 
 /// A process under test; killed on drop.
@@ -158,6 +147,11 @@ impl Proc {
 
     /// Waits until `GET /tiny` through `port` answers 200.
     pub(crate) fn wait_http(&mut self, port: u16) -> anyhow::Result<()> {
+        self.wait_answer(port, "HTTP/1.1 200")
+    }
+
+    /// Waits until the answer to `GET /tiny` through `port` starts with `status`.
+    pub(crate) fn wait_answer(&mut self, port: u16, status: &str) -> anyhow::Result<()> {
         let deadline = Instant::now() + Duration::from_secs(60);
         while Instant::now() < deadline {
             if let Some(status) = self.child.try_wait()? {
@@ -169,7 +163,7 @@ impl Proc {
                         .trim()
                 );
             }
-            if get_tiny(port).is_ok_and(|head| head.starts_with("HTTP/1.1 200")) {
+            if get_tiny(port).is_ok_and(|head| head.starts_with(status)) {
                 return Ok(());
             }
             std::thread::sleep(Duration::from_millis(50));
@@ -297,6 +291,9 @@ pub(crate) fn start_backend(dir: &Path) -> anyhow::Result<(Proc, u16)> {
 pub(crate) struct Proxy {
     pub(crate) proc: Proc,
     pub(crate) port: u16,
+    /// A port of the same process whose route has nothing to route to (its
+    /// answers are the proxy's own 503s), for [`Load::NoEndpoints`].
+    pub(crate) empty: Option<u16>,
 }
 
 /// `dwara serve` from `bin`, named `name`, with its own name server on `dns`.
@@ -308,31 +305,52 @@ pub(crate) fn start_dwara(
     dns: u16,
     one_thread: bool,
 ) -> anyhow::Result<Proxy> {
-    start_dwara_with(dir, name, bin, (backend, dns), one_thread, "")
+    start_dwara_with(dir, name, bin, (backend, dns), one_thread, false)
 }
 
-/// [`start_dwara`] with `extra` keys (YAML, indented for the upstream entry) on
-/// its upstream, e.g. `    protocol: http\n`.
+/// [`start_dwara`], its upstream `protocol: http` when `http` is set, with a
+/// second HTTP upstream `empty` beside it (on [`Proxy::empty`]) that follows a
+/// name without addresses, so it has nothing to route to.
 pub(crate) fn start_dwara_with(
     dir: &Path,
     name: &str,
     bin: &Path,
     (backend, dns): (u16, u16),
     one_thread: bool,
-    extra: &str,
+    http_upstreams: bool,
 ) -> anyhow::Result<Proxy> {
     let port = free_port(Ipv4Addr::LOCALHOST)?;
     let http = free_port(Ipv4Addr::LOCALHOST)?;
+    let empty = if http_upstreams {
+        Some(free_port(Ipv4Addr::LOCALHOST)?)
+    } else {
+        None
+    };
+    let upstream = |name: &str, listen: u16, host: &str| {
+        format!(
+            "  - name: {name}\n    listen: {listen}\n{protocol}    dns_discovery:\n      \
+             hostname: {host}.perf.local\n      port: {backend}\n      refresh_interval_s: 1\n      \
+             nameservers: [{dns}]\n",
+            listen = local(listen),
+            protocol = if http_upstreams {
+                "    protocol: http\n"
+            } else {
+                ""
+            },
+            dns = local(dns),
+        )
+    };
+    let mut upstreams = upstream("backend", port, "backend");
+    if let Some(empty) = empty {
+        upstreams.push_str(&upstream("empty", empty, "empty"));
+    }
     let conf = dir.join(format!("{name}.yaml"));
     std::fs::write(
         &conf,
         format!(
             "nameserver:\n  domain: perf.local\n  dns_listen: {dns}\n  ttl: 1\n  fallback: [127.0.0.1:9]\n\
-             upstreams:\n  - name: backend\n    listen: {listen}\n{extra}    dns_discovery:\n      \
-             hostname: backend.perf.local\n      port: {backend}\n      refresh_interval_s: 1\n      \
-             nameservers: [{dns}]\n",
+             upstreams:\n{upstreams}",
             dns = local(dns),
-            listen = local(port),
         ),
     )?;
     let mut cmd = Command::new(bin);
@@ -367,7 +385,10 @@ pub(crate) fn start_dwara_with(
         }
     }
     proc.wait_http(port)?;
-    Ok(Proxy { proc, port })
+    if let Some(empty) = empty {
+        proc.wait_answer(empty, "HTTP/1.1 503")?;
+    }
+    Ok(Proxy { proc, port, empty })
 }
 
 fn start_haproxy(dir: &Path, backend: u16, dns: u16, threads: u32) -> anyhow::Result<Proxy> {
@@ -394,7 +415,11 @@ fn start_haproxy(dir: &Path, backend: u16, dns: u16, threads: u32) -> anyhow::Re
         Command::new("haproxy").arg("-db").arg("-f").arg(&conf),
     )?;
     proc.wait_http(port)?;
-    Ok(Proxy { proc, port })
+    Ok(Proxy {
+        proc,
+        port,
+        empty: None,
+    })
 }
 
 fn start_nginx_stream(dir: &Path, backend: u16) -> anyhow::Result<Proxy> {
@@ -412,18 +437,27 @@ fn start_nginx_stream(dir: &Path, backend: u16) -> anyhow::Result<Proxy> {
     )?;
     let mut proc = spawn_nginx("nginx-stream", dir, &conf)?;
     proc.wait_http(port)?;
-    Ok(Proxy { proc, port })
+    Ok(Proxy {
+        proc,
+        port,
+        empty: None,
+    })
 }
 
-/// One of the three wrk loads.
+/// One of the wrk loads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Load {
     KeepAlive,
     NewConnection,
     Bodies,
+    /// One keep-alive connection to a route with nothing to route to: every
+    /// answer is the proxy's own 503, and with one request at a time the
+    /// latencies are the proxy's time to make it (plus the client's round trip).
+    NoEndpoints,
 }
 
 impl Load {
+    /// The loads of `perf l4`.
     pub(crate) const ALL: [Load; 3] = [Load::KeepAlive, Load::NewConnection, Load::Bodies];
 
     pub(crate) fn title(self) -> &'static str {
@@ -431,6 +465,7 @@ impl Load {
             Load::KeepAlive => "keep-alive requests, 32 conns, tiny body",
             Load::NewConnection => "a new connection per request, 32 conns",
             Load::Bodies => "1 MiB bodies, 8 conns",
+            Load::NoEndpoints => "503 with nothing to route to, 1 keep-alive conn",
         }
     }
 
@@ -440,6 +475,7 @@ impl Load {
             Load::KeepAlive => "req",
             Load::NewConnection => "conn",
             Load::Bodies => "MiB",
+            Load::NoEndpoints => "503",
         }
     }
 
@@ -448,6 +484,7 @@ impl Load {
             Load::KeepAlive => vec!["-c", "32", "/tiny"],
             Load::NewConnection => vec!["-c", "32", "-H", "Connection: close", "/tiny"],
             Load::Bodies => vec!["-c", "8", "/1m"],
+            Load::NoEndpoints => vec!["-c", "1", "/tiny"],
         }
     }
 }
@@ -496,7 +533,13 @@ fn millis(s: &str) -> Option<f64> {
 pub(crate) fn wrk(proxy: &Proxy, load: Load, opts: &Options, ticks: f64) -> anyhow::Result<Run> {
     let mut args = load.args();
     let path = args.pop().unwrap_or("/tiny");
-    let url = format!("http://{}{path}", local(proxy.port));
+    let port = match load {
+        Load::NoEndpoints => proxy
+            .empty
+            .with_context(|| format!("{} has no route without endpoints", proxy.proc.name))?,
+        _ => proxy.port,
+    };
+    let url = format!("http://{}{path}", local(port));
     let before = proxy.proc.cpu_ticks();
     let out = Command::new("wrk")
         .args(["--latency", "-t", &opts.threads.to_string()])
@@ -525,7 +568,7 @@ pub(crate) fn wrk(proxy: &Proxy, load: Load, opts: &Options, ticks: f64) -> anyh
     let read = words.get(4).and_then(|w| bytes(w)).unwrap_or(0.0);
     let units = match load {
         Load::Bodies => read / (1024.0 * 1024.0),
-        Load::KeepAlive | Load::NewConnection => requests,
+        Load::KeepAlive | Load::NewConnection | Load::NoEndpoints => requests,
     };
     let percentile = |p: &str| {
         text.lines()
@@ -535,8 +578,10 @@ pub(crate) fn wrk(proxy: &Proxy, load: Load, opts: &Options, ticks: f64) -> anyh
             .unwrap_or(f64::NAN)
     };
     let (p50_ms, p99_ms) = (percentile("50%"), percentile("99%"));
-    // "Socket errors: connect 0, read 0, write 0, timeout 0" and non-2xx answers.
+    // "Socket errors: connect 0, read 0, write 0, timeout 0" and non-2xx answers
+    // (which are the point of the 503 load: there, the other answers are errors).
     let mut errors = 0;
+    let mut non_2xx = 0;
     for l in text.lines().map(str::trim) {
         if let Some(rest) = l.strip_prefix("Socket errors:") {
             errors += rest
@@ -545,9 +590,13 @@ pub(crate) fn wrk(proxy: &Proxy, load: Load, opts: &Options, ticks: f64) -> anyh
                 .sum::<u64>();
         }
         if let Some(rest) = l.strip_prefix("Non-2xx or 3xx responses:") {
-            errors += rest.trim().parse::<u64>().unwrap_or(0);
+            non_2xx += rest.trim().parse::<u64>().unwrap_or(0);
         }
     }
+    errors += match load {
+        Load::NoEndpoints => (requests as u64).saturating_sub(non_2xx),
+        _ => non_2xx,
+    };
     let cpu = after.saturating_sub(before) as f64 / ticks;
     Ok(Run {
         rate: units / secs.max(1e-9),
@@ -556,6 +605,45 @@ pub(crate) fn wrk(proxy: &Proxy, load: Load, opts: &Options, ticks: f64) -> anyh
         p99_ms,
         errors,
     })
+}
+
+/// `opts.rounds` interleaved rounds of `loads` through every proxy, each run
+/// printed as it ends: `runs[load][proxy]` holds one [`Run`] per round. Within a
+/// load the order of the proxies is rotated per round, so no proxy always runs
+/// right after the same one; a proxy without a route for a load
+/// ([`Load::NoEndpoints`] without [`Proxy::empty`]) is left out of it.
+pub(crate) fn rounds(
+    proxies: &[Proxy],
+    loads: &[Load],
+    opts: &Options,
+) -> anyhow::Result<Vec<Vec<Vec<Run>>>> {
+    let ticks = clock_ticks();
+    let mut runs: Vec<Vec<Vec<Run>>> = vec![vec![Vec::new(); proxies.len()]; loads.len()];
+    for round in 0..opts.rounds {
+        for (l, load) in loads.iter().enumerate() {
+            for k in 0..proxies.len() {
+                let i = (k + round) % proxies.len();
+                let p = &proxies[i];
+                if *load == Load::NoEndpoints && p.empty.is_none() {
+                    continue;
+                }
+                let r = wrk(p, *load, opts, ticks)?;
+                let unit = load.unit();
+                println!(
+                    "  round {} {unit:<5} {:<13} {:>10.1} {unit}/s  {:>8.2} us CPU/{unit}  p50 {:>7.3} ms  p99 {:>7.3} ms  errors {}",
+                    round + 1,
+                    p.proc.name,
+                    r.rate,
+                    r.cpu_us,
+                    r.p50_ms,
+                    r.p99_ms,
+                    r.errors
+                );
+                runs[l][i].push(r);
+            }
+        }
+    }
+    Ok(runs)
 }
 
 /// KiB of proxy RSS per 1,000 idle connections.
@@ -642,31 +730,7 @@ fn run_in(dir: &Path, opts: &Options) -> anyhow::Result<()> {
         idle.push(kib);
     }
 
-    let ticks = clock_ticks();
-    let mut runs: Vec<Vec<Vec<Run>>> = vec![vec![Vec::new(); proxies.len()]; Load::ALL.len()];
-    for round in 0..opts.rounds {
-        for (l, load) in Load::ALL.iter().enumerate() {
-            // Rotate who goes first so no proxy always runs right after the same one.
-            for k in 0..proxies.len() {
-                let i = (k + round) % proxies.len();
-                let p = &proxies[i];
-                let r = wrk(p, *load, opts, ticks)?;
-                println!(
-                    "  round {} {:<5} {:<13} {:>10.1} {}/s  {:>8.2} us CPU/{}  p99 {:>7.3} ms  errors {}",
-                    round + 1,
-                    load.unit(),
-                    p.proc.name,
-                    r.rate,
-                    load.unit(),
-                    r.cpu_us,
-                    load.unit(),
-                    r.p99_ms,
-                    r.errors
-                );
-                runs[l][i].push(r);
-            }
-        }
-    }
+    let runs = rounds(&proxies, &Load::ALL, opts)?;
 
     let med = |rs: &[Run], f: &dyn Fn(&Run) -> f64| median(rs.iter().map(f).collect());
     let hap = proxies.iter().position(|p| p.proc.name == "haproxy-1t");

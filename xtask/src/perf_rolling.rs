@@ -4,6 +4,7 @@
 //!
 //! ```text
 //! cargo xtask perf rolling [--replacements N] [--rate R] [--clients C] [--dwara PATH]
+//!                          [--keep-logs DIR]
 //! ```
 //!
 //! 1. Starts `dwara serve` (release build) with its name server (domain
@@ -27,11 +28,16 @@
 //!    pause.
 //! 5. Prints the requests and failed requests of each proxy.
 //!
+//! `--keep-logs DIR` writes each proxy's standard error to `DIR/NAME.stderr`
+//! (`dwara-a`, `dwara-b`, `haproxy`, `caddy`) and leaves it there; the dwara
+//! processes log at `DWARA_LOG` when it is set (`warn` otherwise), so
+//! `DWARA_LOG=dwara_proxy=debug` keeps the reason of every 5xx dwara made.
+//!
 //! Everything listens on 127.0.0.x only, in a temporary directory removed at the end.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -40,52 +46,48 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 
 use crate::perf_l4::{Proc, local};
-use crate::perf_util::{free_port, release_dwara};
+use crate::perf_util::{free_port, parse_flags, release_dwara};
 
 const USAGE: &str = "usage: cargo xtask perf rolling [--replacements N] [--rate R] \
-                     [--clients C] [--dwara PATH]";
+                     [--clients C] [--dwara PATH] [--keep-logs DIR]";
 
 struct Options {
     replacements: usize,
     rate: u32,
     clients: u32,
-    dwara: Option<std::path::PathBuf>,
+    dwara: Option<PathBuf>,
+    /// Where each proxy's standard error is written and kept.
+    keep_logs: Option<PathBuf>,
 }
 
 fn parse_args(args: &[String]) -> anyhow::Result<Options> {
-    let mut o = Options {
-        replacements: 9,
-        rate: 500,
-        clients: 4,
-        dwara: None,
-    };
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        let mut value = |name: &str| -> anyhow::Result<&String> {
-            it.next().with_context(|| format!("{name} needs a value"))
-        };
-        let number = |v: &String, name: &str| -> anyhow::Result<usize> {
-            v.parse()
-                .with_context(|| format!("{name} needs a number, got {v:?}"))
-        };
-        match a.as_str() {
-            "--replacements" => {
-                o.replacements = number(value("--replacements")?, "--replacements")?.max(1);
-            }
-            "--rate" => o.rate = u32::try_from(number(value("--rate")?, "--rate")?.max(1))?,
-            "--clients" => {
-                o.clients = u32::try_from(number(value("--clients")?, "--clients")?.max(1))?;
-            }
-            "--dwara" => o.dwara = Some(value("--dwara")?.into()),
-            other => bail!("unknown argument {other:?}; {USAGE}"),
-        }
-    }
-    Ok(o)
+    let f = parse_flags(
+        args,
+        &[
+            "--replacements",
+            "--rate",
+            "--clients",
+            "--dwara",
+            "--keep-logs",
+        ],
+        USAGE,
+    )?;
+    Ok(Options {
+        replacements: f.count("--replacements", 9)?,
+        rate: f.count("--rate", 500)?,
+        clients: f.count("--clients", 4)?,
+        dwara: f.path("--dwara"),
+        keep_logs: f.path("--keep-logs"),
+    })
 }
 
 /// Runs the scenario.
 pub(crate) fn run(args: &[String]) -> anyhow::Result<()> {
     let opts = parse_args(args)?;
+    if let Some(logs) = &opts.keep_logs {
+        std::fs::create_dir_all(logs)
+            .with_context(|| format!("cannot create {}", logs.display()))?;
+    }
     crate::tools::ensure_perf_http()?;
     if opts.dwara.is_none() {
         crate::cargo(&["build", "--release", "-p", "dwara"])?;
@@ -181,6 +183,9 @@ struct Started {
 /// The proxies: both dwara processes, HAProxy, Caddy.
 fn start_proxies(dir: &Path, opts: &Options, port: u16) -> anyhow::Result<Started> {
     let bin = opts.dwara.clone().unwrap_or_else(release_dwara);
+    let logs = opts.keep_logs.as_deref().unwrap_or(dir);
+    // `DWARA_LOG` passes through (e.g. `dwara_proxy=debug` with `--keep-logs`).
+    let level = std::env::var("DWARA_LOG").unwrap_or_else(|_| "warn".to_owned());
     let [dns, http_a, http_b, push, l4, polled, hap, caddy] =
         [0; 8].map(|_| free_port(Ipv4Addr::LOCALHOST));
     let (dns, http_a, http_b) = (dns?, http_a?, http_b?);
@@ -218,12 +223,12 @@ fn start_proxies(dir: &Path, opts: &Options, port: u16) -> anyhow::Result<Starte
     let dwara = |name: &str, conf: &Path, http: u16| {
         Proc::spawn(
             name,
-            dir,
+            logs,
             Command::new(&bin)
                 .args(["serve", "--docker", "off", "--config"])
                 .arg(conf)
                 .args(["--http-listen", &local(http)])
-                .env("DWARA_LOG", "warn"),
+                .env("DWARA_LOG", &level),
         )
     };
     let mut procs = vec![dwara("dwara-a", &a, http_a)?];
@@ -245,7 +250,7 @@ fn start_proxies(dir: &Path, opts: &Options, port: u16) -> anyhow::Result<Starte
     )?;
     procs.push(Proc::spawn(
         "haproxy",
-        dir,
+        logs,
         Command::new("haproxy").arg("-db").arg("-f").arg(&hcfg),
     )?);
     let ccfg = dir.join("Caddyfile");
@@ -261,7 +266,7 @@ fn start_proxies(dir: &Path, opts: &Options, port: u16) -> anyhow::Result<Starte
     )?;
     procs.push(Proc::spawn(
         "caddy",
-        dir,
+        logs,
         Command::new("caddy")
             .args(["run", "--adapter", "caddyfile", "--config"])
             .arg(&ccfg)
@@ -378,7 +383,8 @@ fn client(port: u16, rate: f64, tally: Arc<Tally>, stop: Arc<AtomicBool>) {
 }
 
 fn run_in(dir: &Path, opts: &Options) -> anyhow::Result<()> {
-    let ips: Vec<Ipv4Addr> = (0..=opts.replacements + 3)
+    // Three to start with, then one per replacement.
+    let ips: Vec<Ipv4Addr> = (0..opts.replacements + 3)
         .map(|i| Ipv4Addr::new(127, 0, 0, 10 + u8::try_from(i).unwrap_or(200)))
         .collect();
     let port = free_port(Ipv4Addr::LOCALHOST)?;
@@ -452,6 +458,12 @@ fn run_in(dir: &Path, opts: &Options) -> anyhow::Result<()> {
         println!(
             "  {name:<18} {failed:>6} failed of {:>7}  {why}",
             ok + failed
+        );
+    }
+    if let Some(logs) = &opts.keep_logs {
+        println!(
+            "\nthe proxies' standard error is kept in {}",
+            logs.display()
         );
     }
     Ok(())

@@ -182,3 +182,87 @@ pub(crate) fn median(mut v: Vec<f64>) -> f64 {
     }
     v[v.len() / 2]
 }
+
+/// The `--flag value` pairs of a harness's command line, checked against the flags
+/// it knows.
+#[derive(Debug, Default)]
+pub(crate) struct Flags {
+    values: Vec<(String, String)>,
+}
+
+/// Reads `args` as `--flag value` pairs; a flag not in `known`, or one without a
+/// value, is an error that shows `usage`.
+pub(crate) fn parse_flags(args: &[String], known: &[&str], usage: &str) -> anyhow::Result<Flags> {
+    let mut flags = Flags::default();
+    let mut it = args.iter();
+    while let Some(flag) = it.next() {
+        if !known.contains(&flag.as_str()) {
+            bail!("unknown argument {flag:?}; {usage}");
+        }
+        let value = it
+            .next()
+            .with_context(|| format!("{flag} needs a value; {usage}"))?;
+        flags.values.push((flag.clone(), value.clone()));
+    }
+    Ok(flags)
+}
+
+impl Flags {
+    /// The last value given for `flag`.
+    pub(crate) fn text(&self, flag: &str) -> Option<&str> {
+        self.values
+            .iter()
+            .rev()
+            .find(|(f, _)| f == flag)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// The value of `flag` as a whole number of at least 1, or `default`.
+    pub(crate) fn count<T: TryFrom<u64>>(&self, flag: &str, default: T) -> anyhow::Result<T> {
+        let Some(v) = self.text(flag) else {
+            return Ok(default);
+        };
+        let n: u64 = v
+            .parse()
+            .with_context(|| format!("{flag} needs a number, got {v:?}"))?;
+        T::try_from(n.max(1)).map_err(|_| anyhow::anyhow!("{flag} {v} is too large"))
+    }
+
+    /// The value of `flag` as a path.
+    pub(crate) fn path(&self, flag: &str) -> Option<PathBuf> {
+        self.text(flag).map(PathBuf::from)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(a: &[&str]) -> Vec<String> {
+        a.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    #[test]
+    fn flags_take_values_and_refuse_what_they_do_not_know() {
+        let f = parse_flags(
+            &args(&["--rounds", "3", "--dwara", "/x"]),
+            &["--rounds", "--dwara", "--seconds"],
+            "u",
+        )
+        .unwrap();
+        assert_eq!(f.count("--rounds", 5usize).unwrap(), 3);
+        assert_eq!(f.count("--seconds", 5u32).unwrap(), 5);
+        assert_eq!(f.path("--dwara"), Some(PathBuf::from("/x")));
+        let zero = parse_flags(&args(&["--rounds", "0"]), &["--rounds"], "u").unwrap();
+        assert_eq!(zero.count("--rounds", 5usize).unwrap(), 1);
+        assert!(zero.count::<u8>("--rounds", 1).is_ok());
+        let e = parse_flags(&args(&["--nope", "1"]), &["--rounds"], "usage: x").unwrap_err();
+        assert!(e.to_string().contains("\"--nope\""), "{e}");
+        let e = parse_flags(&args(&["--rounds"]), &["--rounds"], "usage: x").unwrap_err();
+        assert!(e.to_string().contains("--rounds needs a value"), "{e}");
+        let bad = parse_flags(&args(&["--rounds", "x"]), &["--rounds"], "u").unwrap();
+        assert!(bad.count("--rounds", 1usize).is_err());
+        let big = parse_flags(&args(&["--rounds", "300"]), &["--rounds"], "u").unwrap();
+        assert!(big.count::<u8>("--rounds", 1).is_err());
+    }
+}

@@ -4,7 +4,7 @@
 
 mod config;
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,6 +14,15 @@ use dwara_resolver::{DnsResolver, ResolveError, ResolverConfig};
 
 pub use config::{DnsDiscoveryConfig, RecordType, validate_hostname};
 
+/// Resolves the SRV targets that an answer names without giving their addresses
+/// (see [`DnsSource::with_target_resolver`]).
+#[async_trait::async_trait]
+pub trait TargetResolver: Send + Sync + std::fmt::Debug {
+    /// The addresses of `host` with their TTLs in seconds; `ResolveError::NoRecords`
+    /// when it has none (the target is then skipped).
+    async fn resolve(&self, host: &str) -> Result<Vec<(IpAddr, u32)>, ResolveError>;
+}
+
 /// Resolves one host name (A/AAAA with a fixed port, or SRV) into endpoints.
 #[derive(Debug, Clone)]
 pub struct DnsSource {
@@ -21,6 +30,8 @@ pub struct DnsSource {
     record_type: RecordType,
     port: Option<u16>,
     resolver: DnsResolver,
+    /// Resolves SRV targets given without addresses, instead of `resolver`.
+    targets: Option<Arc<dyn TargetResolver>>,
 }
 
 impl DnsSource {
@@ -51,7 +62,17 @@ impl DnsSource {
             record_type: config.record_type,
             port: config.port_u16(),
             resolver,
+            targets: None,
         })
+    }
+
+    /// The same source, resolving the SRV targets that answers name without their
+    /// addresses in the additional section through `targets` (e.g. a DNS cache on
+    /// the dial path) rather than with a query of its own per refresh.
+    #[must_use]
+    pub fn with_target_resolver(mut self, targets: Arc<dyn TargetResolver>) -> Self {
+        self.targets = Some(targets);
+        self
     }
 
     fn failure(&self, e: ResolveError) -> DiscoveryError {
@@ -96,21 +117,28 @@ impl DiscoverySource for DnsSource {
                         .collect(),
                 })
             }
-            RecordType::SRV => self
-                .resolver
-                .lookup_srv(&self.hostname)
-                .await
-                .map(|targets| Resolution {
-                    ttl: min_ttl(targets.iter().map(|t| t.ttl)),
-                    endpoints: targets
-                        .iter()
-                        .map(|t| {
-                            Endpoint::new(SocketAddr::new(t.ip, t.port))
-                                .with_weight(t.weight)
-                                .with_priority(t.priority)
-                        })
-                        .collect(),
-                }),
+            RecordType::SRV => match &self.targets {
+                Some(t) => {
+                    self.resolver
+                        .lookup_srv_with(
+                            &self.hostname,
+                            |host| async move { t.resolve(&host).await },
+                        )
+                        .await
+                }
+                None => self.resolver.lookup_srv(&self.hostname).await,
+            }
+            .map(|targets| Resolution {
+                ttl: min_ttl(targets.iter().map(|t| t.ttl)),
+                endpoints: targets
+                    .iter()
+                    .map(|t| {
+                        Endpoint::new(SocketAddr::new(t.ip, t.port))
+                            .with_weight(t.weight)
+                            .with_priority(t.priority)
+                    })
+                    .collect(),
+            }),
         };
         match result {
             Ok(res) => Ok(res),

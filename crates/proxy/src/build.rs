@@ -8,14 +8,16 @@
 //! reload that changes nothing about where they go. A new pool gets a sweeper task
 //! on the caller's runtime, which ends when the pool is dropped.
 
+use std::net::IpAddr;
 use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
+use dwara_discovery_dns::{RecordType, TargetResolver};
 use dwara_dns_cache::{DnsCache, DnsCacheConfig};
 use dwara_lb::UpstreamLb;
-use dwara_resolver::{DnsResolver, ResolverConfig};
+use dwara_resolver::{DnsResolver, ResolveError, ResolverConfig};
 use serde_json::json;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
@@ -74,7 +76,7 @@ pub(crate) fn http_upstream(
             ));
             let dial = Arc::new(dial(i, up)?);
             let wanted = match *dial {
-                Dial::Lb => Some(Arc::downgrade(lb)),
+                Dial::Lb { .. } => Some(Arc::downgrade(lb)),
                 Dial::Address { .. } => None,
             };
             tokio::spawn(sweep(Arc::downgrade(&pool), wanted));
@@ -94,18 +96,41 @@ pub(crate) fn http_upstream(
 /// Where the endpoints of upstream `i` come from.
 fn dial(i: usize, up: &UpstreamConfig) -> Result<Dial, Error> {
     let Some((host, port)) = up.address_parts() else {
-        return Ok(Dial::Lb);
+        // SRV discovery resolves the targets its answers name without addresses
+        // through a cache of the upstream's own, asking its name servers.
+        let targets = match &up.dns_discovery {
+            Some(dns) if dns.record_type == RecordType::SRV => Some(cache(
+                format!("upstreams[{i}].dns_discovery"),
+                dns.nameservers.clone(),
+            )?),
+            _ => None,
+        };
+        return Ok(Dial::Lb { targets });
     };
-    let key = format!("upstreams[{i}].address");
+    let cache = cache(
+        format!("upstreams[{i}].address"),
+        up.nameservers.clone().unwrap_or_default(),
+    )?;
+    Ok(Dial::Address {
+        cache,
+        host,
+        port,
+        next: AtomicUsize::new(0),
+    })
+}
+
+/// A DNS cache over `nameservers` (the system's when empty); `key` names the
+/// configuration it is for in errors.
+fn cache(key: String, nameservers: Vec<std::net::SocketAddr>) -> Result<DnsCache, Error> {
     let resolver = DnsResolver::new(ResolverConfig {
-        nameservers: up.nameservers.clone().unwrap_or_default(),
+        nameservers,
         ..ResolverConfig::default()
     })
     .map_err(|e| Error::AddressResolver {
         key: key.clone(),
         source: Box::new(e),
     })?;
-    let cache = DnsCache::new(
+    DnsCache::new(
         resolver,
         DnsCacheConfig {
             max_stale: MAX_STALE,
@@ -115,13 +140,31 @@ fn dial(i: usize, up: &UpstreamConfig) -> Result<Dial, Error> {
     .map_err(|e| Error::AddressResolver {
         key,
         source: Box::new(e),
-    })?;
-    Ok(Dial::Address {
-        cache,
-        host,
-        port,
-        next: AtomicUsize::new(0),
     })
+}
+
+/// SRV targets resolved through an upstream's DNS cache: TTL-exact, one lookup
+/// in flight per name, an expired answer served while DNS fails. The cache
+/// answers without TTLs, so a target's TTL is its SRV record's.
+#[derive(Debug)]
+pub(crate) struct CachedTargets(pub(crate) DnsCache);
+
+#[async_trait::async_trait]
+impl TargetResolver for CachedTargets {
+    async fn resolve(&self, host: &str) -> Result<Vec<(IpAddr, u32)>, ResolveError> {
+        match self.0.resolve(host).await {
+            Ok(ips) => Ok(ips.iter().map(|ip| (*ip, u32::MAX)).collect()),
+            Err(e) => Err(e
+                .resolve_error()
+                .cloned()
+                .unwrap_or_else(|| ResolveError::NoRecords {
+                    name: host.to_owned(),
+                    record_type: dwara_resolver::RecordType::A,
+                    nxdomain: false,
+                    negative_ttl: None,
+                })),
+        }
+    }
 }
 
 /// Closes idle connections of endpoints that left the load balancer's set (every
@@ -153,13 +196,10 @@ pub(crate) fn status(h: &HttpUpstream) -> serde_json::Value {
         .into_iter()
         .map(|(addr, sz)| json!({ "endpoint": addr.to_string(), "idle": sz.idle, "busy": sz.busy }))
         .collect();
-    let dns = match &*h.dial {
-        Dial::Address { cache, .. } => {
-            let c = cache.stats();
-            Some(json!({ "hits": c.hits, "misses": c.misses, "stale_served": c.stale_served }))
-        }
-        Dial::Lb => None,
-    };
+    let dns = h.dial.cache().map(|cache| {
+        let c = cache.stats();
+        json!({ "hits": c.hits, "misses": c.misses, "stale_served": c.stale_served })
+    });
     json!({
         "requests": {
             "1xx": load(&s.by_class[0]),

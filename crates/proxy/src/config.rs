@@ -24,6 +24,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::Error;
 
+/// The most tries `max_tries` may allow for one HTTP request.
+pub(crate) const MAX_TRIES: u32 = 10;
 /// One entry of `upstreams:`.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -166,7 +168,7 @@ pub struct HttpSettings {
     pub response_timeout: Duration,
     /// See [`UpstreamConfig::hash_header`] (lower case).
     pub hash_header: Option<http::HeaderName>,
-    /// See [`UpstreamConfig::max_tries`].
+    /// See [`UpstreamConfig::max_tries`] (1 to 10).
     pub max_tries: u32,
     /// See [`PoolSection`].
     pub pool: PoolSection,
@@ -431,11 +433,11 @@ fn validate_http(up: &UpstreamConfig, at: &str) -> Result<(), Error> {
         }
     }
     if let Some(n) = up.max_tries
-        && !(1..=10).contains(&n)
+        && !(1..=MAX_TRIES).contains(&n)
     {
         return Err(invalid(
             key("max_tries"),
-            format!("must be 1..=10, got {n}"),
+            format!("must be 1..={MAX_TRIES}, got {n}"),
         ));
     }
     if let Some(p) = up.pool {

@@ -199,9 +199,15 @@ impl Dataplane {
                 let local = self.local.get().and_then(|l| l.source(&up.name, dns));
                 let source: Arc<dyn DiscoverySource> = match local {
                     Some(source) => source,
-                    None => Arc::new(
-                        DnsSource::new(dns).map_err(|source| Error::Discovery { key, source })?,
-                    ),
+                    None => {
+                        let mut source = DnsSource::new(dns)
+                            .map_err(|source| Error::Discovery { key, source })?;
+                        if let Some(cache) = target.http.as_ref().and_then(|h| h.dial.cache()) {
+                            let targets = crate::build::CachedTargets(cache.clone());
+                            source = source.with_target_resolver(Arc::new(targets));
+                        }
+                        Arc::new(source)
+                    }
                 };
                 Some(UpstreamDiscovery {
                     name,

@@ -15,48 +15,66 @@
 
 use std::net::IpAddr;
 
-use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::header::{self, Entry, HeaderMap, HeaderName, HeaderValue};
 
-/// The hop-by-hop headers every message loses, whatever `Connection` says.
-const HOP_BY_HOP: [HeaderName; 9] = [
-    header::CONNECTION,
-    HeaderName::from_static("keep-alive"),
-    HeaderName::from_static("proxy-connection"),
-    header::TE,
-    header::TRAILER,
-    header::TRANSFER_ENCODING,
-    header::UPGRADE,
-    header::PROXY_AUTHENTICATE,
-    header::PROXY_AUTHORIZATION,
+/// The hop-by-hop headers every message loses, whatever `Connection` says (in the
+/// lowercase form of `HeaderName::as_str`).
+const HOP_BY_HOP: [&str; 9] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "proxy-authenticate",
+    "proxy-authorization",
 ];
 
 static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 
+/// Whether `name` is one of the hop-by-hop headers of [`HOP_BY_HOP`] (string
+/// comparisons: a length test first, no hashing).
+fn is_hop_by_hop(name: &str) -> bool {
+    HOP_BY_HOP.contains(&name)
+}
+
 /// Removes the hop-by-hop headers: those named in `Connection` (every value, comma
 /// separated, names that are not header names skipped) and the fixed list.
 pub fn remove_hop_by_hop(headers: &mut HeaderMap) {
-    // Most requests carry no Connection header (HTTP/1.1 keep-alive is the default).
-    if let Some(named) = connection_tokens(headers) {
-        for name in named {
-            headers.remove(&name);
-        }
+    remove_listed(headers, is_hop_by_hop);
+}
+
+/// Removes the headers `Connection` names and every header for which `listed` is
+/// true (`Connection` itself must be listed).
+fn remove_listed(headers: &mut HeaderMap, listed: fn(&str) -> bool) {
+    // Most messages carry none of them: one pass over the names finds out, where
+    // a removal of each listed name would hash every one of them.
+    if !headers.keys().any(|n| listed(n.as_str())) {
+        return;
     }
-    for name in &HOP_BY_HOP {
-        headers.remove(name);
+    for name in connection_tokens(headers) {
+        headers.remove(&name);
+    }
+    while let Some(name) = headers.keys().find(|n| listed(n.as_str())).cloned() {
+        headers.remove(&name);
     }
 }
 
-/// The header names listed in `Connection`, or `None` without one.
-fn connection_tokens(headers: &HeaderMap) -> Option<Vec<HeaderName>> {
-    let mut values = headers.get_all(header::CONNECTION).iter().peekable();
-    values.peek()?;
+/// The headers of the message that `Connection` names, beside those of the fixed
+/// list (`keep-alive`, the usual value, is one of them, and `close` seldom names
+/// a header: neither costs an allocation).
+fn connection_tokens(headers: &HeaderMap) -> Vec<HeaderName> {
     let mut names = Vec::new();
-    for value in values {
+    for value in headers.get_all(header::CONNECTION) {
         let Ok(text) = value.to_str() else { continue };
         for token in text.split(',') {
             let token = token.trim();
-            if token.is_empty() {
+            if token.is_empty()
+                || HOP_BY_HOP.iter().any(|h| token.eq_ignore_ascii_case(h))
+                || !headers.contains_key(token)
+            {
                 continue;
             }
             if let Ok(name) = HeaderName::from_bytes(token.as_bytes()) {
@@ -64,34 +82,56 @@ fn connection_tokens(headers: &HeaderMap) -> Option<Vec<HeaderName>> {
             }
         }
     }
-    Some(names)
+    names
+}
+
+/// Whether `name` goes from every request: hop-by-hop, or `Expect`.
+fn is_dropped_from_requests(name: &str) -> bool {
+    name == "expect" || is_hop_by_hop(name)
+}
+
+/// The value this hop adds to `X-Forwarded-For` for a client at `client` (its
+/// IPv4 form when it is an IPv4-mapped IPv6 address); made once per client
+/// connection.
+pub fn forwarded_for(client: IpAddr) -> HeaderValue {
+    // An address's text is always a valid header value.
+    HeaderValue::from_str(&client.to_canonical().to_string())
+        .unwrap_or_else(|_| HeaderValue::from_static("unknown"))
 }
 
 /// Rewrites a request's headers for the endpoint: hop-by-hop and `Expect` removed,
 /// `X-Forwarded-For` appended with `client`, `X-Forwarded-Proto: http`, and `Host`
 /// set from `authority` when the request had none.
 pub fn to_upstream(headers: &mut HeaderMap, client: IpAddr, authority: Option<&str>) {
-    remove_hop_by_hop(headers);
-    headers.remove(header::EXPECT);
-    let client = client.to_canonical().to_string();
+    rewrite_request(headers, &forwarded_for(client), authority);
+}
+
+/// [`to_upstream`] with the client's `X-Forwarded-For` value made already (see
+/// [`forwarded_for`]).
+pub fn rewrite_request(headers: &mut HeaderMap, client: &HeaderValue, authority: Option<&str>) {
+    remove_listed(headers, is_dropped_from_requests);
     // Appended to the last value, as HAProxy's and nginx's $proxy_add_x_forwarded_for
     // do; several header lines are joined into one, which means the same.
-    let prior: Vec<&str> = headers
-        .get_all(&X_FORWARDED_FOR)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .collect();
-    let forwarded = if prior.is_empty() {
-        client
-    } else {
-        format!("{}, {client}", prior.join(", "))
-    };
-    if let Ok(v) = HeaderValue::from_str(&forwarded) {
-        headers.insert(X_FORWARDED_FOR.clone(), v);
+    match headers.entry(&X_FORWARDED_FOR) {
+        Entry::Vacant(e) => {
+            e.insert(client.clone());
+        }
+        Entry::Occupied(mut e) => {
+            let mut joined = String::new();
+            for v in e.iter().filter_map(|v| v.to_str().ok()) {
+                joined.push_str(v);
+                joined.push_str(", ");
+            }
+            joined.push_str(client.to_str().unwrap_or_default());
+            if let Ok(v) = HeaderValue::from_str(&joined) {
+                e.insert(v);
+            }
+        }
     }
     headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static("http"));
-    if !headers.contains_key(header::HOST)
-        && let Some(v) = authority.and_then(|a| HeaderValue::from_str(a).ok())
+    if let Some(a) = authority
+        && !headers.contains_key(header::HOST)
+        && let Ok(v) = HeaderValue::from_str(a)
     {
         headers.insert(header::HOST, v);
     }

@@ -11,7 +11,7 @@ use prometheus_client::metrics::MetricType;
 use crate::dataplane::Generation;
 use crate::http_stats::{HttpStats, LATENCY_BOUNDS};
 use crate::metrics::encode_value;
-use crate::reverse::{Dial, HttpUpstream};
+use crate::reverse::HttpUpstream;
 
 type Read = fn(&HttpStats) -> u64;
 
@@ -148,12 +148,12 @@ fn encode_pools(
 fn encode_dns(g: &Generation, encoder: &mut DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
     let mut family = encoder.encode_descriptor(
         "dwara_http_dns_cache",
-        "Lookups of an address: upstream's DNS cache, by upstream and outcome (hit, miss, stale: an expired answer served while DNS failed)",
+        "Lookups of an HTTP upstream's DNS cache (the host of address:, or the SRV targets answers name without addresses), by upstream and outcome (hit, miss, stale: an expired answer served while DNS failed)",
         None,
         MetricType::Counter,
     )?;
     for (up, h) in http_upstreams(g) {
-        let Dial::Address { cache, .. } = &*h.dial else {
+        let Some(cache) = h.dial.cache() else {
             continue;
         };
         let c = cache.stats();

@@ -89,6 +89,11 @@ impl HttpStats {
         c.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Counts a client connection closed.
+    pub(crate) fn client_connections_done(&self) {
+        self.client_connections.fetch_sub(1, Ordering::Relaxed);
+    }
+
     /// Requests answered in all.
     pub(crate) fn requests(&self) -> u64 {
         self.by_class

@@ -49,7 +49,9 @@ struct EndpointPool {
 /// The pools of one HTTP upstream.
 #[derive(Debug)]
 pub(crate) struct Pool {
-    endpoints: Mutex<HashMap<SocketAddr, EndpointPool>>,
+    /// By endpoint address, hashed with foldhash: a lookup per request and per
+    /// response, of addresses that come from discovery, not from clients.
+    endpoints: Mutex<HashMap<SocketAddr, EndpointPool, foldhash::fast::RandomState>>,
     max_idle: usize,
     idle_timeout: Duration,
     connect_timeout: Duration,
@@ -67,15 +69,20 @@ pub(crate) struct Conn {
     _busy: Busy,
 }
 
-/// Counts its connection busy while it lives.
+/// Counts its connection busy while it lives (unless [`Pool::checkin`] took it off
+/// `busy` already).
 #[derive(Debug)]
 struct Busy {
     pool: Arc<Pool>,
     addr: SocketAddr,
+    counted: bool,
 }
 
 impl Drop for Busy {
     fn drop(&mut self) {
+        if !self.counted {
+            return;
+        }
         let mut eps = self.pool.endpoints.lock();
         if let Some(ep) = eps.get_mut(&self.addr) {
             ep.busy = ep.busy.saturating_sub(1);
@@ -114,7 +121,7 @@ pub(crate) struct Sizes {
 impl Pool {
     pub(crate) fn new(max_idle: usize, idle_timeout: Duration, connect_timeout: Duration) -> Self {
         Self {
-            endpoints: Mutex::new(HashMap::new()),
+            endpoints: Mutex::new(HashMap::default()),
             max_idle,
             idle_timeout,
             connect_timeout,
@@ -137,6 +144,7 @@ impl Pool {
                 _busy: Busy {
                     pool: self.clone(),
                     addr,
+                    counted: true,
                 },
             });
         }
@@ -175,6 +183,7 @@ impl Pool {
             _busy: Busy {
                 pool: self.clone(),
                 addr,
+                counted: true,
             },
         })
     }
@@ -188,15 +197,18 @@ impl Pool {
         let Conn {
             sender,
             addr,
-            _busy,
+            mut _busy,
             ..
         } = conn;
-        // Off `busy` first (the lock is not reentrant), then onto `idle`.
-        drop(_busy);
+        // Off `busy` and onto `idle` under one lock.
         let mut eps = self.endpoints.lock();
         let ep = eps.entry(addr).or_default();
+        ep.busy = ep.busy.saturating_sub(1);
+        _busy.counted = false;
         if ep.idle.len() < self.max_idle {
             ep.idle.push((sender, Instant::now()));
+        } else if ep.busy == 0 && ep.idle.is_empty() {
+            eps.remove(&addr);
         }
     }
 

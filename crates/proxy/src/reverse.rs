@@ -4,7 +4,12 @@
 //! A connection is served on the L4 worker that accepted it, by hyper's HTTP/1.1
 //! server (keep-alive; the request head within `header_read_timeout_ms`, else the
 //! connection closes; a head larger than `max_header_bytes` gets 431 and a
-//! malformed one 400, both from hyper). Per request ([`forward`]): the endpoint is
+//! malformed one 400, both from hyper) or, when it opens with the HTTP/2 preface
+//! (prior knowledge, `h2c` without an upgrade), by hyper's HTTP/2 server (header
+//! lists up to `max_header_bytes`, each stream a task on the same worker). The
+//! first bytes are read to tell which ([`sniff`]) and handed to the server
+//! before the rest of the socket ([`Replay`]). Requests go to endpoints as
+//! HTTP/1.1 either way. Per request ([`forward`]): the endpoint is
 //! picked from the upstream's load balancer (consistent hash keyed by
 //! `hash_header` or the client address) or, with `address:`, from the DNS cache's
 //! answer; the request goes out over a pooled connection to it (headers rewritten
@@ -29,15 +34,15 @@
 //! Each 5xx dwara makes is counted and logged at debug with its reason.
 
 use std::convert::Infallible;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use dwara_dns_cache::DnsCache;
 use dwara_lb::{PickGuard, Policy};
 use http::header::{self, HeaderMap, HeaderValue};
@@ -45,13 +50,14 @@ use http::{Method, Request, Response, StatusCode, Uri, Version};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full};
 use hyper::body::{Body, Frame, Incoming, SizeHint};
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
-use crate::config::HttpSettings;
+use crate::config::{HttpSettings, MAX_TRIES};
 use crate::forward::Target;
 use crate::headers;
 use crate::http_stats::{HttpStats, Made};
@@ -63,8 +69,10 @@ pub(crate) type RespBody = UnsyncBoxBody<Bytes, hyper::Error>;
 /// Where the endpoints of an HTTP upstream come from.
 #[derive(Debug)]
 pub(crate) enum Dial {
-    /// Picks of the upstream's load balancer (discovery fills it).
-    Lb,
+    /// Picks of the upstream's load balancer (discovery fills it). With SRV
+    /// discovery, `targets` is the cache through which discovery resolves the
+    /// targets that answers name without their addresses.
+    Lb { targets: Option<DnsCache> },
     /// `address: HOST:PORT`: the DNS cache's answer for HOST, in turn.
     Address {
         cache: DnsCache,
@@ -72,6 +80,16 @@ pub(crate) enum Dial {
         port: u16,
         next: AtomicUsize,
     },
+}
+
+impl Dial {
+    /// The DNS cache on the upstream's dial path, if it has one.
+    pub(crate) fn cache(&self) -> Option<&DnsCache> {
+        match self {
+            Self::Lb { targets } => targets.as_ref(),
+            Self::Address { cache, .. } => Some(cache),
+        }
+    }
 }
 
 /// What the HTTP path needs of an upstream beside its [`Target`].
@@ -108,14 +126,11 @@ pub(crate) async fn serve(
         .client_connections
         .fetch_add(1, Ordering::Relaxed);
     let limits = http.settings.limits;
-    let mut builder = hyper::server::conn::http1::Builder::new();
-    builder
-        .timer(TokioTimer::new())
-        .header_read_timeout(std::time::Duration::from_millis(
-            limits.header_read_timeout_ms,
-        ))
-        .max_header_size(limits.max_header_bytes)
-        .max_buf_size(limits.max_header_bytes.max(8192));
+    let header_timeout = Duration::from_millis(limits.header_read_timeout_ms);
+    let shutdown = http.shutdown.clone();
+    let client = Client {
+        forwarded_for: headers::forwarded_for(peer.ip()),
+    };
     let service = hyper::service::service_fn(move |req| {
         // A reload applies to connections already open from their next request on,
         // unless the listen address now belongs to a TCP upstream.
@@ -125,23 +140,130 @@ pub(crate) async fn serve(
         } else {
             accepted.clone()
         };
-        async move { Ok::<_, Infallible>(forward(req, peer, &target).await) }
+        let client = client.clone();
+        async move { Ok::<_, Infallible>(forward(req, &client, &target).await) }
     });
-    let conn = builder.serve_connection(TokioIo::new(socket), service);
-    tokio::pin!(conn);
-    let result = tokio::select! {
-        r = conn.as_mut() => r,
-        () = http.shutdown.cancelled() => {
-            conn.as_mut().graceful_shutdown();
-            conn.await
+    let mut socket = socket;
+    let (head, h2) = match tokio::time::timeout(header_timeout, sniff(&mut socket)).await {
+        Ok(Ok(sniffed)) => sniffed,
+        // Nothing came in time (as an HTTP/1.1 head that does not), or the socket
+        // failed: the connection closes.
+        Err(_) | Ok(Err(_)) => return http.stats.client_connections_done(),
+    };
+    let io = TokioIo::new(Replay { head, io: socket });
+    let result = match h2 {
+        true => {
+            let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+            builder
+                .timer(TokioTimer::new())
+                .max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX));
+            let conn = builder.serve_connection(io, service);
+            tokio::pin!(conn);
+            tokio::select! {
+                r = conn.as_mut() => r,
+                () = shutdown.cancelled() => {
+                    conn.as_mut().graceful_shutdown();
+                    conn.await
+                }
+            }
+        }
+        false => {
+            let mut builder = hyper::server::conn::http1::Builder::new();
+            builder
+                .timer(TokioTimer::new())
+                .header_read_timeout(header_timeout)
+                .max_header_size(limits.max_header_bytes)
+                .max_buf_size(limits.max_header_bytes.max(8192));
+            let conn = builder.serve_connection(io, service);
+            tokio::pin!(conn);
+            tokio::select! {
+                r = conn.as_mut() => r,
+                () = shutdown.cancelled() => {
+                    conn.as_mut().graceful_shutdown();
+                    conn.await
+                }
+            }
         }
     };
     if let Err(e) = result {
         debug!(%peer, error = %e, "client connection ended with an error");
     }
-    http.stats
-        .client_connections
-        .fetch_sub(1, Ordering::Relaxed);
+    http.stats.client_connections_done();
+}
+
+/// The client preface of HTTP/2 with prior knowledge (RFC 9113 §3.4).
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// Reads the first bytes of a client connection: whether they are the HTTP/2
+/// preface (prior knowledge), and the bytes read, to be served again by
+/// [`Replay`]. Reads until they match the preface whole or differ from it; the
+/// first read is usually the whole request head of an HTTP/1.1 client.
+async fn sniff(socket: &mut TcpStream) -> std::io::Result<(Bytes, bool)> {
+    let mut buf = BytesMut::with_capacity(SNIFF_BUF);
+    loop {
+        let n = socket.read_buf(&mut buf).await?;
+        let k = buf.len().min(H2_PREFACE.len());
+        if n == 0 || buf[..k] != H2_PREFACE[..k] {
+            return Ok((buf.freeze(), false));
+        }
+        if k == H2_PREFACE.len() {
+            return Ok((buf.freeze(), true));
+        }
+    }
+}
+
+/// The size of the first read of a client connection.
+const SNIFF_BUF: usize = 4096;
+
+/// A client socket with the bytes [`sniff`] read put back in front of it.
+struct Replay {
+    head: Bytes,
+    io: TcpStream,
+}
+
+impl AsyncRead for Replay {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        if !self.head.is_empty() {
+            let n = self.head.len().min(buf.remaining());
+            buf.put_slice(&self.head.split_to(n));
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Replay {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
 }
 
 /// Whether a request may be sent again after it went out without an answer.
@@ -177,10 +299,10 @@ fn empty() -> ReqBody {
 
 /// The request as it goes to an endpoint: origin-form URI, HTTP/1.1, headers
 /// rewritten; and a template to send it again when that is safe.
-fn outgoing(req: Request<Incoming>, client: IpAddr) -> (Request<ReqBody>, Option<Template>) {
+fn outgoing(req: Request<Incoming>, client: &HeaderValue) -> (Request<ReqBody>, Option<Template>) {
     let (mut parts, body) = req.into_parts();
     let authority = parts.uri.authority().map(|a| a.as_str().to_owned());
-    headers::to_upstream(&mut parts.headers, client, authority.as_deref());
+    headers::rewrite_request(&mut parts.headers, client, authority.as_deref());
     if let Some(pq) = parts.uri.path_and_query()
         && parts.uri.scheme().is_some()
         && let Ok(uri) = Uri::try_from(pq.as_str())
@@ -199,6 +321,44 @@ fn outgoing(req: Request<Incoming>, client: IpAddr) -> (Request<ReqBody>, Option
         body.boxed_unsync()
     };
     (Request::from_parts(parts, body), template)
+}
+
+/// The endpoints one request has tried, in order, kept without an allocation.
+struct Tried {
+    addrs: [SocketAddr; MAX_TRIES as usize],
+    len: usize,
+}
+
+impl Default for Tried {
+    fn default() -> Self {
+        Self {
+            addrs: [SocketAddr::from(([0, 0, 0, 0], 0)); MAX_TRIES as usize],
+            len: 0,
+        }
+    }
+}
+
+impl Tried {
+    /// Adds `addr`; tries are bounded by `max_tries` (at most [`MAX_TRIES`]) and a
+    /// free try takes its entry back, so there is always room.
+    fn push(&mut self, addr: SocketAddr) {
+        if let Some(slot) = self.addrs.get_mut(self.len) {
+            *slot = addr;
+            self.len += 1;
+        }
+    }
+
+    fn pop(&mut self) {
+        self.len = self.len.saturating_sub(1);
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    fn as_slice(&self) -> &[SocketAddr] {
+        &self.addrs[..self.len]
+    }
 }
 
 /// An endpoint to try: its address and, from the load balancer, the pick guard
@@ -221,10 +381,11 @@ async fn choose(
     target: &Target,
     http: &HttpUpstream,
     key: Option<&[u8]>,
-    tried: &[SocketAddr],
+    tried: &Tried,
 ) -> Result<Choice, String> {
+    let tried = tried.as_slice();
     match &*http.dial {
-        Dial::Lb => {
+        Dial::Lb { .. } => {
             let mut last = None;
             for _ in 0..4 {
                 let pick = match key {
@@ -310,17 +471,24 @@ fn made(target: &Target, http: &HttpUpstream, why: Made, detail: &str) -> Respon
     resp
 }
 
+/// The client of a connection, as each of its requests needs it.
+#[derive(Debug, Clone)]
+pub(crate) struct Client {
+    /// Its address as this hop appends it to `X-Forwarded-For` (made once).
+    pub(crate) forwarded_for: HeaderValue,
+}
+
 /// One request through the upstream, answered whatever happens.
 pub(crate) async fn forward(
     req: Request<Incoming>,
-    peer: SocketAddr,
+    client: &Client,
     target: &Target,
 ) -> Response<RespBody> {
     let started = Instant::now();
     let Some(http) = target.http.as_deref() else {
         return Response::new(empty_resp());
     };
-    let resp = attempt(req, peer, target, http).await;
+    let resp = attempt(req, client, target, http).await;
     http.stats
         .answered(resp.status().as_u16(), started.elapsed());
     resp
@@ -337,7 +505,7 @@ fn hash_key(
     target: &Target,
     http: &HttpUpstream,
     req: &Request<Incoming>,
-    peer: SocketAddr,
+    client: &Client,
 ) -> Option<Vec<u8>> {
     if target.policy != Policy::ConsistentHash {
         return None;
@@ -348,21 +516,23 @@ fn hash_key(
         .as_ref()
         .and_then(|h| req.headers().get(h))
         .map(|v| v.as_bytes().to_vec());
-    Some(from_header.unwrap_or_else(|| peer.ip().to_canonical().to_string().into_bytes()))
+    // The client's address as text (IPv4-mapped addresses in their IPv4 form).
+    Some(from_header.unwrap_or_else(|| client.forwarded_for.as_bytes().to_vec()))
 }
 
 /// The tries of one request.
 async fn attempt(
     req: Request<Incoming>,
-    peer: SocketAddr,
+    client: &Client,
     target: &Target,
     http: &HttpUpstream,
 ) -> Response<RespBody> {
     http.stats.budget.request();
-    let key = hash_key(target, http, &req, peer);
-    let (req, template) = outgoing(req, peer.ip());
+    let key = hash_key(target, http, &req, client);
+    let (req, template) = outgoing(req, &client.forwarded_for);
+    let has_host = req.headers().contains_key(header::HOST);
     let mut pending = Some(req);
-    let mut tried: Vec<SocketAddr> = Vec::new();
+    let mut tried = Tried::default();
     let mut last_error = String::new();
     let mut tries = 0;
     // A pooled connection found closed before the request was written costs no
@@ -402,9 +572,7 @@ async fn attempt(
         else {
             break;
         };
-        if !req.headers().contains_key(header::HOST)
-            && let Ok(v) = HeaderValue::from_str(&choice.addr.to_string())
-        {
+        if !has_host && let Ok(v) = HeaderValue::from_str(&choice.addr.to_string()) {
             req.headers_mut().insert(header::HOST, v);
         }
         free = false;
@@ -511,7 +679,7 @@ async fn send(
                 g.report_success();
             }
             let keep = match &*http.dial {
-                Dial::Lb => Keep::InSet(target.lb.clone()),
+                Dial::Lb { .. } => Keep::InSet(target.lb.clone()),
                 Dial::Address { .. } => Keep::Always,
             };
             let (mut parts, body) = resp.into_parts();

@@ -221,6 +221,23 @@ impl DnsResolver {
     /// fails the whole lookup, so a caller never mistakes half an answer for the
     /// whole set. The target `.` ("service not available", RFC 2782) yields nothing.
     pub async fn lookup_srv(&self, name: &str) -> Result<Vec<SrvTarget>, ResolveError> {
+        self.lookup_srv_with(name, |target| async move { self.lookup_ip(&target).await })
+            .await
+    }
+
+    /// [`lookup_srv`](Self::lookup_srv), with the targets that the answer gives
+    /// without addresses resolved by `resolve_target` (called with each such name,
+    /// in ASCII, once; `ResolveError::NoRecords` skips the target) instead of by
+    /// this resolver: e.g. through a cache on a dial path.
+    pub async fn lookup_srv_with<F, Fut>(
+        &self,
+        name: &str,
+        resolve_target: F,
+    ) -> Result<Vec<SrvTarget>, ResolveError>
+    where
+        F: Fn(String) -> Fut,
+        Fut: Future<Output = Result<Vec<(IpAddr, u32)>, ResolveError>>,
+    {
         let qname = parse_name(name)?;
         let lookup = self
             .inner
@@ -256,15 +273,18 @@ impl DnsResolver {
             .filter(|target| !target.is_root() && !given.contains_key(target))
             .collect();
         let mut addrs: HashMap<Name, Vec<(IpAddr, u32)>> = stream::iter(target_names)
-            .map(|target| async move {
+            .map(|target| {
                 let ascii = target.to_ascii();
-                match self.lookup_ip(&ascii).await {
-                    Ok(a) => Ok((target, a)),
-                    Err(ResolveError::NoRecords { .. }) => {
-                        warn!(srv = name, target = %ascii, "SRV target has no address records; skipped");
-                        Ok((target, Vec::new()))
+                let lookup = resolve_target(ascii.clone());
+                async move {
+                    match lookup.await {
+                        Ok(a) => Ok((target, a)),
+                        Err(ResolveError::NoRecords { .. }) => {
+                            warn!(srv = name, target = %ascii, "SRV target has no address records; skipped");
+                            Ok((target, Vec::new()))
+                        }
+                        Err(e) => Err(e),
                     }
-                    Err(e) => Err(e),
                 }
             })
             .buffer_unordered(SRV_TARGETS_AT_ONCE)

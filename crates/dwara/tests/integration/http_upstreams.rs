@@ -12,8 +12,9 @@ use std::time::Duration;
 use http_body_util::{BodyExt, Full};
 use hyper::body::{Bytes, Incoming};
 use hyper::{Request, Response};
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use test_support::dns_server::TestDnsServer;
+use test_support::dnsmasq::{Dnsmasq, DnsmasqOptions};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::{JoinHandle, JoinSet};
@@ -313,6 +314,58 @@ async fn headers_are_rewritten_and_bodies_stream_both_ways() {
     assert!(!text.contains("\"expect\""), "{text}");
 }
 
+#[tokio::test]
+async fn an_h2_prior_knowledge_client_gets_the_backends_answer() {
+    let port = common_port(&[ip(2)]).await;
+    let _a = Backend::start(ip(2), port).await;
+    let dns = dns(&[ip(2)]).await;
+    let proxy = test_support::free_addr();
+    let serve = Serve::spawn(&upstream(proxy, port, dns.addr(), ""));
+    serve.wait_endpoints(&[format!("127.0.0.2:{port}")]).await;
+    wait_listening(proxy).await;
+
+    // HTTP/2 from the first byte (no upgrade), two streams at once on one
+    // connection; each goes to the backend as an HTTP/1.1 request.
+    let stream = TcpStream::connect(proxy).await.unwrap();
+    let (sender, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    let send = |path: &'static str| {
+        let mut sender = sender.clone();
+        async move {
+            let req = Request::post(format!("http://web.test{path}"))
+                .header("x-kept", "yes")
+                .body(Full::new(Bytes::from_static(b"h2 body")))
+                .unwrap();
+            let resp = tokio::time::timeout(WAIT, sender.send_request(req))
+                .await
+                .expect("an answer in time")
+                .unwrap();
+            (path, resp)
+        }
+    };
+    let (one, two) = tokio::join!(send("/one"), send("/two"));
+    for (path, resp) in [one, two] {
+        assert_eq!(resp.status(), 200);
+        assert_eq!(resp.version(), hyper::Version::HTTP_2);
+        assert!(resp.headers().get("keep-alive").is_none(), "{resp:?}");
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        let seen: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(seen["ip"], "127.0.0.2", "{seen}");
+        assert_eq!(seen["uri"], path, "{seen}");
+        assert_eq!(seen["body"], "h2 body", "{seen}");
+        let h = &seen["headers"];
+        assert_eq!(h["host"], "web.test", "{seen}");
+        assert_eq!(h["x-kept"], "yes", "{seen}");
+        assert_eq!(h["x-forwarded-for"], "127.0.0.1", "{seen}");
+    }
+    // The same listener still speaks HTTP/1.1 to a client that does.
+    let mut client = KeepAlive::open(proxy).await;
+    assert_eq!(client.backend().await, "127.0.0.2");
+}
+
 /// Reads one response whose body is `Content-Length` long.
 async fn read_response(raw: &mut TcpStream) -> String {
     let mut got = Vec::new();
@@ -569,4 +622,77 @@ async fn an_endpoint_refusing_connections_costs_no_retry_budget() {
         0,
         "{status}"
     );
+}
+
+#[tokio::test]
+async fn srv_targets_named_without_addresses_are_resolved_through_the_dns_cache() {
+    // dnsmasq answers the SRV records (`--srv-host`) and forwards the targets'
+    // domain to the test server; with no cache of its own it cannot put their
+    // addresses in the additional section, so each target is a bare host name.
+    let port = common_port(&[ip(2), ip(3)]).await;
+    let _a = Backend::start(ip(2), port).await;
+    let _b = Backend::start(ip(3), port).await;
+    let names = TestDnsServer::start().await.unwrap();
+    names.set_a("a.hosts.test", &[ip(2)], 30);
+    names.set_a("b.hosts.test", &[ip(3)], 30);
+    let dnsmasq = Dnsmasq::start(DnsmasqOptions {
+        extra_args: vec![
+            format!("--srv-host=_http._tcp.web.test,a.hosts.test,{port}"),
+            format!("--srv-host=_http._tcp.web.test,b.hosts.test,{port}"),
+            format!(
+                "--server=/hosts.test/{}#{}",
+                names.addr().ip(),
+                names.addr().port()
+            ),
+            "--cache-size=0".into(),
+        ],
+        ..DnsmasqOptions::default()
+    })
+    .unwrap();
+    let proxy = test_support::free_addr();
+    let serve = Serve::spawn(&format!(
+        "upstreams:
+  - name: web
+    listen: {proxy}
+    protocol: http
+    dns_discovery:
+      hostname: _http._tcp.web.test
+      record_type: SRV
+      refresh_interval_s: 1
+      nameservers: [{}]
+",
+        dnsmasq.addr()
+    ));
+    serve
+        .wait_endpoints(&[format!("127.0.0.2:{port}"), format!("127.0.0.3:{port}")])
+        .await;
+    wait_listening(proxy).await;
+    let mut client = KeepAlive::open(proxy).await;
+    let mut seen = std::collections::HashSet::new();
+    for _ in 0..4 {
+        seen.insert(client.backend().await);
+    }
+    assert_eq!(seen.len(), 2, "requests reached only {seen:?}");
+
+    // Each target was looked up once (a miss each); the refreshes that follow
+    // find them in the cache while their 30 s TTL runs.
+    let count = |m: &str, outcome: &str| -> u64 {
+        let key = format!("dwara_http_dns_cache_total{{upstream=\"web\",outcome=\"{outcome}\"}} ");
+        m.lines()
+            .find_map(|l| l.strip_prefix(&key))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {key}: {m}"))
+    };
+    let hits =
+        test_support::wait_until(WAIT, || async { count(&metrics(&serve).await, "hit") >= 2 })
+            .await;
+    let m = metrics(&serve).await;
+    assert!(hits, "{m}");
+    assert_eq!(count(&m, "miss"), 2, "{m}");
+    // The addresses came from the name server behind dnsmasq, not from the
+    // SRV answer.
+    assert!(names.query_count_for("a.hosts.test") >= 1);
+    let status = serve.status().await;
+    let cache = &status["upstreams"][0]["http"]["dns_cache"];
+    assert_eq!(cache["misses"], 2, "{status}");
 }
