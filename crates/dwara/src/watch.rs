@@ -10,8 +10,8 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::Args;
 use dwara_discovery::{DiscoverySnapshot, DiscoveryStats, DiscoveryTasks};
-use dwara_discovery_dns::DnsDiscoveryConfig;
 use dwara_discovery_dns::upstream_discovery;
+use dwara_discovery_dns::{DnsDiscoveryConfig, RecordType};
 use dwara_lb::{Policy, UpstreamLb};
 
 /// Arguments of `dwara watch`.
@@ -67,11 +67,15 @@ fn print_set(
     lb: &UpstreamLb,
     stats: &DiscoveryStats,
 ) {
-    let mut endpoints: Vec<String> = lb.endpoints().addrs().map(|a| a.to_string()).collect();
-    endpoints.sort();
+    let set = lb.endpoints();
+    let mut eps: Vec<_> = set.iter().collect();
+    eps.sort_by_key(|e| e.addr.to_string());
+    let endpoints: Vec<String> = eps.iter().map(|e| e.addr.to_string()).collect();
+    // SRV records carry a priority and weight per endpoint; A/AAAA answers do not.
+    let srv = config.record_type == RecordType::SRV;
     let last = stats.last();
     if args.json {
-        let line = serde_json::json!({
+        let mut line = serde_json::json!({
             "endpoints": endpoints,
             "host": config.hostname,
             "type": config.record_type.to_string(),
@@ -80,14 +84,33 @@ fn print_set(
             "decision": last.as_ref().map(|l| l.decision),
             "error": last.as_ref().and_then(|l| l.error.clone()),
         });
+        if srv {
+            line["srv"] = eps
+                .iter()
+                .map(|e| {
+                    serde_json::json!({
+                        "addr": e.addr.to_string(),
+                        "priority": e.priority,
+                        "weight": e.weight,
+                    })
+                })
+                .collect();
+        }
         println!("{line}");
     } else {
         let outcome = last.map(|l| l.outcome).unwrap_or("none");
+        let shown: Vec<String> = if srv {
+            eps.iter()
+                .map(|e| format!("{} (priority {}, weight {})", e.addr, e.priority, e.weight))
+                .collect()
+        } else {
+            endpoints.clone()
+        };
         println!(
             "{} {} -> [{}] ({} endpoints, last resolution: {outcome})",
             config.record_type,
             config.hostname,
-            endpoints.join(", "),
+            shown.join(", "),
             endpoints.len()
         );
     }

@@ -43,6 +43,17 @@ impl Watch {
 
     /// The next printed endpoint set.
     async fn next(&mut self) -> Vec<String> {
+        let v = self.next_line().await;
+        v["endpoints"]
+            .as_array()
+            .expect("endpoints array")
+            .iter()
+            .map(|e| e.as_str().unwrap().to_owned())
+            .collect()
+    }
+
+    /// The next printed line, checked to describe its change.
+    async fn next_line(&mut self) -> serde_json::Value {
         let v = tokio::time::timeout(WAIT, self.lines.recv())
             .await
             .expect("no line printed in time")
@@ -53,12 +64,7 @@ impl Watch {
             decision == "published" || decision == "cleared",
             "line does not describe its change: {v}"
         );
-        v["endpoints"]
-            .as_array()
-            .expect("endpoints array")
-            .iter()
-            .map(|e| e.as_str().unwrap().to_owned())
-            .collect()
+        v
     }
 
     fn no_pending_line(&mut self) -> bool {
@@ -232,7 +238,8 @@ async fn bad_config_files_fail_with_one_clear_line() {
 /// `dwara watch --type srv` gets every instance at its own port from dwara's
 /// answers (one record per instance, a target per instance, its address in the
 /// additional section), follows a delete, and reads dnsmasq's `--srv-host`
-/// answers (targets from its hosts file, which answers REFUSED for their AAAA).
+/// answers (targets from its hosts file, which answers REFUSED for their AAAA) with
+/// each record's priority and weight.
 #[tokio::test]
 async fn watch_srv_gets_every_instance_from_dwara_and_from_dnsmasq() {
     let dwara = crate::nameserver::Serve::start(&[
@@ -285,6 +292,16 @@ async fn watch_srv_gets_every_instance_from_dwara_and_from_dnsmasq() {
     .unwrap();
     let a = args("_http._tcp.api.test", &dnsmasq.addr().to_string());
     let mut watch = Watch::spawn(&a.iter().map(String::as_str).collect::<Vec<_>>());
-    assert_eq!(watch.next().await, set(&["10.0.0.1:8080", "10.0.0.2:9090"]));
+    // Each endpoint with its record's priority and weight (dnsmasq's default
+    // weight is 0; the second record says priority 0, weight 5).
+    let line = watch.next_line().await;
+    assert_eq!(
+        line["srv"],
+        serde_json::json!([
+            {"addr": "10.0.0.1:8080", "priority": 0, "weight": 0},
+            {"addr": "10.0.0.2:9090", "priority": 0, "weight": 5},
+        ]),
+        "{line}"
+    );
     watch.stop().await;
 }
