@@ -199,6 +199,33 @@ async fn wait_listening(addr: SocketAddr) {
     assert!(ok, "nothing listens on {addr}");
 }
 
+/// One backend at 127.0.0.2 behind a `protocol: http` upstream (with `extra` in its
+/// block) listening at `proxy`, its endpoint published and the listener up.
+struct OneBackend {
+    proxy: SocketAddr,
+    _backend: Backend,
+    _dns: TestDnsServer,
+    _serve: Serve,
+}
+
+impl OneBackend {
+    async fn start(extra: &str) -> Self {
+        let port = common_port(&[ip(2)]).await;
+        let backend = Backend::start(ip(2), port).await;
+        let dns = dns(&[ip(2)]).await;
+        let proxy = test_support::free_addr();
+        let serve = Serve::spawn(&upstream(proxy, port, dns.addr(), extra));
+        serve.wait_endpoints(&[format!("127.0.0.2:{port}")]).await;
+        wait_listening(proxy).await;
+        Self {
+            proxy,
+            _backend: backend,
+            _dns: dns,
+            _serve: serve,
+        }
+    }
+}
+
 async fn metrics(serve: &Serve) -> String {
     let (code, text) = http(serve.http, "GET", "/metrics").await;
     assert_eq!(code, 200);
@@ -257,13 +284,8 @@ async fn a_keep_alive_client_reaches_new_instances_and_gets_503_when_none_is_lef
 
 #[tokio::test]
 async fn headers_are_rewritten_and_bodies_stream_both_ways() {
-    let port = common_port(&[ip(2)]).await;
-    let _a = Backend::start(ip(2), port).await;
-    let dns = dns(&[ip(2)]).await;
-    let proxy = test_support::free_addr();
-    let serve = Serve::spawn(&upstream(proxy, port, dns.addr(), ""));
-    serve.wait_endpoints(&[format!("127.0.0.2:{port}")]).await;
-    wait_listening(proxy).await;
+    let one = OneBackend::start("").await;
+    let proxy = one.proxy;
 
     let mut client = KeepAlive::open(proxy).await;
     let req = Request::post("/echo?x=1")
@@ -316,13 +338,8 @@ async fn headers_are_rewritten_and_bodies_stream_both_ways() {
 
 #[tokio::test]
 async fn an_h2_prior_knowledge_client_gets_the_backends_answer() {
-    let port = common_port(&[ip(2)]).await;
-    let _a = Backend::start(ip(2), port).await;
-    let dns = dns(&[ip(2)]).await;
-    let proxy = test_support::free_addr();
-    let serve = Serve::spawn(&upstream(proxy, port, dns.addr(), ""));
-    serve.wait_endpoints(&[format!("127.0.0.2:{port}")]).await;
-    wait_listening(proxy).await;
+    let one = OneBackend::start("").await;
+    let proxy = one.proxy;
 
     // HTTP/2 from the first byte (no upgrade), two streams at once on one
     // connection; each goes to the backend as an HTTP/1.1 request.
@@ -398,18 +415,9 @@ async fn read_response(raw: &mut TcpStream) -> String {
 
 #[tokio::test]
 async fn oversized_heads_get_431_and_malformed_requests_400() {
-    let port = common_port(&[ip(2)]).await;
-    let _a = Backend::start(ip(2), port).await;
-    let dns = dns(&[ip(2)]).await;
-    let proxy = test_support::free_addr();
-    let serve = Serve::spawn(&upstream(
-        proxy,
-        port,
-        dns.addr(),
-        "    limits: {max_header_bytes: 4096, header_read_timeout_ms: 1000}\n",
-    ));
-    serve.wait_endpoints(&[format!("127.0.0.2:{port}")]).await;
-    wait_listening(proxy).await;
+    let limits = "    limits: {max_header_bytes: 4096, header_read_timeout_ms: 1000}\n";
+    let one = OneBackend::start(limits).await;
+    let proxy = one.proxy;
 
     let mut raw = TcpStream::connect(proxy).await.unwrap();
     let big = format!(
