@@ -158,14 +158,7 @@ pub(crate) async fn serve(
                 .timer(TokioTimer::new())
                 .max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX));
             let conn = builder.serve_connection(io, service);
-            tokio::pin!(conn);
-            tokio::select! {
-                r = conn.as_mut() => r,
-                () = shutdown.cancelled() => {
-                    conn.as_mut().graceful_shutdown();
-                    conn.await
-                }
-            }
+            until_shutdown(conn, &shutdown, |c| c.graceful_shutdown()).await
         }
         false => {
             let mut builder = hyper::server::conn::http1::Builder::new();
@@ -175,20 +168,30 @@ pub(crate) async fn serve(
                 .max_header_size(limits.max_header_bytes)
                 .max_buf_size(limits.max_header_bytes.max(8192));
             let conn = builder.serve_connection(io, service);
-            tokio::pin!(conn);
-            tokio::select! {
-                r = conn.as_mut() => r,
-                () = shutdown.cancelled() => {
-                    conn.as_mut().graceful_shutdown();
-                    conn.await
-                }
-            }
+            until_shutdown(conn, &shutdown, |c| c.graceful_shutdown()).await
         }
     };
     if let Err(e) = result {
         debug!(%peer, error = %e, "client connection ended with an error");
     }
     http.stats.client_connections_done();
+}
+
+/// Drives a client connection (HTTP/1.1 or HTTP/2) to its end; when `shutdown` is
+/// cancelled first, asks it to finish gracefully (`graceful`) and waits for that.
+async fn until_shutdown<C: Future>(
+    conn: C,
+    shutdown: &CancellationToken,
+    graceful: impl FnOnce(Pin<&mut C>),
+) -> C::Output {
+    tokio::pin!(conn);
+    tokio::select! {
+        r = conn.as_mut() => r,
+        () = shutdown.cancelled() => {
+            graceful(conn.as_mut());
+            conn.await
+        }
+    }
 }
 
 /// The client preface of HTTP/2 with prior knowledge (RFC 9113 §3.4).
