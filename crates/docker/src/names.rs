@@ -16,8 +16,8 @@ use bollard::models::{
     ContainerInspectResponse, ContainerStateStatusEnum, EndpointSettings, HealthStatusEnum,
 };
 use dwara_records::{
-    DEFAULT_PRIORITY, DEFAULT_WEIGHT, Domain, Error as NameError, Health, Protocol, ServicePort,
-    parse_port, parse_priority, parse_weight,
+    Domain, Error as NameError, Health, Protocol, ServicePort, check_portless, parse_port,
+    parse_rank,
 };
 
 use crate::config::{NameSource, NameSources};
@@ -169,26 +169,15 @@ pub fn service_of(c: &ContainerInspectResponse) -> Result<Option<ServicePort>, N
     let labels = config.and_then(|c| c.labels.as_ref());
     let label = |key: &str| labels.and_then(|l| l.get(key)).map(String::as_str);
     let Some(port) = label(PORT_LABEL) else {
-        let without = |field, value: &str| NameError::RankWithoutPort {
-            field,
-            value: value.to_owned(),
-        };
-        return match (
+        check_portless(
             label(SERVICE_LABEL),
             label(PRIORITY_LABEL),
             label(WEIGHT_LABEL),
-        ) {
-            (Some(service), _, _) => Err(NameError::ServiceWithoutPort {
-                service: service.to_owned(),
-            }),
-            (None, Some(v), _) => Err(without("priority", v)),
-            (None, None, Some(v)) => Err(without("weight", v)),
-            (None, None, None) => Ok(None),
-        };
+        )?;
+        return Ok(None);
     };
     let port = parse_port(port)?;
-    let priority = label(PRIORITY_LABEL).map(parse_priority).transpose()?;
-    let weight = label(WEIGHT_LABEL).map(parse_weight).transpose()?;
+    let (priority, weight) = parse_rank(label(PRIORITY_LABEL), label(WEIGHT_LABEL))?;
     let service = match label(SERVICE_LABEL) {
         Some(service) => ServicePort::new(service.trim(), port)?,
         None => {
@@ -205,11 +194,7 @@ pub fn service_of(c: &ContainerInspectResponse) -> Result<Option<ServicePort>, N
             ServicePort::unnamed(port, protocol)
         }
     };
-    Ok(Some(
-        service
-            .with_priority(priority.unwrap_or(DEFAULT_PRIORITY))
-            .with_weight(weight.unwrap_or(DEFAULT_WEIGHT)),
-    ))
+    Ok(Some(service.with_priority(priority).with_weight(weight)))
 }
 
 /// [`desired`] from public parts, for the fuzz target in `dwara-fuzz-checks`: the

@@ -115,34 +115,15 @@ pub struct ServiceForm<'a> {
 /// 0 and 1) only with a port. Public for fuzzing.
 pub fn service_param(form: ServiceForm<'_>) -> Result<Option<crate::ServicePort>, crate::Error> {
     let Some(p) = form.port else {
-        let without = |field, value: &str| dwara_records::Error::RankWithoutPort {
-            field,
-            value: value.to_owned(),
-        };
-        return Err(match (form.service, form.priority, form.weight) {
-            (None, None, None) => return Ok(None),
-            (Some(s), _, _) => dwara_records::Error::ServiceWithoutPort {
-                service: s.to_owned(),
-            },
-            (None, Some(v), _) => without("priority", v),
-            (None, None, Some(v)) => without("weight", v),
-        }
-        .into());
+        dwara_records::check_portless(form.service, form.priority, form.weight)?;
+        return Ok(None);
     };
     let service = match form.service {
         None => crate::ServicePort::unnamed(dwara_records::parse_port(p)?, crate::Protocol::Tcp),
         Some(s) => crate::ServicePort::parse(s, p)?,
     };
-    let priority = form
-        .priority
-        .map(dwara_records::parse_priority)
-        .transpose()?;
-    let weight = form.weight.map(dwara_records::parse_weight).transpose()?;
-    Ok(Some(
-        service
-            .with_priority(priority.unwrap_or(dwara_records::DEFAULT_PRIORITY))
-            .with_weight(weight.unwrap_or(dwara_records::DEFAULT_WEIGHT)),
-    ))
+    let (priority, weight) = dwara_records::parse_rank(form.priority, form.weight)?;
+    Ok(Some(service.with_priority(priority).with_weight(weight)))
 }
 
 /// The check of a registration from its `check` form value and its service: none

@@ -14,6 +14,6 @@ pub use error::{Error, Result};
 pub use health::{Health, HealthFailMode};
 pub use name::{Domain, parse_name, reverse_name, wire_lower};
 pub use service::{
-    DEFAULT_PRIORITY, DEFAULT_WEIGHT, MAX_SERVICE_NAME, Protocol, ServicePort, parse_port,
-    parse_priority, parse_weight,
+    DEFAULT_PRIORITY, DEFAULT_WEIGHT, MAX_SERVICE_NAME, Protocol, ServicePort, check_portless,
+    parse_port, parse_priority, parse_rank, parse_weight,
 };

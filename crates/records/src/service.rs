@@ -258,6 +258,42 @@ pub fn parse_weight(input: &str) -> Result<u16> {
         })
 }
 
+/// The priority and weight a registration gave as text, with the defaults (0 and
+/// 1) for those it did not give.
+pub fn parse_rank(priority: Option<&str>, weight: Option<&str>) -> Result<(u16, u16)> {
+    Ok((
+        priority
+            .map(parse_priority)
+            .transpose()?
+            .unwrap_or(DEFAULT_PRIORITY),
+        weight
+            .map(parse_weight)
+            .transpose()?
+            .unwrap_or(DEFAULT_WEIGHT),
+    ))
+}
+
+/// Checks a registration without a port: a service, priority or weight needs one
+/// (the first of them given is named in the error); none of them is fine.
+pub fn check_portless(
+    service: Option<&str>,
+    priority: Option<&str>,
+    weight: Option<&str>,
+) -> Result<()> {
+    let without = |field, value: &str| Error::RankWithoutPort {
+        field,
+        value: value.to_owned(),
+    };
+    match (service, priority, weight) {
+        (None, None, None) => Ok(()),
+        (Some(service), _, _) => Err(Error::ServiceWithoutPort {
+            service: service.to_owned(),
+        }),
+        (None, Some(v), _) => Err(without("priority", v)),
+        (None, None, Some(v)) => Err(without("weight", v)),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
