@@ -246,42 +246,10 @@ fn package() -> anyhow::Result<()> {
     for name in UNPUBLISHED {
         args.extend(["--exclude", name]);
     }
-    forget_extracted_packages()?;
     // The packages are built as workspaces of their own, which have none of the root
     // manifest's profile settings: with every crate's debug info off, the dependencies
     // they share with the workspace build above are reused instead of rebuilt.
     cargo_with(&args, &[("CARGO_PROFILE_DEV_DEBUG", "false")])
-}
-
-/// Removes the copies of our packages that an earlier `cargo package --workspace`
-/// unpacked from its local registry (`$CARGO_HOME/registry/src/-<hash>/dwara-*`).
-/// Cargo unpacks a package once per name and version and reuses the copy after, so
-/// a second run would build each package against the others as they were at the
-/// first run (a function added since is "not found").
-fn forget_extracted_packages() -> anyhow::Result<()> {
-    let home = match std::env::var_os("CARGO_HOME") {
-        Some(h) => std::path::PathBuf::from(h),
-        None => {
-            std::path::PathBuf::from(std::env::var_os("HOME").context("HOME unset")?).join(".cargo")
-        }
-    };
-    let Ok(registries) = std::fs::read_dir(home.join("registry/src")) else {
-        return Ok(());
-    };
-    for registry in registries.flatten() {
-        // A local registry has no host: its directory is `-<hash>`.
-        if !registry.file_name().to_string_lossy().starts_with('-') {
-            continue;
-        }
-        for package in std::fs::read_dir(registry.path())?.flatten() {
-            if package.file_name().to_string_lossy().starts_with("dwara-") {
-                let path = package.path();
-                std::fs::remove_dir_all(&path)
-                    .with_context(|| format!("cannot remove {}", path.display()))?;
-            }
-        }
-    }
-    Ok(())
 }
 
 /// `crates/pingora`, a workspace of its own (Pingora takes many minutes to build):
