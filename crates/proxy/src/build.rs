@@ -4,23 +4,28 @@
 //! Across a reload an HTTP upstream keeps its counters (same name), its
 //! connection limit's permits (same name and limit) and its pool and DNS cache
 //! while it keeps its load balancer (same name, policy, ejection and target, see
-//! [`crate::plan()`]) with the same pool settings: pooled connections survive a
-//! reload that changes nothing about where they go. A new pool gets a sweeper task
-//! on the caller's runtime, which ends when the pool is dropped.
+//! [`crate::plan()`]) with the same pool settings and the same feed (DNS, or a
+//! local source by push, which needs no cache for SRV targets): pooled
+//! connections survive a reload that changes nothing about where they go. A new
+//! pool gets a sweeper task on the caller's runtime, which ends when the pool is
+//! dropped.
 
-use std::net::IpAddr;
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use dwara_discovery_dns::{RecordType, TargetResolver};
 use dwara_dns_cache::{DnsCache, DnsCacheConfig};
-use dwara_lb::UpstreamLb;
+use dwara_lb::{EndpointSet, UpstreamLb};
 use dwara_resolver::{DnsResolver, ResolveError, ResolverConfig};
+use parking_lot::Mutex;
 use serde_json::json;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
+use tracing::debug;
 
 use crate::Error;
 use crate::config::UpstreamConfig;
@@ -33,7 +38,8 @@ use crate::reverse::{Dial, HttpUpstream};
 /// How long past its TTL an `address:` answer may be used while DNS fails.
 const MAX_STALE: Duration = Duration::from_secs(300);
 
-/// The HTTP side of upstream `i` of the new generation, or `None` for TCP.
+/// The HTTP side of upstream `i` of the new generation, or `None` for TCP;
+/// `pushed` when its discovery follows a local source instead of DNS.
 pub(crate) fn http_upstream(
     i: usize,
     up: &UpstreamConfig,
@@ -41,6 +47,7 @@ pub(crate) fn http_upstream(
     plan: &UpstreamPlan,
     old: &Generation,
     shutdown: &CancellationToken,
+    pushed: bool,
 ) -> Result<Option<Arc<HttpUpstream>>, Error> {
     let Some(settings) = up.http_settings() else {
         return Ok(None);
@@ -53,7 +60,9 @@ pub(crate) fn http_upstream(
             .target
             .http
             .clone()
-            .filter(|h| h.settings.pool == settings.pool),
+            .filter(|h| h.settings.pool == settings.pool)
+            // A dial path with an SRV targets' cache only while DNS feeds it.
+            .filter(|h| h.dial.srv_targets().is_some() == wants_targets(up, pushed)),
         LbPlan::New(_) => None,
     };
     let stats = by_name
@@ -74,12 +83,15 @@ pub(crate) fn http_upstream(
                 Duration::from_secs(settings.pool.idle_timeout_s),
                 Duration::from_millis(up.connect_timeout_ms),
             ));
-            let dial = Arc::new(dial(i, up)?);
-            let wanted = match *dial {
-                Dial::Lb { .. } => Some(Arc::downgrade(lb)),
-                Dial::Address { .. } => None,
+            let dial = Arc::new(dial(i, up, pushed)?);
+            let (wanted, targets) = match &*dial {
+                Dial::Lb { targets } => (
+                    Some(Arc::downgrade(lb)),
+                    targets.as_ref().map(Arc::downgrade),
+                ),
+                Dial::Address { .. } => (None, None),
             };
-            tokio::spawn(sweep(Arc::downgrade(&pool), wanted));
+            tokio::spawn(sweep(Arc::downgrade(&pool), wanted, targets));
             (pool, dial)
         }
     };
@@ -93,16 +105,18 @@ pub(crate) fn http_upstream(
     })))
 }
 
-/// Where the endpoints of upstream `i` come from.
-fn dial(i: usize, up: &UpstreamConfig) -> Result<Dial, Error> {
+/// Where the endpoints of upstream `i` come from; `pushed` when its discovery
+/// follows a local source instead of DNS.
+fn dial(i: usize, up: &UpstreamConfig, pushed: bool) -> Result<Dial, Error> {
     let Some((host, port)) = up.address_parts() else {
-        // SRV discovery resolves the targets its answers name without addresses
-        // through a cache of the upstream's own, asking its name servers.
+        // SRV discovery by DNS resolves the targets its answers name without
+        // addresses through a cache of the upstream's own, asking its name
+        // servers. A local source gives addresses, never host names: no cache.
         let targets = match &up.dns_discovery {
-            Some(dns) if dns.record_type == RecordType::SRV => Some(cache(
+            Some(dns) if wants_targets(up, pushed) => Some(Arc::new(SrvTargets::new(cache(
                 format!("upstreams[{i}].dns_discovery"),
                 dns.nameservers.clone(),
-            )?),
+            )?))),
             _ => None,
         };
         return Ok(Dial::Lb { targets });
@@ -119,9 +133,19 @@ fn dial(i: usize, up: &UpstreamConfig) -> Result<Dial, Error> {
     })
 }
 
+/// Whether upstream `up` resolves SRV targets through a cache of its own: with
+/// SRV discovery by DNS (`pushed` when a local source feeds it instead).
+fn wants_targets(up: &UpstreamConfig, pushed: bool) -> bool {
+    let srv = up
+        .dns_discovery
+        .as_ref()
+        .is_some_and(|dns| dns.record_type == RecordType::SRV);
+    srv && !pushed && up.address.is_none()
+}
+
 /// A DNS cache over `nameservers` (the system's when empty); `key` names the
 /// configuration it is for in errors.
-fn cache(key: String, nameservers: Vec<std::net::SocketAddr>) -> Result<DnsCache, Error> {
+fn cache(key: String, nameservers: Vec<SocketAddr>) -> Result<DnsCache, Error> {
     let resolver = DnsResolver::new(ResolverConfig {
         nameservers,
         ..ResolverConfig::default()
@@ -143,17 +167,97 @@ fn cache(key: String, nameservers: Vec<std::net::SocketAddr>) -> Result<DnsCache
     })
 }
 
-/// SRV targets resolved through an upstream's DNS cache: TTL-exact, one lookup
-/// in flight per name, an expired answer served while DNS fails. The cache
-/// answers without TTLs, so a target's TTL is its SRV record's.
+/// How long an address resolved from an SRV target is remembered while it is not
+/// among the load balancer's endpoints: long enough to cover the time between
+/// discovery resolving it and the load balancer taking its answer (each target
+/// of an answer is resolved in turn, each lookup bounded by the resolver's
+/// timeouts), short enough that addresses left behind by churn go soon.
+const HOST_GRACE: Duration = Duration::from_secs(60);
+
+/// The SRV targets of an upstream with SRV discovery by DNS, resolved through the
+/// upstream's DNS cache: TTL-exact, one lookup in flight per name, an expired
+/// answer served while DNS fails. The cache answers without TTLs, so a target's
+/// TTL is its SRV record's.
+///
+/// Each address so resolved is remembered with its host, so that a new connection
+/// to it can resolve the host again ([`current`](Self::current)): the load
+/// balancer holds the addresses of discovery's last refresh, which with a long SRV
+/// TTL can be much older than the host's own short one. Addresses that are not
+/// the load balancer's are forgotten after [`HOST_GRACE`] by the pool's sweeper
+/// ([`prune`](Self::prune)), so churn cannot grow the map.
 #[derive(Debug)]
-pub(crate) struct CachedTargets(pub(crate) DnsCache);
+pub(crate) struct SrvTargets {
+    pub(crate) cache: DnsCache,
+    /// By address: the host it was last resolved from, and when. By IP only: the
+    /// resolver asks for a host without its SRV port.
+    hosts: Mutex<HashMap<IpAddr, (Arc<str>, Instant), foldhash::fast::RandomState>>,
+    /// Turns through a moved host's addresses, one per new connection.
+    next: AtomicUsize,
+}
+
+impl SrvTargets {
+    pub(crate) fn new(cache: DnsCache) -> Self {
+        Self {
+            cache,
+            hosts: Mutex::new(HashMap::default()),
+            next: AtomicUsize::new(0),
+        }
+    }
+
+    /// Where a new connection to `addr`, an endpoint of the load balancer, goes:
+    /// `addr` itself unless it was resolved from an SRV target host that the DNS
+    /// cache now finds elsewhere, then one of the host's current addresses at the
+    /// same port. When the host cannot be resolved now (DNS down with nothing
+    /// stale to serve, or the name gone) `addr` is dialled as discovery left it:
+    /// its next refresh decides.
+    pub(crate) async fn current(&self, addr: SocketAddr) -> SocketAddr {
+        let host = self.hosts.lock().get(&addr.ip()).map(|(h, _)| h.clone());
+        let Some(host) = host else {
+            return addr;
+        };
+        let ips = match self.cache.resolve(&host).await {
+            Ok(ips) if !ips.is_empty() => ips,
+            Ok(_) => return addr,
+            Err(e) => {
+                debug!(endpoint = %addr, target = %host, error = %e, "SRV target not resolved again; dialling the endpoint discovery gave");
+                return addr;
+            }
+        };
+        if ips.contains(&addr.ip()) {
+            return addr;
+        }
+        let ip = ips[self.next.fetch_add(1, Ordering::Relaxed) % ips.len()];
+        let moved = SocketAddr::new(ip, addr.port());
+        debug!(endpoint = %addr, target = %host, dialled = %moved, "SRV target moved since discovery's last refresh; dialling its current address");
+        moved
+    }
+
+    /// Forgets the addresses that are not among `endpoints` and were last resolved
+    /// more than `grace` ago ([`HOST_GRACE`] but in tests).
+    fn prune(&self, endpoints: &EndpointSet, grace: Duration) {
+        let mut hosts = self.hosts.lock();
+        if hosts.is_empty() {
+            return;
+        }
+        hosts.retain(|ip, (_, seen)| {
+            seen.elapsed() < grace || endpoints.iter().any(|e| e.addr.ip() == *ip)
+        });
+    }
+}
 
 #[async_trait::async_trait]
-impl TargetResolver for CachedTargets {
+impl TargetResolver for SrvTargets {
     async fn resolve(&self, host: &str) -> Result<Vec<(IpAddr, u32)>, ResolveError> {
-        match self.0.resolve(host).await {
-            Ok(ips) => Ok(ips.iter().map(|ip| (*ip, u32::MAX)).collect()),
+        match self.cache.resolve(host).await {
+            Ok(ips) => {
+                let name: Arc<str> = host.into();
+                let now = Instant::now();
+                let mut hosts = self.hosts.lock();
+                for ip in ips.iter() {
+                    hosts.insert(*ip, (name.clone(), now));
+                }
+                Ok(ips.iter().map(|ip| (*ip, u32::MAX)).collect())
+            }
             Err(e) => Err(e
                 .resolve_error()
                 .cloned()
@@ -168,8 +272,9 @@ impl TargetResolver for CachedTargets {
 }
 
 /// Closes idle connections of endpoints that left the load balancer's set (every
-/// [`SWEEP`]) and those idle too long, until the pool is dropped.
-async fn sweep(pool: Weak<Pool>, lb: Option<Weak<UpstreamLb>>) {
+/// [`SWEEP`]) and those idle too long, and prunes the SRV targets' addresses, until
+/// the pool is dropped.
+async fn sweep(pool: Weak<Pool>, lb: Option<Weak<UpstreamLb>>, targets: Option<Weak<SrvTargets>>) {
     let mut tick = tokio::time::interval(SWEEP);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -179,6 +284,9 @@ async fn sweep(pool: Weak<Pool>, lb: Option<Weak<UpstreamLb>>) {
             Some(Some(lb)) => {
                 let set = lb.endpoints();
                 pool.sweep(|addr| set.contains(addr));
+                if let Some(targets) = targets.as_ref().and_then(Weak::upgrade) {
+                    targets.prune(&set, HOST_GRACE);
+                }
             }
             Some(None) => pool.sweep(|_| false),
             None => pool.sweep(|_| true),
@@ -221,4 +329,73 @@ pub(crate) fn status(h: &HttpUpstream) -> serde_json::Value {
         "pool": pool,
         "dns_cache": dns,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::Ipv4Addr;
+
+    use dwara_lb::Endpoint;
+    use test_support::dns_server::TestDnsServer;
+
+    use super::*;
+
+    fn ip(last: u8) -> Ipv4Addr {
+        Ipv4Addr::new(10, 0, 0, last)
+    }
+
+    fn at(last: u8, port: u16) -> SocketAddr {
+        SocketAddr::new(ip(last).into(), port)
+    }
+
+    async fn targets(dns: &TestDnsServer) -> SrvTargets {
+        SrvTargets::new(cache("test".into(), vec![dns.addr()]).unwrap())
+    }
+
+    #[tokio::test]
+    async fn a_new_connection_goes_where_the_target_host_is_now() {
+        let dns = TestDnsServer::start().await.unwrap();
+        dns.set_a("a.hosts.test", &[ip(2)], 1);
+        let t = targets(&dns).await;
+        let got = t.resolve("a.hosts.test").await.unwrap();
+        assert_eq!(got, [(IpAddr::from(ip(2)), u32::MAX)]);
+        // Still there: the endpoint itself. Not from a target: left alone.
+        assert_eq!(t.current(at(2, 8080)).await, at(2, 8080));
+        assert_eq!(t.current(at(9, 8080)).await, at(9, 8080));
+
+        dns.set_a("a.hosts.test", &[ip(3), ip(4)], 1);
+        let moved = test_support::wait_until(Duration::from_secs(10), || async {
+            t.current(at(2, 8080)).await != at(2, 8080)
+        })
+        .await;
+        assert!(moved, "the cache never saw the new answer");
+        // The host's current addresses in turn, at the endpoint's port.
+        let mut seen = std::collections::BTreeSet::new();
+        for _ in 0..4 {
+            seen.insert(t.current(at(2, 8080)).await);
+        }
+        assert_eq!(seen, [at(3, 8080), at(4, 8080)].into_iter().collect());
+        assert!(t.cache.stats().hits >= 4, "{:?}", t.cache.stats());
+    }
+
+    #[tokio::test]
+    async fn addresses_outside_the_set_are_forgotten_after_the_grace() {
+        let dns = TestDnsServer::start().await.unwrap();
+        dns.set_a("a.hosts.test", &[ip(2)], 30);
+        dns.set_a("b.hosts.test", &[ip(3)], 30);
+        let t = targets(&dns).await;
+        t.resolve("a.hosts.test").await.unwrap();
+        t.resolve("b.hosts.test").await.unwrap();
+        let set: EndpointSet = [Endpoint::new(at(2, 80))].into_iter().collect();
+        // Within the grace both stay (the load balancer may not have taken the
+        // answer yet).
+        t.prune(&set, Duration::from_secs(60));
+        assert_eq!(t.hosts.lock().len(), 2);
+        // Past it, only the load balancer's.
+        t.prune(&set, Duration::ZERO);
+        let left: Vec<IpAddr> = t.hosts.lock().keys().copied().collect();
+        assert_eq!(left, [IpAddr::from(ip(2))]);
+        t.prune(&EndpointSet::empty(), Duration::ZERO);
+        assert!(t.hosts.lock().is_empty());
+    }
 }

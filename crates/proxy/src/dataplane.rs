@@ -184,7 +184,14 @@ impl Dataplane {
             },
         );
         let name: Arc<str> = up.name.as_str().into();
-        let http = crate::build::http_upstream(i, up, &lb, p, old, &self.http_shutdown)?;
+        // Asked first: an upstream fed by a local source needs no cache for SRV
+        // targets (the source gives addresses).
+        let local = up
+            .dns_discovery
+            .as_ref()
+            .and_then(|dns| self.local.get().and_then(|l| l.source(&up.name, dns)));
+        let pushed = local.is_some();
+        let http = crate::build::http_upstream(i, up, &lb, p, old, &self.http_shutdown, pushed)?;
         let target = Arc::new(Target {
             name: name.clone(),
             policy: up.policy,
@@ -196,15 +203,15 @@ impl Dataplane {
         let discovery = match &up.dns_discovery {
             Some(dns) => {
                 let key = format!("upstreams[{i}].dns_discovery");
-                let local = self.local.get().and_then(|l| l.source(&up.name, dns));
                 let source: Arc<dyn DiscoverySource> = match local {
                     Some(source) => source,
                     None => {
                         let mut source = DnsSource::new(dns)
                             .map_err(|source| Error::Discovery { key, source })?;
-                        if let Some(cache) = target.http.as_ref().and_then(|h| h.dial.cache()) {
-                            let targets = crate::build::CachedTargets(cache.clone());
-                            source = source.with_target_resolver(Arc::new(targets));
+                        if let Some(targets) =
+                            target.http.as_ref().and_then(|h| h.dial.srv_targets())
+                        {
+                            source = source.with_target_resolver(targets.clone());
                         }
                         Arc::new(source)
                     }

@@ -13,7 +13,9 @@
 //! picked from the upstream's load balancer (consistent hash keyed by
 //! `hash_header` or the client address) or, with `address:`, from the DNS cache's
 //! answer; the request goes out over a pooled connection to it (headers rewritten
-//! by [`crate::headers`], bodies streamed both ways, never buffered whole).
+//! by [`crate::headers`], bodies streamed both ways, never buffered whole). A new
+//! connection to an address that came from an SRV target host goes where the DNS
+//! cache finds that host now ([`SrvTargets::current`]).
 //!
 //! What can go wrong, and what the client gets:
 //! - nothing to route to: `503` with `Retry-After: 1` and a line naming the
@@ -57,6 +59,7 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
+use crate::build::SrvTargets;
 use crate::config::{HttpSettings, MAX_TRIES};
 use crate::forward::Target;
 use crate::headers;
@@ -70,9 +73,10 @@ pub(crate) type RespBody = UnsyncBoxBody<Bytes, hyper::Error>;
 #[derive(Debug)]
 pub(crate) enum Dial {
     /// Picks of the upstream's load balancer (discovery fills it). With SRV
-    /// discovery, `targets` is the cache through which discovery resolves the
-    /// targets that answers name without their addresses.
-    Lb { targets: Option<DnsCache> },
+    /// discovery by DNS, `targets` is the cache through which discovery resolves
+    /// the targets that answers name without their addresses, and through which
+    /// a new connection to such an address resolves its host again.
+    Lb { targets: Option<Arc<SrvTargets>> },
     /// `address: HOST:PORT`: the DNS cache's answer for HOST, in turn.
     Address {
         cache: DnsCache,
@@ -86,8 +90,16 @@ impl Dial {
     /// The DNS cache on the upstream's dial path, if it has one.
     pub(crate) fn cache(&self) -> Option<&DnsCache> {
         match self {
-            Self::Lb { targets } => targets.as_ref(),
+            Self::Lb { targets } => targets.as_deref().map(|t| &t.cache),
             Self::Address { cache, .. } => Some(cache),
+        }
+    }
+
+    /// The SRV targets of an upstream with SRV discovery by DNS.
+    pub(crate) fn srv_targets(&self) -> Option<&Arc<SrvTargets>> {
+        match self {
+            Self::Lb { targets } => targets.as_ref(),
+            Self::Address { .. } => None,
         }
     }
 }
@@ -631,7 +643,8 @@ enum Sent {
     TimedOut,
 }
 
-/// A connection to `choice`: a pooled one that is ready, or a new one.
+/// A connection to `choice`: a pooled one that is ready, or a new one (to where
+/// the SRV target the address came from is now, see [`SrvTargets::current`]).
 async fn connection(choice: &Choice, http: &HttpUpstream) -> Result<Conn, String> {
     while let Some(mut conn) = http.pool.checkout(choice.addr) {
         // Ready at once unless the endpoint closed it while it was idle.
@@ -640,14 +653,23 @@ async fn connection(choice: &Choice, http: &HttpUpstream) -> Result<Conn, String
             return Ok(conn);
         }
     }
-    http.pool
-        .connect(choice.addr, &http.stats)
-        .await
-        .map_err(|e| {
-            http.stats.connect_failures.fetch_add(1, Ordering::Relaxed);
-            choice.failed();
-            format!("{}: {e}", choice.addr)
-        })
+    // Boxed: the cache's future stays out of every request's future, and a new
+    // connection costs far more than this allocation.
+    let addr = match &*http.dial {
+        Dial::Lb {
+            targets: Some(targets),
+        } => Box::pin(targets.current(choice.addr)).await,
+        _ => choice.addr,
+    };
+    http.pool.connect(addr, &http.stats).await.map_err(|e| {
+        http.stats.connect_failures.fetch_add(1, Ordering::Relaxed);
+        choice.failed();
+        if addr == choice.addr {
+            format!("{addr}: {e}")
+        } else {
+            format!("{addr} (where {} moved): {e}", choice.addr)
+        }
+    })
 }
 
 /// One try on `choice`.
@@ -714,7 +736,8 @@ async fn send(
 
 /// Whether a connection goes back to the pool after its response.
 enum Keep {
-    /// While its endpoint is in the load balancer's set.
+    /// While its endpoint is in the load balancer's set (a connection dialled to
+    /// where an SRV target moved is not, until discovery's next refresh).
     InSet(Arc<dwara_lb::UpstreamLb>),
     /// Always (an `address:` upstream; the idle timeout ages them out).
     Always,

@@ -13,7 +13,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::{Bytes, Incoming};
 use hyper::{Request, Response};
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use test_support::dns_server::TestDnsServer;
+use test_support::dns_server::{SrvRecord, TestDnsServer};
 use test_support::dnsmasq::{Dnsmasq, DnsmasqOptions};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -703,4 +703,187 @@ async fn srv_targets_named_without_addresses_are_resolved_through_the_dns_cache(
     let status = serve.status().await;
     let cache = &status["upstreams"][0]["http"]["dns_cache"];
     assert_eq!(cache["misses"], 2, "{status}");
+}
+
+/// A test DNS server whose SRV answer for `_http._tcp.web.test` lives 300 s and
+/// names one target, `a.hosts.test`, without its address (the test server puts
+/// none in the additional section); the target's A record is `ip(2)` for 1 s.
+async fn srv_dns(port: u16) -> TestDnsServer {
+    let dns = TestDnsServer::start().await.unwrap();
+    dns.set_srv(
+        "_http._tcp.web.test",
+        &[SrvRecord {
+            priority: 0,
+            weight: 1,
+            port,
+            target: "a.hosts.test.".into(),
+        }],
+        300,
+    );
+    dns.set_a("a.hosts.test", &[ip(2)], 1);
+    dns
+}
+
+/// An HTTP upstream discovering `_http._tcp.web.test` by SRV from `ns`, refreshed
+/// only every 300 s (the SRV TTL), with `pool` as its pool settings.
+fn srv_upstream(proxy: SocketAddr, ns: SocketAddr, pool: &str) -> String {
+    format!(
+        "upstreams:
+  - name: web
+    listen: {proxy}
+    protocol: http
+    connect_timeout_ms: 500
+    pool: {pool}
+    dns_discovery:
+      hostname: _http._tcp.web.test
+      record_type: SRV
+      refresh_interval_s: 300
+      nameservers: [{ns}]
+"
+    )
+}
+
+/// The counter of the upstream's DNS cache in `GET /upstreams`.
+fn cache_figure(status: &serde_json::Value, name: &str) -> u64 {
+    status["upstreams"][0]["http"]["dns_cache"][name]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no dns_cache.{name}: {status}"))
+}
+
+#[tokio::test]
+async fn new_connections_follow_an_srv_target_host_long_before_the_srv_ttl() {
+    let port = common_port(&[ip(2), ip(3)]).await;
+    let _a = Backend::start(ip(2), port).await;
+    let _b = Backend::start(ip(3), port).await;
+    let dns = srv_dns(port).await;
+    let proxy = test_support::free_addr();
+    // No idle connections kept: every request dials anew.
+    let serve = Serve::spawn(&srv_upstream(
+        proxy,
+        dns.addr(),
+        "{max_idle_per_endpoint: 0}",
+    ));
+    let old = format!("127.0.0.2:{port}");
+    serve.wait_endpoints(std::slice::from_ref(&old)).await;
+    wait_listening(proxy).await;
+    let mut client = KeepAlive::open(proxy).await;
+    assert_eq!(client.backend().await, "127.0.0.2");
+    let before = serve.status().await;
+    let srv_queries = dns.query_count_for("_http._tcp.web.test");
+
+    // The target host moves; the old instance keeps answering.
+    dns.set_a("a.hosts.test", &[ip(3)], 1);
+    let moved = std::time::Instant::now();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while client.backend().await != "127.0.0.3" {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "new connections never followed the target host"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Within a few seconds (the A record's TTL and a refresh), not the SRV's 300.
+    assert!(
+        moved.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        moved.elapsed()
+    );
+    for _ in 0..5 {
+        assert_eq!(client.backend().await, "127.0.0.3");
+    }
+    // Discovery did not refresh: its load balancer still holds the old address.
+    assert_eq!(dns.query_count_for("_http._tcp.web.test"), srv_queries);
+    assert_eq!(serve.endpoints().await, [old]);
+    // Every new connection asked the cache: hits (and the misses or refreshes that
+    // brought the new answer) moved, in `GET /upstreams` and in `/metrics`.
+    let after = serve.status().await;
+    let lookups = |s: &serde_json::Value| cache_figure(s, "hits") + cache_figure(s, "misses");
+    assert!(
+        lookups(&after) >= lookups(&before) + 6,
+        "before {before} after {after}"
+    );
+    assert!(
+        cache_figure(&after, "hits") > cache_figure(&before, "hits"),
+        "before {before} after {after}"
+    );
+    assert!(dns.query_count_for("a.hosts.test") >= 2);
+    let m = metrics(&serve).await;
+    let hits = m
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("dwara_http_dns_cache_total{upstream=\"web\",outcome=\"hit\"} ")
+        })
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .unwrap_or_else(|| panic!("no cache hits in {m}"));
+    assert!(hits >= cache_figure(&after, "hits"), "{m}");
+}
+
+#[tokio::test]
+async fn a_connection_to_where_an_srv_target_moved_is_not_pooled() {
+    let port = common_port(&[ip(2), ip(3)]).await;
+    let a = Backend::start(ip(2), port).await;
+    let _b = Backend::start(ip(3), port).await;
+    let dns = srv_dns(port).await;
+    let proxy = test_support::free_addr();
+    let serve = Serve::spawn(&srv_upstream(
+        proxy,
+        dns.addr(),
+        "{max_idle_per_endpoint: 4, idle_timeout_s: 60}",
+    ));
+    let old = format!("127.0.0.2:{port}");
+    serve.wait_endpoints(std::slice::from_ref(&old)).await;
+    wait_listening(proxy).await;
+    let mut client = KeepAlive::open(proxy).await;
+    assert_eq!(client.backend().await, "127.0.0.2");
+    // The load balancer's endpoint: its connection went back to the pool.
+    let pooled = serve.status().await;
+    assert_eq!(
+        pooled["upstreams"][0]["http"]["pool"],
+        serde_json::json!([{ "endpoint": old, "idle": 1, "busy": 0 }]),
+        "{pooled}"
+    );
+
+    // The host moves and the old instance dies, closing its pooled connection:
+    // requests dial anew, to the host's new address once the cache has it.
+    dns.set_a("a.hosts.test", &[ip(3)], 1);
+    a.crash();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let answer = client.get("/").await.unwrap();
+        if answer.status == 200 && answer.json()["ip"] == "127.0.0.3" {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never reached the moved target: {} {}",
+            answer.status,
+            answer.body
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let before = serve.status().await;
+    let figure = |s: &serde_json::Value, k: &str| s["upstreams"][0]["http"][k].as_u64().unwrap();
+    for _ in 0..5 {
+        assert_eq!(client.backend().await, "127.0.0.3");
+    }
+    // Not in the load balancer's set: each request dialled its own connection and
+    // none went back to the pool.
+    let after = serve.status().await;
+    assert_eq!(
+        figure(&after, "connects"),
+        figure(&before, "connects") + 5,
+        "{after}"
+    );
+    assert_eq!(
+        figure(&after, "reused"),
+        figure(&before, "reused"),
+        "{after}"
+    );
+    let moved = format!("127.0.0.3:{port}");
+    let pool = after["upstreams"][0]["http"]["pool"].as_array().unwrap();
+    assert!(
+        pool.iter().all(|p| p["endpoint"] != moved.as_str()),
+        "{after}"
+    );
+    assert_eq!(serve.endpoints().await, [old]);
 }

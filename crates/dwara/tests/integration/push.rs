@@ -197,6 +197,38 @@ async fn an_srv_upstream_follows_the_ports_of_the_registrations() {
     assert_eq!(Conn::open(proxy).await.unwrap().backend, "127.0.0.2");
 }
 
+#[tokio::test]
+async fn an_http_srv_upstream_fed_by_push_has_no_dns_cache() {
+    // The records database gives addresses, never target host names: there is
+    // nothing for a cache to resolve.
+    let backend =
+        test_support::http_backend::HttpBackend::start("127.0.0.2".parse().unwrap()).unwrap();
+    let port = backend.addr().port();
+    let proxy = test_support::free_addr();
+    let serve = started(&config(
+        "weave.local",
+        proxy,
+        "    protocol: http\n",
+        "      hostname: _http._tcp.api.weave.local\n      record_type: SRV\n",
+    ))
+    .await;
+    let query = format!("&port={port}&service=_http._tcp");
+    put_name(&serve, "c1", "127.0.0.2", "api.weave.local", &query).await;
+    serve.wait_endpoints(&eps(port, &["127.0.0.2"])).await;
+    let listening = test_support::wait_until(WAIT, || async {
+        tokio::net::TcpStream::connect(proxy).await.is_ok()
+    })
+    .await;
+    assert!(listening, "nothing listens on {proxy}");
+    let answer = http(proxy, "GET", "/").await;
+    assert_eq!(answer, (200, format!("127.0.0.2:{port}\n")));
+    let status = serve.status().await;
+    let up = &status["upstreams"][0];
+    assert_eq!(up["source"], "db SRV _http._tcp.api.weave.local. (push)");
+    assert_eq!(up["http"]["requests"]["2xx"], 1, "{status}");
+    assert!(up["http"]["dns_cache"].is_null(), "{status}");
+}
+
 /// The container's IPv4 address (its only network: the default bridge).
 fn ipv4(id: &str) -> String {
     let f = "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}";
