@@ -10,6 +10,9 @@
 //!   publishable crate (each built from its package alone); then the same checks for
 //!   `crates/pingora`, a workspace of its own.
 //! - `cargo xtask tools` installs the system tools the tests use.
+//! - `cargo xtask package` runs `cargo package` of every publishable crate, as `ci`
+//!   does, after removing the packages and units an earlier run left for cargo to
+//!   reuse (see the `package` module).
 //! - `cargo xtask bench [ARGS]` runs the criterion benchmarks.
 //! - `cargo xtask perf dns [--names N]` compares the name server with dnsmasq and unbound.
 //! - `cargo xtask perf store [--names N] [--connections C]` times HTTP registration in
@@ -48,6 +51,7 @@
 
 mod fuzz;
 mod image;
+mod package;
 mod perf_cluster;
 mod perf_cluster_faults;
 mod perf_dns;
@@ -71,6 +75,7 @@ const USAGE: &str = "usage: cargo xtask COMMAND
 commands:
   ci                   tools, fmt, clippy, image, tests (DWARA_REQUIRE_ALL=1), docs
   tools                install the system tools the tests use
+  package              cargo package of every publishable crate (the last step of ci)
   bench [ARGS]         the criterion benchmarks
   fuzz [TARGET...] [--seconds N] [--idle]
   image [--tag T] [--debug] [--no-save]
@@ -114,6 +119,7 @@ fn main() -> anyhow::Result<()> {
         }
         "ci" => ci(),
         "tools" => tools::ensure(),
+        "package" => package::run(),
         "bench" => cargo(&[&["bench", "-p", "dwara-benches"], &as_strs(rest)[..]].concat()),
         "fuzz" => fuzz::run(rest),
         "image" => image::run(&image::ImageArgs::parse(rest)?),
@@ -223,7 +229,7 @@ fn ci() -> anyhow::Result<()> {
         ],
         &[("RUSTDOCFLAGS", "-D warnings")],
     )?;
-    package()?;
+    package::run()?;
     pingora()?;
     println!("xtask ci: all green");
     Ok(())
@@ -236,21 +242,6 @@ const UNPUBLISHED: &[&str] = &[
     "dwara-benches",
     "xtask",
 ];
-
-/// `cargo package` for every publishable crate: each is packaged alone and built from
-/// its package against the others packaged beside it, so a dependency without a
-/// version, a file outside the package or metadata crates.io refuses fails here.
-/// `--allow-dirty`: a developer's uncommitted change is packaged as it is.
-fn package() -> anyhow::Result<()> {
-    let mut args = vec!["package", "--workspace", "--allow-dirty", "--quiet"];
-    for name in UNPUBLISHED {
-        args.extend(["--exclude", name]);
-    }
-    // The packages are built as workspaces of their own, which have none of the root
-    // manifest's profile settings: with every crate's debug info off, the dependencies
-    // they share with the workspace build above are reused instead of rebuilt.
-    cargo_with(&args, &[("CARGO_PROFILE_DEV_DEBUG", "false")])
-}
 
 /// `crates/pingora`, a workspace of its own (Pingora takes many minutes to build):
 /// lints, tests (a Pingora proxy as a real process following DNS) and docs, once,
