@@ -127,7 +127,8 @@ impl Default for PoolSection {
 #[serde(deny_unknown_fields)]
 pub struct HttpLimitsSection {
     /// A request's head must arrive within this, in milliseconds, which also
-    /// closes a keep-alive connection idle that long (default 10000).
+    /// closes a keep-alive connection idle that long, and shuts down (`GOAWAY`)
+    /// an HTTP/2 connection with no stream open that long (default 10000).
     #[serde(default = "default_header_read_timeout_ms")]
     pub header_read_timeout_ms: u64,
     /// Largest request head (request line and headers) in bytes; larger gets 431

@@ -6,7 +6,9 @@
 //! connection closes; a head larger than `max_header_bytes` gets 431 and a
 //! malformed one 400, both from hyper) or, when it opens with the HTTP/2 preface
 //! (prior knowledge, `h2c` without an upgrade), by hyper's HTTP/2 server (header
-//! lists up to `max_header_bytes`, each stream a task on the same worker). The
+//! lists up to `max_header_bytes`, each stream a task on the same worker; with no
+//! stream open for `header_read_timeout_ms`, the connection is shut down
+//! gracefully, `GOAWAY`, as an idle HTTP/1.1 keep-alive connection is closed). The
 //! first bytes are read to tell which ([`sniff`]) and handed to the server
 //! before the rest of the socket ([`Replay`]). Requests go to endpoints as
 //! HTTP/1.1 either way. Per request ([`forward`]): the endpoint is
@@ -52,6 +54,7 @@ use http::{Method, Request, Response, StatusCode, Uri, Version};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full};
 use hyper::body::{Body, Frame, Incoming, SizeHint};
+use hyper::service::Service;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
@@ -169,8 +172,31 @@ pub(crate) async fn serve(
             builder
                 .timer(TokioTimer::new())
                 .max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX));
+            // Streams are counted while their response lasts, so that a connection
+            // without any for the header timeout is told to go away.
+            let streams = Arc::new(Streams::new());
+            let counted = streams.clone();
+            let service = hyper::service::service_fn(move |req| {
+                let open = Stream::open(&counted);
+                let answer = service.call(req);
+                async move {
+                    let resp: Response<RespBody> = match answer.await {
+                        Ok(resp) => resp,
+                        Err(never) => match never {},
+                    };
+                    let (parts, body) = resp.into_parts();
+                    let body = StreamBody {
+                        inner: body,
+                        _open: open,
+                    };
+                    Ok::<_, Infallible>(Response::from_parts(parts, body.boxed_unsync()))
+                }
+            });
             let conn = builder.serve_connection(io, service);
-            until_shutdown(conn, &shutdown, |c| c.graceful_shutdown()).await
+            until_shutdown(conn, &shutdown, streams.idle(header_timeout), |c| {
+                c.graceful_shutdown();
+            })
+            .await
         }
         false => {
             let mut builder = hyper::server::conn::http1::Builder::new();
@@ -180,7 +206,11 @@ pub(crate) async fn serve(
                 .max_header_size(limits.max_header_bytes)
                 .max_buf_size(limits.max_header_bytes.max(8192));
             let conn = builder.serve_connection(io, service);
-            until_shutdown(conn, &shutdown, |c| c.graceful_shutdown()).await
+            // hyper's header read timeout closes an idle keep-alive connection.
+            until_shutdown(conn, &shutdown, std::future::pending(), |c| {
+                c.graceful_shutdown();
+            })
+            .await
         }
     };
     if let Err(e) = result {
@@ -190,10 +220,12 @@ pub(crate) async fn serve(
 }
 
 /// Drives a client connection (HTTP/1.1 or HTTP/2) to its end; when `shutdown` is
-/// cancelled first, asks it to finish gracefully (`graceful`) and waits for that.
+/// cancelled or `idle` ends first, asks it to finish gracefully (`graceful`) and
+/// waits for that.
 async fn until_shutdown<C: Future>(
     conn: C,
     shutdown: &CancellationToken,
+    idle: impl Future<Output = ()>,
     graceful: impl FnOnce(Pin<&mut C>),
 ) -> C::Output {
     tokio::pin!(conn);
@@ -203,6 +235,85 @@ async fn until_shutdown<C: Future>(
             graceful(conn.as_mut());
             conn.await
         }
+        () = idle => {
+            graceful(conn.as_mut());
+            conn.await
+        }
+    }
+}
+
+/// The streams of an HTTP/2 client connection whose response is not over yet,
+/// and when the last one ended.
+struct Streams {
+    open: AtomicUsize,
+    since: parking_lot::Mutex<Instant>,
+}
+
+impl Streams {
+    fn new() -> Self {
+        Self {
+            open: AtomicUsize::new(0),
+            since: parking_lot::Mutex::new(Instant::now()),
+        }
+    }
+
+    /// Ends once the connection has had no stream open for `timeout`.
+    async fn idle(&self, timeout: Duration) {
+        loop {
+            let wake = if self.open.load(Ordering::Acquire) > 0 {
+                Instant::now() + timeout
+            } else {
+                let since = *self.since.lock();
+                if since.elapsed() >= timeout && self.open.load(Ordering::Acquire) == 0 {
+                    return;
+                }
+                since + timeout
+            };
+            tokio::time::sleep_until(wake.into()).await;
+        }
+    }
+}
+
+/// One stream counted open until its response body is done or dropped.
+struct Stream(Arc<Streams>);
+
+impl Stream {
+    fn open(streams: &Arc<Streams>) -> Self {
+        streams.open.fetch_add(1, Ordering::AcqRel);
+        Self(streams.clone())
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        *self.0.since.lock() = Instant::now();
+        self.0.open.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A response body to an HTTP/2 client, its stream counted open while it lasts.
+struct StreamBody {
+    inner: RespBody,
+    _open: Stream,
+}
+
+impl Body for StreamBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
     }
 }
 

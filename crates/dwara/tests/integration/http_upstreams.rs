@@ -413,6 +413,72 @@ async fn read_response(raw: &mut TcpStream) -> String {
     }
 }
 
+/// A request body that sends its first part at once and ends when told to.
+struct Held {
+    first: Option<Bytes>,
+    end: tokio::sync::oneshot::Receiver<()>,
+}
+
+impl Held {
+    fn new(first: &'static [u8]) -> (tokio::sync::oneshot::Sender<()>, Self) {
+        let (tx, end) = tokio::sync::oneshot::channel();
+        let first = Some(Bytes::from_static(first));
+        (tx, Self { first, end })
+    }
+}
+
+impl hyper::body::Body for Held {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, Self::Error>>> {
+        if let Some(first) = self.first.take() {
+            return std::task::Poll::Ready(Some(Ok(hyper::body::Frame::data(first))));
+        }
+        std::pin::Pin::new(&mut self.end).poll(cx).map(|_| None)
+    }
+}
+
+#[tokio::test]
+async fn an_idle_h2_connection_is_told_to_go_away_but_not_while_a_stream_is_open() {
+    let one = OneBackend::start("    limits: {header_read_timeout_ms: 1000}\n").await;
+    let stream = TcpStream::connect(one.proxy).await.unwrap();
+    let (mut sender, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+            .await
+            .unwrap();
+    let mut conn = tokio::spawn(conn);
+
+    // A stream whose request body stays open for three times the timeout: the
+    // connection is not idle meanwhile.
+    let (end, held) = Held::new(b"slow body");
+    let req = Request::post("http://web.test/held").body(held).unwrap();
+    let answer = tokio::spawn(sender.send_request(req));
+    let early = tokio::time::timeout(Duration::from_millis(3000), &mut conn).await;
+    assert!(early.is_err(), "the connection ended with a stream open");
+    end.send(()).unwrap();
+    let resp = tokio::time::timeout(WAIT, answer)
+        .await
+        .expect("an answer in time")
+        .unwrap()
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    let seen: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(seen["body"], "slow body", "{seen}");
+
+    // Then no stream is open: dwara says GOAWAY and the connection ends.
+    tokio::time::timeout(WAIT, &mut conn)
+        .await
+        .expect("an idle HTTP/2 connection was closed")
+        .unwrap()
+        .unwrap();
+    assert!(sender.is_closed());
+}
+
 #[tokio::test]
 async fn oversized_heads_get_431_and_malformed_requests_400() {
     let limits = "    limits: {max_header_bytes: 4096, header_read_timeout_ms: 1000}\n";
