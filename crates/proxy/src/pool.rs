@@ -3,8 +3,10 @@
 //! Each endpoint address has its own list of idle connections (hyper's client
 //! connection API: a `SendRequest` per connection, its connection driven by a task
 //! on the worker that dialled it) and a count of busy ones. A request takes the
-//! most recently used idle connection (the one least likely to have been closed by
-//! the endpoint's own idle timeout) or dials a new one; the connection comes back
+//! most recently used idle connection of its own worker (the one least likely to
+//! have been closed by the endpoint's own idle timeout; a connection of another
+//! worker would make each of its requests wake tasks across threads) or dials a
+//! new one; the connection comes back
 //! when the response body has been read to its end, unless the pool of its
 //! endpoint is full (`max_idle_per_endpoint`), the endpoint has left the upstream's
 //! endpoints, or the connection cannot take another request.
@@ -21,6 +23,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::thread::ThreadId;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -39,11 +42,28 @@ pub(crate) type ReqBody = UnsyncBoxBody<Bytes, hyper::Error>;
 /// How often the dataplane sweeps an HTTP upstream's pool.
 pub(crate) const SWEEP: Duration = Duration::from_millis(100);
 
+/// An idle connection: since when, and the worker thread whose runtime drives it.
+#[derive(Debug)]
+struct Idle {
+    sender: SendRequest<ReqBody>,
+    since: Instant,
+    home: ThreadId,
+}
+
 /// Idle and busy connections of one endpoint.
 #[derive(Debug, Default)]
 struct EndpointPool {
-    idle: Vec<(SendRequest<ReqBody>, Instant)>,
+    idle: Vec<Idle>,
     busy: usize,
+}
+
+thread_local! {
+    /// The current thread's id, read once per thread.
+    static HOME: ThreadId = std::thread::current().id();
+}
+
+fn home() -> ThreadId {
+    HOME.with(|h| *h)
 }
 
 /// The pools of one HTTP upstream.
@@ -63,6 +83,8 @@ pub(crate) struct Pool {
 pub(crate) struct Conn {
     pub(crate) sender: SendRequest<ReqBody>,
     pub(crate) addr: SocketAddr,
+    /// The worker thread whose runtime drives the connection (it dialled it).
+    home: ThreadId,
     /// Whether it served a request before (a failure before any byte was written
     /// then says "the endpoint closed it while idle", not "the endpoint is down").
     pub(crate) reused: bool,
@@ -128,11 +150,16 @@ impl Pool {
         }
     }
 
-    /// An idle connection to `addr` that can take a request now, if there is one.
+    /// An idle connection to `addr` that can take a request now, if there is one
+    /// driven by the current worker: the most recently used of them. A connection
+    /// of another worker is left to that worker; taking it would make each of its
+    /// requests and responses wake a task across threads.
     pub(crate) fn checkout(self: &Arc<Self>, addr: SocketAddr) -> Option<Conn> {
+        let me = home();
         let mut eps = self.endpoints.lock();
         let ep = eps.get_mut(&addr)?;
-        while let Some((sender, since)) = ep.idle.pop() {
+        while let Some(i) = ep.idle.iter().rposition(|c| c.home == me) {
+            let Idle { sender, since, .. } = ep.idle.remove(i);
             if sender.is_closed() || since.elapsed() > self.idle_timeout {
                 continue;
             }
@@ -140,6 +167,7 @@ impl Pool {
             return Some(Conn {
                 sender,
                 addr,
+                home: me,
                 reused: true,
                 _busy: Busy {
                     pool: self.clone(),
@@ -179,6 +207,7 @@ impl Pool {
         Ok(Conn {
             sender,
             addr,
+            home: home(),
             reused: false,
             _busy: Busy {
                 pool: self.clone(),
@@ -197,6 +226,7 @@ impl Pool {
         let Conn {
             sender,
             addr,
+            home,
             mut _busy,
             ..
         } = conn;
@@ -206,7 +236,11 @@ impl Pool {
         ep.busy = ep.busy.saturating_sub(1);
         _busy.counted = false;
         if ep.idle.len() < self.max_idle {
-            ep.idle.push((sender, Instant::now()));
+            ep.idle.push(Idle {
+                sender,
+                since: Instant::now(),
+                home,
+            });
         } else if ep.busy == 0 && ep.idle.is_empty() {
             eps.remove(&addr);
         }
@@ -226,7 +260,7 @@ impl Pool {
                     let (old, kept): (Vec<_>, Vec<_>) = ep
                         .idle
                         .drain(..)
-                        .partition(|(s, since)| s.is_closed() || since.elapsed() > timeout);
+                        .partition(|c| c.sender.is_closed() || c.since.elapsed() > timeout);
                     ep.idle = kept;
                     closed.extend(old);
                 }
