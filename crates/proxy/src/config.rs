@@ -97,7 +97,8 @@ pub enum Protocol {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct PoolSection {
-    /// Idle connections kept per endpoint (default 64).
+    /// Idle connections kept per endpoint by each worker (default 64; as nginx's
+    /// `keepalive`, per worker).
     #[serde(default = "default_max_idle")]
     pub max_idle_per_endpoint: usize,
     /// An idle connection unused this long is closed, in seconds (default 60).

@@ -6,10 +6,10 @@
 //! most recently used idle connection of its own worker (the one least likely to
 //! have been closed by the endpoint's own idle timeout; a connection of another
 //! worker would make each of its requests wake tasks across threads) or dials a
-//! new one; the connection comes back
-//! when the response body has been read to its end, unless the pool of its
-//! endpoint is full (`max_idle_per_endpoint`), the endpoint has left the upstream's
-//! endpoints, or the connection cannot take another request.
+//! new one; the connection comes back when the response body has been read to
+//! its end, unless its worker already keeps `max_idle_per_endpoint` idle
+//! connections to the endpoint, the endpoint has left the upstream's endpoints,
+//! or the connection cannot take another request.
 //!
 //! hyper-util's pooled client was the other choice; it pools by URI authority and
 //! retries on a fresh connection of the same authority by itself, and it has no
@@ -235,7 +235,8 @@ impl Pool {
         let ep = eps.entry(addr).or_default();
         ep.busy = ep.busy.saturating_sub(1);
         _busy.counted = false;
-        if ep.idle.len() < self.max_idle {
+        // The bound is per worker, as each worker takes only its own connections.
+        if ep.idle.iter().filter(|c| c.home == home).count() < self.max_idle {
             ep.idle.push(Idle {
                 sender,
                 since: Instant::now(),
