@@ -235,8 +235,11 @@ impl Pool {
         let ep = eps.entry(addr).or_default();
         ep.busy = ep.busy.saturating_sub(1);
         _busy.counted = false;
-        // The bound is per worker, as each worker takes only its own connections.
-        if ep.idle.iter().filter(|c| c.home == home).count() < self.max_idle {
+        // The bound is per worker, as each worker takes only its own connections
+        // (counted only when the pool as a whole holds that many).
+        let room = ep.idle.len() < self.max_idle
+            || ep.idle.iter().filter(|c| c.home == home).count() < self.max_idle;
+        if room {
             ep.idle.push(Idle {
                 sender,
                 since: Instant::now(),

@@ -184,12 +184,16 @@ pub(crate) async fn serve(
                         Ok(resp) => resp,
                         Err(never) => match never {},
                     };
-                    let (parts, body) = resp.into_parts();
-                    let body = StreamBody {
-                        inner: body,
-                        _open: open,
-                    };
-                    Ok::<_, Infallible>(Response::from_parts(parts, body.boxed_unsync()))
+                    // The stream is counted open until its body ends or is dropped:
+                    // the body's frame mapping owns the count.
+                    let resp = resp.map(|body| {
+                        body.map_frame(move |frame| {
+                            let _ = &open;
+                            frame
+                        })
+                        .boxed_unsync()
+                    });
+                    Ok::<_, Infallible>(resp)
                 }
             });
             let conn = builder.serve_connection(io, service);
@@ -288,32 +292,6 @@ impl Drop for Stream {
     fn drop(&mut self) {
         *self.0.since.lock() = Instant::now();
         self.0.open.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
-/// A response body to an HTTP/2 client, its stream counted open while it lasts.
-struct StreamBody {
-    inner: RespBody,
-    _open: Stream,
-}
-
-impl Body for StreamBody {
-    type Data = Bytes;
-    type Error = hyper::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        Pin::new(&mut self.inner).poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
     }
 }
 

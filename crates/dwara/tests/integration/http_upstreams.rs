@@ -232,6 +232,15 @@ async fn metrics(serve: &Serve) -> String {
     text
 }
 
+/// The count of `outcome` of upstream `web`'s DNS cache in the metrics text `m`.
+fn cache_metric(m: &str, outcome: &str) -> u64 {
+    let key = format!("dwara_http_dns_cache_total{{upstream=\"web\",outcome=\"{outcome}\"}} ");
+    m.lines()
+        .find_map(|l| l.strip_prefix(&key))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {key}: {m}"))
+}
+
 #[tokio::test]
 async fn a_keep_alive_client_reaches_new_instances_and_gets_503_when_none_is_left() {
     let port = common_port(&[ip(2), ip(3)]).await;
@@ -639,15 +648,8 @@ async fn an_address_upstream_dials_through_the_dns_cache() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let m = metrics(&serve).await;
-    let count = |outcome: &str| -> u64 {
-        let key = format!("dwara_http_dns_cache_total{{upstream=\"web\",outcome=\"{outcome}\"}} ");
-        m.lines()
-            .find_map(|l| l.strip_prefix(&key))
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or_else(|| panic!("no {key}: {m}"))
-    };
-    assert!(count("miss") >= 1, "{m}");
-    assert!(count("hit") >= 1, "{m}");
+    assert!(cache_metric(&m, "miss") >= 1, "{m}");
+    assert!(cache_metric(&m, "hit") >= 1, "{m}");
     // The new answer came from DNS (a refresh-ahead, or a miss after expiry).
     assert!(dns.query_count_for("web.test") >= 2);
     let status = serve.status().await;
@@ -750,19 +752,13 @@ async fn srv_targets_named_without_addresses_are_resolved_through_the_dns_cache(
 
     // Each target was looked up once (a miss each); the refreshes that follow
     // find them in the cache while their 30 s TTL runs.
-    let count = |m: &str, outcome: &str| -> u64 {
-        let key = format!("dwara_http_dns_cache_total{{upstream=\"web\",outcome=\"{outcome}\"}} ");
-        m.lines()
-            .find_map(|l| l.strip_prefix(&key))
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or_else(|| panic!("no {key}: {m}"))
-    };
-    let hits =
-        test_support::wait_until(WAIT, || async { count(&metrics(&serve).await, "hit") >= 2 })
-            .await;
+    let hits = test_support::wait_until(WAIT, || async {
+        cache_metric(&metrics(&serve).await, "hit") >= 2
+    })
+    .await;
     let m = metrics(&serve).await;
     assert!(hits, "{m}");
-    assert_eq!(count(&m, "miss"), 2, "{m}");
+    assert_eq!(cache_metric(&m, "miss"), 2, "{m}");
     // The addresses came from the name server behind dnsmasq, not from the
     // SRV answer.
     assert!(names.query_count_for("a.hosts.test") >= 1);
@@ -816,24 +812,58 @@ fn cache_figure(status: &serde_json::Value, name: &str) -> u64 {
         .unwrap_or_else(|| panic!("no dns_cache.{name}: {status}"))
 }
 
+/// Backends on `ip(2)` and `ip(3)`, the SRV name of [`srv_dns`] pointing at the
+/// first, and `dwara serve` following it with `pool` as its pool settings; a
+/// client has had its first answer from `ip(2)`.
+struct SrvMove {
+    a: Backend,
+    _b: Backend,
+    dns: TestDnsServer,
+    serve: Serve,
+    client: KeepAlive,
+    /// The backends' port.
+    port: u16,
+    /// The load balancer's endpoint, `127.0.0.2:port`.
+    old: String,
+}
+
+impl SrvMove {
+    async fn start(pool: &str) -> Self {
+        let port = common_port(&[ip(2), ip(3)]).await;
+        let a = Backend::start(ip(2), port).await;
+        let _b = Backend::start(ip(3), port).await;
+        let dns = srv_dns(port).await;
+        let proxy = test_support::free_addr();
+        let serve = Serve::spawn(&srv_upstream(proxy, dns.addr(), pool));
+        let old = format!("127.0.0.2:{port}");
+        serve.wait_endpoints(std::slice::from_ref(&old)).await;
+        wait_listening(proxy).await;
+        let mut client = KeepAlive::open(proxy).await;
+        assert_eq!(client.backend().await, "127.0.0.2");
+        Self {
+            a,
+            _b,
+            dns,
+            serve,
+            client,
+            port,
+            old,
+        }
+    }
+}
+
 #[tokio::test]
 async fn new_connections_follow_an_srv_target_host_long_before_the_srv_ttl() {
-    let port = common_port(&[ip(2), ip(3)]).await;
-    let _a = Backend::start(ip(2), port).await;
-    let _b = Backend::start(ip(3), port).await;
-    let dns = srv_dns(port).await;
-    let proxy = test_support::free_addr();
     // No idle connections kept: every request dials anew.
-    let serve = Serve::spawn(&srv_upstream(
-        proxy,
-        dns.addr(),
-        "{max_idle_per_endpoint: 0}",
-    ));
-    let old = format!("127.0.0.2:{port}");
-    serve.wait_endpoints(std::slice::from_ref(&old)).await;
-    wait_listening(proxy).await;
-    let mut client = KeepAlive::open(proxy).await;
-    assert_eq!(client.backend().await, "127.0.0.2");
+    let SrvMove {
+        a: _a,
+        _b,
+        dns,
+        serve,
+        mut client,
+        old,
+        ..
+    } = SrvMove::start("{max_idle_per_endpoint: 0}").await;
     let before = serve.status().await;
     let srv_queries = dns.query_count_for("_http._tcp.web.test");
 
@@ -874,33 +904,23 @@ async fn new_connections_follow_an_srv_target_host_long_before_the_srv_ttl() {
     );
     assert!(dns.query_count_for("a.hosts.test") >= 2);
     let m = metrics(&serve).await;
-    let hits = m
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix("dwara_http_dns_cache_total{upstream=\"web\",outcome=\"hit\"} ")
-        })
-        .and_then(|v| v.trim().parse::<u64>().ok())
-        .unwrap_or_else(|| panic!("no cache hits in {m}"));
-    assert!(hits >= cache_figure(&after, "hits"), "{m}");
+    assert!(
+        cache_metric(&m, "hit") >= cache_figure(&after, "hits"),
+        "{m}"
+    );
 }
 
 #[tokio::test]
 async fn a_connection_to_where_an_srv_target_moved_is_not_pooled() {
-    let port = common_port(&[ip(2), ip(3)]).await;
-    let a = Backend::start(ip(2), port).await;
-    let _b = Backend::start(ip(3), port).await;
-    let dns = srv_dns(port).await;
-    let proxy = test_support::free_addr();
-    let serve = Serve::spawn(&srv_upstream(
-        proxy,
-        dns.addr(),
-        "{max_idle_per_endpoint: 4, idle_timeout_s: 60}",
-    ));
-    let old = format!("127.0.0.2:{port}");
-    serve.wait_endpoints(std::slice::from_ref(&old)).await;
-    wait_listening(proxy).await;
-    let mut client = KeepAlive::open(proxy).await;
-    assert_eq!(client.backend().await, "127.0.0.2");
+    let SrvMove {
+        a,
+        _b,
+        dns,
+        serve,
+        mut client,
+        port,
+        old,
+    } = SrvMove::start("{max_idle_per_endpoint: 4, idle_timeout_s: 60}").await;
     // The load balancer's endpoint: its connection went back to the pool.
     let pooled = serve.status().await;
     assert_eq!(
