@@ -128,7 +128,11 @@ impl Default for RetryBudget {
 
 impl RetryBudget {
     fn second(&self) -> u64 {
-        self.start.elapsed().as_secs()
+        self.at(Instant::now())
+    }
+
+    fn at(&self, now: Instant) -> u64 {
+        now.saturating_duration_since(self.start).as_secs()
     }
 
     /// The bucket of second `now`, reset when it held an older second.
@@ -140,9 +144,9 @@ impl RetryBudget {
         b
     }
 
-    /// Counts a request.
-    pub(crate) fn request(&self) {
-        let now = self.second();
+    /// Counts a request that came at `now`.
+    pub(crate) fn request(&self, now: Instant) {
+        let now = self.at(now);
         let mut buckets = self.buckets.lock();
         Self::bucket(&mut buckets, now).1 += 1;
     }
@@ -175,7 +179,7 @@ mod tests {
         let granted = (0..100).filter(|_| b.try_retry()).count() as u64;
         assert_eq!(granted, MIN_RETRIES);
         for _ in 0..1000 {
-            b.request();
+            b.request(Instant::now());
         }
         let granted = (0..1000).filter(|_| b.try_retry()).count() as u64;
         assert_eq!(granted + MIN_RETRIES, 200);

@@ -194,7 +194,9 @@ impl Pool {
         };
         // Requests and responses of a few hundred bytes: no Nagle delays.
         let _ = stream.set_nodelay(true);
-        let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        let (sender, conn) = hyper::client::conn::http1::Builder::new()
+            .writev(false)
+            .handshake(TokioIo::new(stream))
             .await
             .map_err(DialError::Handshake)?;
         tokio::spawn(async move {

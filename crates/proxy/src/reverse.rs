@@ -63,7 +63,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
 use crate::build::SrvTargets;
-use crate::config::{HttpSettings, MAX_TRIES};
+use crate::config::HttpSettings;
 use crate::forward::Target;
 use crate::headers;
 use crate::http_stats::{HttpStats, Made};
@@ -155,8 +155,7 @@ pub(crate) async fn serve(
         } else {
             accepted.clone()
         };
-        let client = client.clone();
-        async move { Ok::<_, Infallible>(forward(req, &client, &target).await) }
+        forward(req, client.clone(), target)
     });
     let mut socket = socket;
     let (head, h2) = match tokio::time::timeout(header_timeout, sniff(&mut socket)).await {
@@ -208,7 +207,8 @@ pub(crate) async fn serve(
                 .timer(TokioTimer::new())
                 .header_read_timeout(header_timeout)
                 .max_header_size(limits.max_header_bytes)
-                .max_buf_size(limits.max_header_bytes.max(8192));
+                .max_buf_size(limits.max_header_bytes.max(8192))
+                .writev(false);
             let conn = builder.serve_connection(io, service);
             // hyper's header read timeout closes an idle keep-alive connection.
             until_shutdown(conn, &shutdown, std::future::pending(), |c| {
@@ -427,44 +427,6 @@ fn outgoing(req: Request<Incoming>, client: &HeaderValue) -> (Request<ReqBody>, 
     (Request::from_parts(parts, body), template)
 }
 
-/// The endpoints one request has tried, in order, kept without an allocation.
-struct Tried {
-    addrs: [SocketAddr; MAX_TRIES as usize],
-    len: usize,
-}
-
-impl Default for Tried {
-    fn default() -> Self {
-        Self {
-            addrs: [SocketAddr::from(([0, 0, 0, 0], 0)); MAX_TRIES as usize],
-            len: 0,
-        }
-    }
-}
-
-impl Tried {
-    /// Adds `addr`; tries are bounded by `max_tries` (at most [`MAX_TRIES`]) and a
-    /// free try takes its entry back, so there is always room.
-    fn push(&mut self, addr: SocketAddr) {
-        if let Some(slot) = self.addrs.get_mut(self.len) {
-            *slot = addr;
-            self.len += 1;
-        }
-    }
-
-    fn pop(&mut self) {
-        self.len = self.len.saturating_sub(1);
-    }
-
-    fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    fn as_slice(&self) -> &[SocketAddr] {
-        &self.addrs[..self.len]
-    }
-}
-
 /// An endpoint to try: its address and, from the load balancer, the pick guard
 /// that counts the request in flight and takes its outcome.
 struct Choice {
@@ -481,63 +443,79 @@ impl Choice {
 }
 
 /// Picks an endpoint not tried yet when there is one (a few picks, then any).
+///
+/// An `address:` upstream asks its DNS cache, a future boxed so that it stays out
+/// of the request's future, which every request moves (into hyper's dispatcher)
+/// whichever upstream it is for.
 async fn choose(
     target: &Target,
     http: &HttpUpstream,
     key: Option<&[u8]>,
-    tried: &Tried,
+    tried: &[SocketAddr],
 ) -> Result<Choice, String> {
-    let tried = tried.as_slice();
     match &*http.dial {
-        Dial::Lb { .. } => {
-            let mut last = None;
-            for _ in 0..4 {
-                let pick = match key {
-                    Some(k) => target.lb.pick_by_key(k),
-                    None => target.lb.pick(),
-                };
-                let guard = pick.map_err(|_| "no endpoints".to_owned())?;
-                if !tried.contains(&guard.addr()) {
-                    return Ok(Choice {
-                        addr: guard.addr(),
-                        guard: Some(guard),
-                    });
-                }
-                last = Some(guard);
-            }
-            let guard = last.ok_or_else(|| "no endpoints".to_owned())?;
-            Ok(Choice {
-                addr: guard.addr(),
-                guard: Some(guard),
-            })
-        }
+        Dial::Lb { .. } => pick(target, key, tried),
         Dial::Address {
             cache,
             host,
             port,
             next,
-        } => {
-            let ips = cache
-                .resolve(host)
-                .await
-                .map_err(|e| format!("{host}: {e}"))?;
-            if ips.is_empty() {
-                return Err(format!("{host}: no addresses"));
-            }
-            let start = next.fetch_add(1, Ordering::Relaxed);
-            let addrs =
-                (0..ips.len()).map(|i| SocketAddr::new(ips[(start + i) % ips.len()], *port));
-            let mut first = None;
-            for addr in addrs {
-                if !tried.contains(&addr) {
-                    return Ok(Choice { addr, guard: None });
-                }
-                first.get_or_insert(addr);
-            }
-            let addr = first.ok_or_else(|| format!("{host}: no addresses"))?;
-            Ok(Choice { addr, guard: None })
-        }
+        } => Box::pin(from_cache(cache, host, *port, next, tried)).await,
     }
+}
+
+/// A pick of the load balancer not tried yet when there is one (a few picks,
+/// then any).
+fn pick(target: &Target, key: Option<&[u8]>, tried: &[SocketAddr]) -> Result<Choice, String> {
+    let mut last = None;
+    for _ in 0..4 {
+        let pick = match key {
+            Some(k) => target.lb.pick_by_key(k),
+            None => target.lb.pick(),
+        };
+        let guard = pick.map_err(|_| "no endpoints".to_owned())?;
+        if !tried.contains(&guard.addr()) {
+            return Ok(Choice {
+                addr: guard.addr(),
+                guard: Some(guard),
+            });
+        }
+        last = Some(guard);
+    }
+    let guard = last.ok_or_else(|| "no endpoints".to_owned())?;
+    Ok(Choice {
+        addr: guard.addr(),
+        guard: Some(guard),
+    })
+}
+
+/// An address of the DNS cache's answer for `host`, in turn, not tried yet when
+/// there is one.
+async fn from_cache(
+    cache: &DnsCache,
+    host: &str,
+    port: u16,
+    next: &AtomicUsize,
+    tried: &[SocketAddr],
+) -> Result<Choice, String> {
+    let ips = cache
+        .resolve(host)
+        .await
+        .map_err(|e| format!("{host}: {e}"))?;
+    if ips.is_empty() {
+        return Err(format!("{host}: no addresses"));
+    }
+    let start = next.fetch_add(1, Ordering::Relaxed);
+    let addrs = (0..ips.len()).map(|i| SocketAddr::new(ips[(start + i) % ips.len()], port));
+    let mut first = None;
+    for addr in addrs {
+        if !tried.contains(&addr) {
+            return Ok(Choice { addr, guard: None });
+        }
+        first.get_or_insert(addr);
+    }
+    let addr = first.ok_or_else(|| format!("{host}: no addresses"))?;
+    Ok(Choice { addr, guard: None })
 }
 
 /// A 5xx made here: counted, logged at debug with why, one line of body.
@@ -583,19 +561,154 @@ pub(crate) struct Client {
 }
 
 /// One request through the upstream, answered whatever happens.
-pub(crate) async fn forward(
+///
+/// What needs only the request is done before the future is made, and every
+/// rarely taken path (a new connection, the DNS cache of an `address:` upstream)
+/// is boxed: hyper moves each request's future into its dispatcher, and every byte
+/// of it is copied. (Hence also the references: an `async fn` keeps a copy of each
+/// argument it takes by value.)
+pub(crate) fn forward(
     req: Request<Incoming>,
-    client: &Client,
-    target: &Target,
-) -> Response<RespBody> {
+    client: Client,
+    target: Arc<Target>,
+) -> impl Future<Output = Result<Response<RespBody>, Infallible>> + Send {
     let started = Instant::now();
-    let Some(http) = target.http.as_deref() else {
-        return Response::new(empty_resp());
-    };
-    let resp = attempt(req, client, target, http).await;
-    http.stats
-        .answered(resp.status().as_u16(), started.elapsed());
-    resp
+    let mut prepared = target.http.as_deref().map(|http| {
+        http.stats.budget.request(started);
+        let key = hash_key(&target, http, &req, &client);
+        let (req, template) = outgoing(req, &client.forwarded_for);
+        Prepared {
+            key,
+            has_host: req.headers().contains_key(header::HOST),
+            pending: Some(req),
+            template,
+        }
+    });
+    async move {
+        let (Some(http), Some(prepared)) = (target.http.as_deref(), prepared.as_mut()) else {
+            return Ok(Response::new(empty_resp()));
+        };
+        let resp = tries(&target, http, prepared).await;
+        http.stats
+            .answered(resp.status().as_u16(), started.elapsed());
+        Ok(resp)
+    }
+}
+
+/// A request ready to go to an endpoint.
+struct Prepared {
+    /// Its hash key under `consistent_hash`.
+    key: Option<Vec<u8>>,
+    /// Whether the client sent a `Host`.
+    has_host: bool,
+    /// The request, until a try takes it.
+    pending: Option<Request<ReqBody>>,
+    /// Its head, to send it again when that is safe.
+    template: Option<Template>,
+}
+
+/// The tries of one request.
+async fn tries(target: &Target, http: &HttpUpstream, p: &mut Prepared) -> Response<RespBody> {
+    // Endpoints whose try failed (a list only once one has).
+    let mut tried = Vec::new();
+    let mut last_error = String::new();
+    let mut tries = 0;
+    // A pooled connection found closed before the request was written costs no
+    // try: the endpoint closed it while idle. At most this many per request.
+    let mut free_left = 3u32;
+    let mut free = false;
+    // Whether a try so far may have reached an endpoint (its request written): only
+    // then does a retry take from the retry budget, which guards endpoints against
+    // retries multiplying their load. A request that was never written (the dial
+    // failed, or the connection closed first) reached no one: trying it elsewhere
+    // adds nothing to any endpoint's load, and `max_tries` still bounds it.
+    let mut reached = false;
+    while tries < http.settings.max_tries {
+        let mut choice = match choose(target, http, p.key.as_deref(), &tried).await {
+            Ok(c) => c,
+            Err(why) if tried.is_empty() => return made(target, http, Made::NoEndpoints, &why),
+            Err(why) => {
+                last_error = why;
+                break;
+            }
+        };
+        if !free {
+            if tries > 0 && reached && !http.stats.budget.try_retry() {
+                http.stats.budget_exhausted.fetch_add(1, Ordering::Relaxed);
+                last_error = format!("{last_error}; retry budget spent");
+                break;
+            }
+            if tries > 0 {
+                http.stats.retries.fetch_add(1, Ordering::Relaxed);
+            }
+            tries += 1;
+        }
+        if p.pending.is_none() && p.template.is_none() {
+            break;
+        }
+        free = false;
+        let mut conn = match connection(&choice, http).await {
+            Ok(c) => c,
+            Err(why) => {
+                // Not written: the request is still pending.
+                last_error = why;
+                tried.push(choice.addr);
+                continue;
+            }
+        };
+        let answer = {
+            // Taken only now (and the future made in this block), so that the
+            // request is not kept beside the future that holds it.
+            let Some(mut req) = p
+                .pending
+                .take()
+                .or_else(|| p.template.as_ref().map(Template::request))
+            else {
+                break;
+            };
+            if !p.has_host
+                && let Ok(v) = HeaderValue::from_str(&choice.addr.to_string())
+            {
+                req.headers_mut().insert(header::HOST, v);
+            }
+            conn.sender.try_send_request(req)
+        };
+        let sent = tokio::time::timeout(http.settings.response_timeout, answer).await;
+        match outcome(sent, conn, &mut choice, target, http) {
+            Sent::Answered(resp) => return resp,
+            Sent::Unsent {
+                req,
+                why,
+                idle_closed,
+            } => {
+                p.pending = Some(req);
+                last_error = why;
+                if idle_closed && free_left > 0 {
+                    free_left -= 1;
+                    // The endpoint is not to blame: it may be chosen again.
+                    free = true;
+                } else {
+                    tried.push(choice.addr);
+                }
+            }
+            Sent::Lost(why) => {
+                reached = true;
+                last_error = why;
+                tried.push(choice.addr);
+                if p.template.is_none() {
+                    break;
+                }
+            }
+            Sent::TimedOut => {
+                let why = format!(
+                    "{}: no response head within {:?}",
+                    choice.addr, http.settings.response_timeout
+                );
+                return made(target, http, Made::Timeout, &why);
+            }
+        }
+    }
+    made(target, http, Made::BadGateway, &last_error)
 }
 
 fn empty_resp() -> RespBody {
@@ -624,97 +737,6 @@ fn hash_key(
     Some(from_header.unwrap_or_else(|| client.forwarded_for.as_bytes().to_vec()))
 }
 
-/// The tries of one request.
-async fn attempt(
-    req: Request<Incoming>,
-    client: &Client,
-    target: &Target,
-    http: &HttpUpstream,
-) -> Response<RespBody> {
-    http.stats.budget.request();
-    let key = hash_key(target, http, &req, client);
-    let (req, template) = outgoing(req, &client.forwarded_for);
-    let has_host = req.headers().contains_key(header::HOST);
-    let mut pending = Some(req);
-    let mut tried = Tried::default();
-    let mut last_error = String::new();
-    let mut tries = 0;
-    // A pooled connection found closed before the request was written costs no
-    // try: the endpoint closed it while idle. At most this many per request.
-    let mut free_left = 3u32;
-    let mut free = false;
-    // Whether a try so far may have reached an endpoint (its request written): only
-    // then does a retry take from the retry budget, which guards endpoints against
-    // retries multiplying their load. A request that was never written (the dial
-    // failed, or the connection closed first) reached no one: trying it elsewhere
-    // adds nothing to any endpoint's load, and `max_tries` still bounds it.
-    let mut reached = false;
-    while tries < http.settings.max_tries {
-        let mut choice = match choose(target, http, key.as_deref(), &tried).await {
-            Ok(c) => c,
-            Err(why) if tried.is_empty() => return made(target, http, Made::NoEndpoints, &why),
-            Err(why) => {
-                last_error = why;
-                break;
-            }
-        };
-        if !free {
-            if tries > 0 && reached && !http.stats.budget.try_retry() {
-                http.stats.budget_exhausted.fetch_add(1, Ordering::Relaxed);
-                last_error = format!("{last_error}; retry budget spent");
-                break;
-            }
-            if tries > 0 {
-                http.stats.retries.fetch_add(1, Ordering::Relaxed);
-            }
-            tries += 1;
-        }
-        tried.push(choice.addr);
-        let Some(mut req) = pending
-            .take()
-            .or_else(|| template.as_ref().map(Template::request))
-        else {
-            break;
-        };
-        if !has_host && let Ok(v) = HeaderValue::from_str(&choice.addr.to_string()) {
-            req.headers_mut().insert(header::HOST, v);
-        }
-        free = false;
-        match send(req, &mut choice, target, http).await {
-            Sent::Answered(resp) => return resp,
-            Sent::Unsent {
-                req,
-                why,
-                idle_closed,
-            } => {
-                pending = Some(req);
-                last_error = why;
-                if idle_closed && free_left > 0 {
-                    free_left -= 1;
-                    free = true;
-                    // The endpoint is not to blame: it may be chosen again.
-                    tried.pop();
-                }
-            }
-            Sent::Lost(why) => {
-                reached = true;
-                last_error = why;
-                if template.is_none() {
-                    break;
-                }
-            }
-            Sent::TimedOut => {
-                let why = format!(
-                    "{}: no response head within {:?}",
-                    choice.addr, http.settings.response_timeout
-                );
-                return made(target, http, Made::Timeout, &why);
-            }
-        }
-    }
-    made(target, http, Made::BadGateway, &last_error)
-}
-
 /// How one try ended.
 enum Sent {
     /// A response (its body streams on).
@@ -735,19 +757,29 @@ enum Sent {
 /// A connection to `choice`: a pooled one that is ready, or a new one (to where
 /// the SRV target the address came from is now, see [`SrvTargets::current`]).
 async fn connection(choice: &Choice, http: &HttpUpstream) -> Result<Conn, String> {
-    while let Some(mut conn) = http.pool.checkout(choice.addr) {
+    loop {
+        let Some(mut conn) = http.pool.checkout(choice.addr) else {
+            break;
+        };
         // Ready at once unless the endpoint closed it while it was idle.
         if conn.sender.ready().await.is_ok() {
             http.stats.reused.fetch_add(1, Ordering::Relaxed);
             return Ok(conn);
         }
     }
-    // Boxed: the cache's future stays out of every request's future, and a new
-    // connection costs far more than this allocation.
+    // Boxed: the futures of the dial, the handshake and the DNS cache stay out of
+    // every request's future (which hyper moves), and a new connection costs far
+    // more than this allocation.
+    Box::pin(dial(choice, http)).await
+}
+
+/// A new connection to `choice` (to where the SRV target its address came from
+/// is now).
+async fn dial(choice: &Choice, http: &HttpUpstream) -> Result<Conn, String> {
     let addr = match &*http.dial {
         Dial::Lb {
             targets: Some(targets),
-        } => Box::pin(targets.current(choice.addr)).await,
+        } => targets.current(choice.addr).await,
         _ => choice.addr,
     };
     http.pool.connect(addr, &http.stats).await.map_err(|e| {
@@ -761,28 +793,18 @@ async fn connection(choice: &Choice, http: &HttpUpstream) -> Result<Conn, String
     })
 }
 
-/// One try on `choice`.
-async fn send(
-    req: Request<ReqBody>,
+/// How the try of a request on `conn` ended (`sent`: hyper's answer, or the
+/// response timeout).
+fn outcome(
+    sent: Result<
+        Result<Response<Incoming>, hyper::client::conn::TrySendError<Request<ReqBody>>>,
+        tokio::time::error::Elapsed,
+    >,
+    conn: Conn,
     choice: &mut Choice,
     target: &Target,
     http: &HttpUpstream,
 ) -> Sent {
-    let mut conn = match connection(choice, http).await {
-        Ok(c) => c,
-        Err(why) => {
-            return Sent::Unsent {
-                req,
-                why,
-                idle_closed: false,
-            };
-        }
-    };
-    let sent = tokio::time::timeout(
-        http.settings.response_timeout,
-        conn.sender.try_send_request(req),
-    )
-    .await;
     match sent {
         Err(_) => {
             choice.failed();
