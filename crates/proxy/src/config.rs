@@ -127,9 +127,10 @@ impl Default for PoolSection {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct HttpLimitsSection {
-    /// A request's head must arrive within this, in milliseconds, which also
-    /// closes a keep-alive connection idle that long, and shuts down (`GOAWAY`)
-    /// an HTTP/2 connection with no stream open that long (default 10000).
+    /// A request's head must arrive whole within this, in milliseconds, of the
+    /// connection opening or of the previous response's end: a connection with no
+    /// request open that long is closed (an idle keep-alive connection, or a head
+    /// too slow), or for HTTP/2 shut down with `GOAWAY` (default 10000).
     #[serde(default = "default_header_read_timeout_ms")]
     pub header_read_timeout_ms: u64,
     /// Largest request head (request line and headers) in bytes; larger gets 431

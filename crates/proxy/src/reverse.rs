@@ -2,13 +2,16 @@
 //! its own over the upstream's pooled connections.
 //!
 //! A connection is served on the L4 worker that accepted it, by hyper's HTTP/1.1
-//! server (keep-alive; the request head within `header_read_timeout_ms`, else the
-//! connection closes; a head larger than `max_header_bytes` gets 431 and a
-//! malformed one 400, both from hyper) or, when it opens with the HTTP/2 preface
-//! (prior knowledge, `h2c` without an upgrade), by hyper's HTTP/2 server (header
-//! lists up to `max_header_bytes`, each stream a task on the same worker; with no
-//! stream open for `header_read_timeout_ms`, the connection is shut down
-//! gracefully, `GOAWAY`, as an idle HTTP/1.1 keep-alive connection is closed). The
+//! server (keep-alive; a head larger than `max_header_bytes` gets 431 and a
+//! malformed one 400, both from hyper; with no request open for
+//! `header_read_timeout_ms`, the connection closes: an idle keep-alive connection,
+//! or one whose next head has not come in whole) or, when it opens with the HTTP/2
+//! preface (prior knowledge, `h2c` without an upgrade), by hyper's HTTP/2 server
+//! (header lists up to `max_header_bytes`, each stream a task on the same worker;
+//! with no stream open for `header_read_timeout_ms`, the connection is shut down
+//! gracefully, `GOAWAY`). A request counts as open from its head until its
+//! response body ends ([`Streams`]: one timer per connection, not one per
+//! request). The
 //! first bytes are read to tell which ([`sniff`]) and handed to the server
 //! before the rest of the socket ([`Replay`]). Requests go to endpoints as
 //! HTTP/1.1 either way. Per request ([`forward`]): the endpoint is
@@ -41,7 +44,7 @@ use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -54,7 +57,6 @@ use http::{Method, Request, Response, StatusCode, Uri, Version};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full};
 use hyper::body::{Body, Frame, Incoming, SizeHint};
-use hyper::service::Service;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
@@ -146,6 +148,12 @@ pub(crate) async fn serve(
     let client = Client {
         forwarded_for: headers::forwarded_for(peer.ip()),
     };
+    // Requests are counted open until their response body ends, so that a
+    // connection with none open for the header timeout is closed (HTTP/1.1) or told
+    // to go away (HTTP/2). One timer per connection, re-armed when it fires, instead
+    // of one per request.
+    let streams = Arc::new(Streams::new());
+    let counted = streams.clone();
     let service = hyper::service::service_fn(move |req| {
         // A reload applies to connections already open from their next request on,
         // unless the listen address now belongs to a TCP upstream.
@@ -155,7 +163,7 @@ pub(crate) async fn serve(
         } else {
             accepted.clone()
         };
-        forward(req, client.clone(), target)
+        forward(req, client.clone(), target, Stream::open(&counted))
     });
     let mut socket = socket;
     let (head, h2) = match tokio::time::timeout(header_timeout, sniff(&mut socket)).await {
@@ -171,32 +179,9 @@ pub(crate) async fn serve(
             builder
                 .timer(TokioTimer::new())
                 .max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX));
-            // Streams are counted while their response lasts, so that a connection
-            // without any for the header timeout is told to go away.
-            let streams = Arc::new(Streams::new());
-            let counted = streams.clone();
-            let service = hyper::service::service_fn(move |req| {
-                let open = Stream::open(&counted);
-                let answer = service.call(req);
-                async move {
-                    let resp: Response<RespBody> = match answer.await {
-                        Ok(resp) => resp,
-                        Err(never) => match never {},
-                    };
-                    // The stream is counted open until its body ends or is dropped:
-                    // the body's frame mapping owns the count.
-                    let resp = resp.map(|body| {
-                        body.map_frame(move |frame| {
-                            let _ = &open;
-                            frame
-                        })
-                        .boxed_unsync()
-                    });
-                    Ok::<_, Infallible>(resp)
-                }
-            });
             let conn = builder.serve_connection(io, service);
-            until_shutdown(conn, &shutdown, streams.idle(header_timeout), |c| {
+            let idle = streams.idle(header_timeout);
+            until_shutdown(conn, &shutdown, idle, OnIdle::GoAway, |c| {
                 c.graceful_shutdown();
             })
             .await
@@ -204,14 +189,12 @@ pub(crate) async fn serve(
         false => {
             let mut builder = hyper::server::conn::http1::Builder::new();
             builder
-                .timer(TokioTimer::new())
-                .header_read_timeout(header_timeout)
                 .max_header_size(limits.max_header_bytes)
                 .max_buf_size(limits.max_header_bytes.max(8192))
                 .writev(false);
             let conn = builder.serve_connection(io, service);
-            // hyper's header read timeout closes an idle keep-alive connection.
-            until_shutdown(conn, &shutdown, std::future::pending(), |c| {
+            let idle = streams.idle(header_timeout);
+            until_shutdown(conn, &shutdown, idle, OnIdle::Close, |c| {
                 c.graceful_shutdown();
             })
             .await
@@ -223,51 +206,78 @@ pub(crate) async fn serve(
     http.stats.client_connections_done();
 }
 
+/// What a client connection does when it has had no request open for the
+/// header timeout.
+#[derive(Debug, Clone, Copy)]
+enum OnIdle {
+    /// HTTP/1.1: closes at once. No request is open, so none is lost; a head that
+    /// has begun to come in is cut off, as a head not read in time should be.
+    Close,
+    /// HTTP/2: `GOAWAY`, then the connection ends when the peer has seen it.
+    GoAway,
+}
+
 /// Drives a client connection (HTTP/1.1 or HTTP/2) to its end; when `shutdown` is
-/// cancelled or `idle` ends first, asks it to finish gracefully (`graceful`) and
-/// waits for that.
-async fn until_shutdown<C: Future>(
+/// cancelled, asks it to finish gracefully (`graceful`) and waits for that; when
+/// `idle` ends first, does what `on_idle` says.
+async fn until_shutdown<C: Future<Output = hyper::Result<()>>>(
     conn: C,
     shutdown: &CancellationToken,
     idle: impl Future<Output = ()>,
+    on_idle: OnIdle,
     graceful: impl FnOnce(Pin<&mut C>),
 ) -> C::Output {
     tokio::pin!(conn);
+    // The connection first: a request whose head has come in starts (and is counted
+    // open) before the idle timer is looked at.
     tokio::select! {
+        biased;
         r = conn.as_mut() => r,
         () = shutdown.cancelled() => {
             graceful(conn.as_mut());
             conn.await
         }
-        () = idle => {
-            graceful(conn.as_mut());
-            conn.await
-        }
+        () = idle => match on_idle {
+            OnIdle::Close => {
+                debug!("no request on the connection for the header read timeout; closing it");
+                Ok(())
+            }
+            OnIdle::GoAway => {
+                debug!("no stream on the connection for the header read timeout; GOAWAY");
+                graceful(conn.as_mut());
+                conn.await
+            }
+        },
     }
 }
 
-/// The streams of an HTTP/2 client connection whose response is not over yet,
-/// and when the last one ended.
+/// The requests (HTTP/2: streams) of a client connection whose response is not
+/// over yet, and when the last one ended.
 struct Streams {
     open: AtomicUsize,
-    since: parking_lot::Mutex<Instant>,
+    /// When the connection started.
+    base: Instant,
+    /// When the last request ended, in nanoseconds since `base`.
+    last_end: AtomicU64,
 }
 
 impl Streams {
     fn new() -> Self {
         Self {
             open: AtomicUsize::new(0),
-            since: parking_lot::Mutex::new(Instant::now()),
+            base: Instant::now(),
+            last_end: AtomicU64::new(0),
         }
     }
 
-    /// Ends once the connection has had no stream open for `timeout`.
+    /// Ends once the connection has had no request open for `timeout`. Its timer
+    /// is armed once per `timeout`, not once per request.
     async fn idle(&self, timeout: Duration) {
         loop {
             let wake = if self.open.load(Ordering::Acquire) > 0 {
                 Instant::now() + timeout
             } else {
-                let since = *self.since.lock();
+                let since = self.base + Duration::from_nanos(self.last_end.load(Ordering::Acquire));
                 if since.elapsed() >= timeout && self.open.load(Ordering::Acquire) == 0 {
                     return;
                 }
@@ -278,8 +288,8 @@ impl Streams {
     }
 }
 
-/// One stream counted open until its response body is done or dropped.
-struct Stream(Arc<Streams>);
+/// One request counted open until its response body is done or dropped.
+pub(crate) struct Stream(Arc<Streams>);
 
 impl Stream {
     fn open(streams: &Arc<Streams>) -> Self {
@@ -290,7 +300,8 @@ impl Stream {
 
 impl Drop for Stream {
     fn drop(&mut self) {
-        *self.0.since.lock() = Instant::now();
+        let ended = u64::try_from(self.0.base.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.0.last_end.store(ended, Ordering::Release);
         self.0.open.fetch_sub(1, Ordering::AcqRel);
     }
 }
@@ -571,6 +582,7 @@ pub(crate) fn forward(
     req: Request<Incoming>,
     client: Client,
     target: Arc<Target>,
+    open: Stream,
 ) -> impl Future<Output = Result<Response<RespBody>, Infallible>> + Send {
     let started = Instant::now();
     let mut prepared = target.http.as_deref().map(|http| {
@@ -582,6 +594,7 @@ pub(crate) fn forward(
             has_host: req.headers().contains_key(header::HOST),
             pending: Some(req),
             template,
+            open: Some(open),
         }
     });
     async move {
@@ -605,6 +618,9 @@ struct Prepared {
     pending: Option<Request<ReqBody>>,
     /// Its head, to send it again when that is safe.
     template: Option<Template>,
+    /// Counts it open on its client connection: handed to the response body from
+    /// the endpoint, else dropped with the answer made here.
+    open: Option<Stream>,
 }
 
 /// The tries of one request.
@@ -674,7 +690,7 @@ async fn tries(target: &Target, http: &HttpUpstream, p: &mut Prepared) -> Respon
             conn.sender.try_send_request(req)
         };
         let sent = tokio::time::timeout(http.settings.response_timeout, answer).await;
-        match outcome(sent, conn, &mut choice, target, http) {
+        match outcome(sent, conn, &mut choice, target, http, &mut p.open) {
             Sent::Answered(resp) => return resp,
             Sent::Unsent {
                 req,
@@ -804,6 +820,7 @@ fn outcome(
     choice: &mut Choice,
     target: &Target,
     http: &HttpUpstream,
+    open: &mut Option<Stream>,
 ) -> Sent {
     match sent {
         Err(_) => {
@@ -820,7 +837,13 @@ fn outcome(
             };
             let (mut parts, body) = resp.into_parts();
             headers::to_client(&mut parts.headers);
-            let body = PooledBody::new(body, conn, http.pool.clone(), keep, choice.guard.take());
+            let body = PooledBody::new(
+                body,
+                conn,
+                http.pool.clone(),
+                keep,
+                (choice.guard.take(), open.take()),
+            );
             Sent::Answered(Response::from_parts(parts, body.boxed_unsync()))
         }
         Ok(Err(mut e)) => {
@@ -872,6 +895,8 @@ struct PooledBody {
     keep: Keep,
     /// Counts the request in flight on its endpoint until the body is done.
     guard: Option<PickGuard>,
+    /// Counts the request open on its client connection until the body is done.
+    open: Option<Stream>,
 }
 
 impl PooledBody {
@@ -880,7 +905,7 @@ impl PooledBody {
         conn: Conn,
         pool: Arc<Pool>,
         keep: Keep,
-        guard: Option<PickGuard>,
+        (guard, open): (Option<PickGuard>, Option<Stream>),
     ) -> Self {
         let mut body = Self {
             inner,
@@ -888,6 +913,7 @@ impl PooledBody {
             pool,
             keep,
             guard,
+            open,
         };
         if body.inner.is_end_stream() {
             body.release();
@@ -897,6 +923,7 @@ impl PooledBody {
 
     fn release(&mut self) {
         self.guard = None;
+        self.open = None;
         if let Some(conn) = self.conn.take() {
             let keep = self.keep.keep(conn.addr);
             self.pool.checkin(conn, keep);

@@ -489,6 +489,45 @@ async fn an_idle_h2_connection_is_told_to_go_away_but_not_while_a_stream_is_open
 }
 
 #[tokio::test]
+async fn an_h1_connection_is_closed_without_a_request_for_the_header_timeout_but_not_while_one_is_open()
+ {
+    let one = OneBackend::start("    limits: {header_read_timeout_ms: 1000}\n").await;
+    let mut raw = TcpStream::connect(one.proxy).await.unwrap();
+    // A request whose chunked body stays open for three times the timeout: the
+    // connection is not idle meanwhile.
+    raw.write_all(
+        b"POST /held HTTP/1.1\r\nHost: web.test\r\nTransfer-Encoding: chunked\r\n\r\n4\r\nslow\r\n",
+    )
+    .await
+    .unwrap();
+    let mut buf = [0u8; 512];
+    let early = tokio::time::timeout(Duration::from_millis(3000), raw.read(&mut buf)).await;
+    assert!(
+        early.is_err(),
+        "the connection ended with a request open: {early:?}"
+    );
+    raw.write_all(b"5\r\n body\r\n0\r\n\r\n").await.unwrap();
+    let text = read_response(&mut raw).await;
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    assert!(text.contains("slow body"), "{text}");
+
+    // Then the next head begins and never ends: the connection closes about one
+    // timeout after the response.
+    let answered = std::time::Instant::now();
+    raw.write_all(b"GET / HTTP/1.1\r\nHost: web").await.unwrap();
+    let n = tokio::time::timeout(WAIT, raw.read(&mut buf))
+        .await
+        .expect("a connection whose head did not come in time was kept")
+        .unwrap();
+    assert_eq!(n, 0, "{:?}", String::from_utf8_lossy(&buf[..n]));
+    let took = answered.elapsed();
+    assert!(
+        took >= Duration::from_millis(900),
+        "closed {took:?} after the response, before the header timeout"
+    );
+}
+
+#[tokio::test]
 async fn oversized_heads_get_431_and_malformed_requests_400() {
     let limits = "    limits: {max_header_bytes: 4096, header_read_timeout_ms: 1000}\n";
     let one = OneBackend::start(limits).await;
