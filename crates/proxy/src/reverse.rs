@@ -44,8 +44,8 @@ use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::task::{Context, Poll};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
@@ -228,26 +228,97 @@ async fn until_shutdown<C: Future<Output = hyper::Result<()>>>(
     graceful: impl FnOnce(Pin<&mut C>),
 ) -> C::Output {
     tokio::pin!(conn);
+    // Why the connection would end before its client closes it, looked at only
+    // when one of the two woke the task, not on every poll of a busy connection
+    // (the shutdown token's locks are shared by every connection of every worker).
+    let mut stop = WhenWoken::new(async {
+        tokio::select! {
+            () = shutdown.cancelled() => None,
+            () = idle => Some(on_idle),
+        }
+    });
     // The connection first: a request whose head has come in starts (and is counted
     // open) before the idle timer is looked at.
     tokio::select! {
         biased;
         r = conn.as_mut() => r,
-        () = shutdown.cancelled() => {
-            graceful(conn.as_mut());
-            conn.await
-        }
-        () = idle => match on_idle {
-            OnIdle::Close => {
+        why = &mut stop => match why {
+            Some(OnIdle::Close) => {
                 debug!("no request on the connection for the header read timeout; closing it");
                 Ok(())
             }
-            OnIdle::GoAway => {
+            Some(OnIdle::GoAway) => {
                 debug!("no stream on the connection for the header read timeout; GOAWAY");
                 graceful(conn.as_mut());
                 conn.await
             }
+            None => {
+                graceful(conn.as_mut());
+                conn.await
+            }
         },
+    }
+}
+
+/// A future polled only on its first poll and after it woke the task, for a
+/// future that is seldom ready raced against one that is polled often.
+struct WhenWoken<F> {
+    fut: Pin<Box<F>>,
+    flag: Arc<WakeFlag>,
+    /// The task's waker as the flag has it.
+    task: Option<Waker>,
+}
+
+/// Whether the future of a [`WhenWoken`] woke, and the task to wake then.
+struct WakeFlag {
+    woken: AtomicBool,
+    task: parking_lot::Mutex<Option<Waker>>,
+}
+
+impl<F: Future> WhenWoken<F> {
+    fn new(fut: F) -> Self {
+        Self {
+            fut: Box::pin(fut),
+            flag: Arc::new(WakeFlag {
+                woken: AtomicBool::new(true),
+                task: parking_lot::Mutex::new(None),
+            }),
+            task: None,
+        }
+    }
+}
+
+impl Wake for WakeFlag {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.woken.store(true, Ordering::Release);
+        if let Some(task) = &*self.task.lock() {
+            task.wake_by_ref();
+        }
+    }
+}
+
+impl<F: Future> Future for WhenWoken<F> {
+    type Output = F::Output;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let this = &mut *self;
+        if !this.task.as_ref().is_some_and(|t| t.will_wake(cx.waker())) {
+            // Another task's waker (or the first poll): the flag wakes that one, and
+            // the future is polled to register with it.
+            *this.flag.task.lock() = Some(cx.waker().clone());
+            this.task = Some(cx.waker().clone());
+            this.flag.woken.store(true, Ordering::Release);
+        }
+        // Cleared before the poll, so that a wake-up during it is not lost.
+        if !this.flag.woken.swap(false, Ordering::AcqRel) {
+            return Poll::Pending;
+        }
+        let waker = Waker::from(this.flag.clone());
+        this.fut.as_mut().poll(&mut Context::from_waker(&waker))
     }
 }
 
@@ -623,6 +694,23 @@ struct Prepared {
     open: Option<Stream>,
 }
 
+impl Prepared {
+    /// The request for a try on `addr`: the pending one, else a copy made from the
+    /// template; with `Host: addr` when the client sent no `Host`.
+    fn request(&mut self, addr: SocketAddr) -> Option<Request<ReqBody>> {
+        let mut req = self
+            .pending
+            .take()
+            .or_else(|| self.template.as_ref().map(Template::request))?;
+        if !self.has_host
+            && let Ok(v) = HeaderValue::from_str(&addr.to_string())
+        {
+            req.headers_mut().insert(header::HOST, v);
+        }
+        Some(req)
+    }
+}
+
 /// The tries of one request.
 async fn tries(target: &Target, http: &HttpUpstream, p: &mut Prepared) -> Response<RespBody> {
     // Endpoints whose try failed (a list only once one has).
@@ -672,23 +760,12 @@ async fn tries(target: &Target, http: &HttpUpstream, p: &mut Prepared) -> Respon
                 continue;
             }
         };
-        let answer = {
-            // Taken only now (and the future made in this block), so that the
-            // request is not kept beside the future that holds it.
-            let Some(mut req) = p
-                .pending
-                .take()
-                .or_else(|| p.template.as_ref().map(Template::request))
-            else {
-                break;
-            };
-            if !p.has_host
-                && let Ok(v) = HeaderValue::from_str(&choice.addr.to_string())
-            {
-                req.headers_mut().insert(header::HOST, v);
-            }
-            conn.sender.try_send_request(req)
+        // Taken only now (and the future made at once), so that the request is not
+        // kept beside the future that holds it.
+        let Some(req) = p.request(choice.addr) else {
+            break;
         };
+        let answer = conn.sender.try_send_request(req);
         let sent = tokio::time::timeout(http.settings.response_timeout, answer).await;
         match outcome(sent, conn, &mut choice, target, http, &mut p.open) {
             Sent::Answered(resp) => return resp,
@@ -956,5 +1033,77 @@ impl Body for PooledBody {
 
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A task's waker that counts its wake-ups.
+    struct Count(AtomicUsize);
+
+    impl Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    /// A future that counts its polls and is ready when `rx` has a value.
+    fn counted(
+        polls: &Arc<AtomicUsize>,
+        mut rx: tokio::sync::oneshot::Receiver<u32>,
+    ) -> impl Future<Output = u32> + use<> {
+        let polls = polls.clone();
+        std::future::poll_fn(move |cx| {
+            polls.fetch_add(1, Ordering::SeqCst);
+            Pin::new(&mut rx).poll(cx).map(|r| r.unwrap_or(0))
+        })
+    }
+
+    #[test]
+    fn a_when_woken_future_is_polled_first_and_then_only_after_it_woke() {
+        let polls = Arc::new(AtomicUsize::new(0));
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let mut stop = WhenWoken::new(counted(&polls, rx));
+        let waker = Waker::from(Arc::new(Count(AtomicUsize::new(0))));
+        let mut cx = Context::from_waker(&waker);
+        for _ in 0..5 {
+            assert!(Pin::new(&mut stop).poll(&mut cx).is_pending());
+        }
+        assert_eq!(polls.load(Ordering::SeqCst), 1, "polled without a wake-up");
+        tx.send(7).unwrap();
+        assert_eq!(Pin::new(&mut stop).poll(&mut cx), Poll::Ready(7));
+        assert_eq!(polls.load(Ordering::SeqCst), 2);
+    }
+
+    #[test]
+    fn a_when_woken_future_wakes_its_task_and_registers_again_with_a_new_one() {
+        let polls = Arc::new(AtomicUsize::new(0));
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let mut stop = WhenWoken::new(counted(&polls, rx));
+        let first = Arc::new(Count(AtomicUsize::new(0)));
+        let second = Arc::new(Count(AtomicUsize::new(0)));
+        let first_waker = Waker::from(first.clone());
+        assert!(
+            Pin::new(&mut stop)
+                .poll(&mut Context::from_waker(&first_waker))
+                .is_pending()
+        );
+        // Another task's waker: polled again, so that the wake-up goes there.
+        let second_waker = Waker::from(second.clone());
+        assert!(
+            Pin::new(&mut stop)
+                .poll(&mut Context::from_waker(&second_waker))
+                .is_pending()
+        );
+        assert_eq!(polls.load(Ordering::SeqCst), 2);
+        tx.send(7).unwrap();
+        assert_eq!(first.0.load(Ordering::SeqCst), 0);
+        assert_eq!(second.0.load(Ordering::SeqCst), 1);
+        assert_eq!(
+            Pin::new(&mut stop).poll(&mut Context::from_waker(&second_waker)),
+            Poll::Ready(7)
+        );
     }
 }

@@ -205,7 +205,7 @@ struct OneBackend {
     proxy: SocketAddr,
     _backend: Backend,
     _dns: TestDnsServer,
-    _serve: Serve,
+    serve: Serve,
 }
 
 impl OneBackend {
@@ -221,7 +221,7 @@ impl OneBackend {
             proxy,
             _backend: backend,
             _dns: dns,
-            _serve: serve,
+            serve,
         }
     }
 }
@@ -525,6 +525,53 @@ async fn an_h1_connection_is_closed_without_a_request_for_the_header_timeout_but
         took >= Duration::from_millis(900),
         "closed {took:?} after the response, before the header timeout"
     );
+}
+
+#[tokio::test]
+async fn sigterm_closes_idle_keep_alive_connections_and_lets_a_request_in_flight_finish() {
+    // A header timeout far beyond the test: only the shutdown can close the idle
+    // connection.
+    let one = OneBackend::start("    limits: {header_read_timeout_ms: 600000}\n").await;
+    let mut idle = TcpStream::connect(one.proxy).await.unwrap();
+    idle.write_all(b"GET / HTTP/1.1\r\nHost: web.test\r\n\r\n")
+        .await
+        .unwrap();
+    let text = read_response(&mut idle).await;
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    // A request in flight: its chunked body held open, the endpoint waiting for it.
+    let mut busy = TcpStream::connect(one.proxy).await.unwrap();
+    busy.write_all(
+        b"POST /held HTTP/1.1\r\nHost: web.test\r\nTransfer-Encoding: chunked\r\n\r\n4\r\nslow\r\n",
+    )
+    .await
+    .unwrap();
+    let reached = test_support::wait_until(WAIT, || async {
+        let status = one.serve.status().await;
+        let pool = &status["upstreams"][0]["http"]["pool"];
+        pool.as_array()
+            .is_some_and(|p| p.iter().any(|e| e["busy"].as_u64() == Some(1)))
+    })
+    .await;
+    assert!(reached, "the held request never reached the endpoint");
+
+    one.serve.signal("TERM");
+    let mut buf = [0u8; 512];
+    let n = tokio::time::timeout(WAIT, idle.read(&mut buf))
+        .await
+        .expect("an idle keep-alive connection stayed open after SIGTERM")
+        .unwrap();
+    assert_eq!(n, 0, "{:?}", String::from_utf8_lossy(&buf[..n]));
+    // dwara is still draining: the request in flight gets its answer, and then its
+    // connection closes.
+    busy.write_all(b"5\r\n body\r\n0\r\n\r\n").await.unwrap();
+    let text = read_response(&mut busy).await;
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    assert!(text.contains("slow body"), "{text}");
+    let n = tokio::time::timeout(WAIT, busy.read(&mut buf))
+        .await
+        .expect("the drained connection stayed open")
+        .unwrap();
+    assert_eq!(n, 0, "{:?}", String::from_utf8_lossy(&buf[..n]));
 }
 
 #[tokio::test]

@@ -214,7 +214,7 @@ impl Serve {
         );
     }
 
-    fn signal(&self, name: &str) {
+    pub(crate) fn signal(&self, name: &str) {
         signal(self.child.id().unwrap(), name).unwrap();
     }
 
