@@ -173,6 +173,7 @@ pub(crate) async fn serve(
         Err(_) | Ok(Err(_)) => return http.stats.client_connections_done(),
     };
     let io = TokioIo::new(Replay { head, io: socket });
+    let idle = streams.idle(header_timeout);
     let result = match h2 {
         true => {
             let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
@@ -180,7 +181,6 @@ pub(crate) async fn serve(
                 .timer(TokioTimer::new())
                 .max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX));
             let conn = builder.serve_connection(io, service);
-            let idle = streams.idle(header_timeout);
             until_shutdown(conn, &shutdown, idle, OnIdle::GoAway, |c| {
                 c.graceful_shutdown();
             })
@@ -193,7 +193,6 @@ pub(crate) async fn serve(
                 .max_buf_size(limits.max_header_bytes.max(8192))
                 .writev(false);
             let conn = builder.serve_connection(io, service);
-            let idle = streams.idle(header_timeout);
             until_shutdown(conn, &shutdown, idle, OnIdle::Close, |c| {
                 c.graceful_shutdown();
             })
@@ -919,7 +918,8 @@ fn outcome(
                 conn,
                 http.pool.clone(),
                 keep,
-                (choice.guard.take(), open.take()),
+                choice.guard.take(),
+                open.take(),
             );
             Sent::Answered(Response::from_parts(parts, body.boxed_unsync()))
         }
@@ -982,7 +982,8 @@ impl PooledBody {
         conn: Conn,
         pool: Arc<Pool>,
         keep: Keep,
-        (guard, open): (Option<PickGuard>, Option<Stream>),
+        guard: Option<PickGuard>,
+        open: Option<Stream>,
     ) -> Self {
         let mut body = Self {
             inner,

@@ -488,6 +488,23 @@ async fn an_idle_h2_connection_is_told_to_go_away_but_not_while_a_stream_is_open
     assert!(sender.is_closed());
 }
 
+/// A chunked request to `/held` whose body is not over: its head and first chunk.
+const HELD_START: &[u8] =
+    b"POST /held HTTP/1.1\r\nHost: web.test\r\nTransfer-Encoding: chunked\r\n\r\n4\r\nslow\r\n";
+/// The rest of [`HELD_START`]'s body (`slow body` in all) and its end.
+const HELD_END: &[u8] = b"5\r\n body\r\n0\r\n\r\n";
+
+/// Waits for dwara to close `raw` (end of stream, nothing more sent); `what`
+/// otherwise.
+async fn closed(raw: &mut TcpStream, what: &str) {
+    let mut buf = [0u8; 512];
+    let n = tokio::time::timeout(WAIT, raw.read(&mut buf))
+        .await
+        .expect(what)
+        .unwrap();
+    assert_eq!(n, 0, "{what}: {:?}", String::from_utf8_lossy(&buf[..n]));
+}
+
 #[tokio::test]
 async fn an_h1_connection_is_closed_without_a_request_for_the_header_timeout_but_not_while_one_is_open()
  {
@@ -495,18 +512,14 @@ async fn an_h1_connection_is_closed_without_a_request_for_the_header_timeout_but
     let mut raw = TcpStream::connect(one.proxy).await.unwrap();
     // A request whose chunked body stays open for three times the timeout: the
     // connection is not idle meanwhile.
-    raw.write_all(
-        b"POST /held HTTP/1.1\r\nHost: web.test\r\nTransfer-Encoding: chunked\r\n\r\n4\r\nslow\r\n",
-    )
-    .await
-    .unwrap();
+    raw.write_all(HELD_START).await.unwrap();
     let mut buf = [0u8; 512];
     let early = tokio::time::timeout(Duration::from_millis(3000), raw.read(&mut buf)).await;
     assert!(
         early.is_err(),
         "the connection ended with a request open: {early:?}"
     );
-    raw.write_all(b"5\r\n body\r\n0\r\n\r\n").await.unwrap();
+    raw.write_all(HELD_END).await.unwrap();
     let text = read_response(&mut raw).await;
     assert!(text.starts_with("HTTP/1.1 200"), "{text}");
     assert!(text.contains("slow body"), "{text}");
@@ -515,11 +528,11 @@ async fn an_h1_connection_is_closed_without_a_request_for_the_header_timeout_but
     // timeout after the response.
     let answered = std::time::Instant::now();
     raw.write_all(b"GET / HTTP/1.1\r\nHost: web").await.unwrap();
-    let n = tokio::time::timeout(WAIT, raw.read(&mut buf))
-        .await
-        .expect("a connection whose head did not come in time was kept")
-        .unwrap();
-    assert_eq!(n, 0, "{:?}", String::from_utf8_lossy(&buf[..n]));
+    closed(
+        &mut raw,
+        "a connection whose head did not come in time was kept",
+    )
+    .await;
     let took = answered.elapsed();
     assert!(
         took >= Duration::from_millis(900),
@@ -540,11 +553,7 @@ async fn sigterm_closes_idle_keep_alive_connections_and_lets_a_request_in_flight
     assert!(text.starts_with("HTTP/1.1 200"), "{text}");
     // A request in flight: its chunked body held open, the endpoint waiting for it.
     let mut busy = TcpStream::connect(one.proxy).await.unwrap();
-    busy.write_all(
-        b"POST /held HTTP/1.1\r\nHost: web.test\r\nTransfer-Encoding: chunked\r\n\r\n4\r\nslow\r\n",
-    )
-    .await
-    .unwrap();
+    busy.write_all(HELD_START).await.unwrap();
     let reached = test_support::wait_until(WAIT, || async {
         let status = one.serve.status().await;
         let pool = &status["upstreams"][0]["http"]["pool"];
@@ -555,23 +564,18 @@ async fn sigterm_closes_idle_keep_alive_connections_and_lets_a_request_in_flight
     assert!(reached, "the held request never reached the endpoint");
 
     one.serve.signal("TERM");
-    let mut buf = [0u8; 512];
-    let n = tokio::time::timeout(WAIT, idle.read(&mut buf))
-        .await
-        .expect("an idle keep-alive connection stayed open after SIGTERM")
-        .unwrap();
-    assert_eq!(n, 0, "{:?}", String::from_utf8_lossy(&buf[..n]));
+    closed(
+        &mut idle,
+        "an idle keep-alive connection stayed open after SIGTERM",
+    )
+    .await;
     // dwara is still draining: the request in flight gets its answer, and then its
     // connection closes.
-    busy.write_all(b"5\r\n body\r\n0\r\n\r\n").await.unwrap();
+    busy.write_all(HELD_END).await.unwrap();
     let text = read_response(&mut busy).await;
     assert!(text.starts_with("HTTP/1.1 200"), "{text}");
     assert!(text.contains("slow body"), "{text}");
-    let n = tokio::time::timeout(WAIT, busy.read(&mut buf))
-        .await
-        .expect("the drained connection stayed open")
-        .unwrap();
-    assert_eq!(n, 0, "{:?}", String::from_utf8_lossy(&buf[..n]));
+    closed(&mut busy, "the drained connection stayed open").await;
 }
 
 #[tokio::test]
