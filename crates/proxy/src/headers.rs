@@ -49,13 +49,23 @@ pub fn remove_hop_by_hop(headers: &mut HeaderMap) {
 /// Removes the headers `Connection` names and every header for which `listed` is
 /// true (`Connection` itself must be listed).
 fn remove_listed(headers: &mut HeaderMap, listed: fn(&str) -> bool) {
-    // Most messages carry none of them: one pass over the names finds out, where
-    // a removal of each listed name would hash every one of them.
-    if !headers.keys().any(|n| listed(n.as_str())) {
+    // Most messages carry none of them, or only `Connection` (a response's
+    // `keep-alive`): one pass over the names finds out, where a removal of each
+    // listed name would hash every one of them.
+    let (mut any, mut only_connection) = (false, true);
+    for name in headers.keys().filter(|n| listed(n.as_str())) {
+        any = true;
+        only_connection &= name == header::CONNECTION;
+    }
+    if !any {
         return;
     }
     for name in connection_tokens(headers) {
         headers.remove(&name);
+    }
+    if only_connection {
+        headers.remove(header::CONNECTION);
+        return;
     }
     while let Some(name) = headers.keys().find(|n| listed(n.as_str())).cloned() {
         headers.remove(&name);

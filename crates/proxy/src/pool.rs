@@ -1,37 +1,49 @@
 //! The per-endpoint pools of keep-alive HTTP/1.1 connections of an HTTP upstream.
 //!
 //! Each endpoint address has its own list of idle connections (hyper's client
-//! connection API: a `SendRequest` per connection, its connection driven by a task
-//! on the worker that dialled it) and a count of busy ones. A request takes the
-//! most recently used idle connection of its own worker (the one least likely to
-//! have been closed by the endpoint's own idle timeout; a connection of another
-//! worker would make each of its requests wake tasks across threads) or dials a
-//! new one; the connection comes back when the response body has been read to
+//! connection API: a `SendRequest` per connection and its [`Driver`]) and a count of
+//! busy ones. A request takes the most recently used idle connection of its own
+//! worker (the one least likely to have been closed by the endpoint's own idle
+//! timeout; the socket of a connection of another worker is watched by that
+//! worker's reactor, which would wake each of its requests across threads) or dials
+//! a new one; the connection comes back when the response body has been read to
 //! its end, unless its worker already keeps `max_idle_per_endpoint` idle
 //! connections to the endpoint, the endpoint has left the upstream's endpoints,
 //! or the connection cannot take another request.
+//!
+//! A connection has no task of its own: the task of the request that uses it
+//! polls its driver (hyper's connection future) beside the request, then the task
+//! that streams the response body to the client. A request and its response are so
+//! read, written and handed over in the polls of one task, without waking
+//! another; wake-ups of the socket go to the task using the connection now
+//! ([`Relay`]) and nowhere while it is idle.
 //!
 //! hyper-util's pooled client was the other choice; it pools by URI authority and
 //! retries on a fresh connection of the same authority by itself, and it has no
 //! way to close the idle connections of one endpoint when that endpoint leaves
 //! discovery's answer. Here [`Pool::sweep`] does that (called by a task of the
-//! dataplane every [`SWEEP`]): idle connections of endpoints that have left, and
-//! those idle longer than `idle_timeout`, are closed (dropping the `SendRequest` of
-//! an idle connection closes it). Busy connections finish their request first.
+//! dataplane every [`SWEEP`]): idle connections of endpoints that have left, those
+//! the endpoint closed, and those idle longer than `idle_timeout` are closed
+//! (dropped: the socket closes at once). Busy connections finish their request
+//! first.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering;
+use std::task::{Context, Poll, Wake, Waker};
 use std::thread::ThreadId;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::combinators::UnsyncBoxBody;
-use hyper::client::conn::http1::SendRequest;
+use hyper::client::conn::http1::{Connection, SendRequest};
 use hyper_util::rt::TokioIo;
 use parking_lot::Mutex;
 use tokio::net::TcpStream;
+use tokio::time::Sleep;
 use tracing::trace;
 
 use crate::http_stats::HttpStats;
@@ -39,15 +51,146 @@ use crate::http_stats::HttpStats;
 /// The body type of requests sent to endpoints.
 pub(crate) type ReqBody = UnsyncBoxBody<Bytes, hyper::Error>;
 
+/// hyper's client connection future of a pooled connection.
+type ClientConn = Connection<TokioIo<TcpStream>, ReqBody>;
+
 /// How often the dataplane sweeps an HTTP upstream's pool.
 pub(crate) const SWEEP: Duration = Duration::from_millis(100);
 
-/// An idle connection: since when, and the worker thread whose runtime drives it.
+/// The hyper connection future of a pooled connection, polled by the task that
+/// uses the connection (there is no task of its own).
+pub(crate) struct Driver {
+    /// `None` once it has ended (the connection is closed).
+    conn: Option<Pin<Box<ClientConn>>>,
+    relay: Arc<Relay>,
+    /// `relay` as a waker, made once.
+    waker: Waker,
+    addr: SocketAddr,
+    /// The response timeout of its requests: one timer per connection, armed again
+    /// for each request (a later deadline only updates it: tokio's timer wheel is
+    /// not touched unless it fired).
+    timer: Option<Pin<Box<Sleep>>>,
+}
+
+impl std::fmt::Debug for Driver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Driver")
+            .field("addr", &self.addr)
+            .field("ended", &self.conn.is_none())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Passes the wake-ups of a connection (its socket, its channels) on to the task
+/// using it now, and to none while it is idle in the pool.
+#[derive(Debug, Default)]
+struct Relay {
+    task: Mutex<Option<Waker>>,
+}
+
+impl Wake for Relay {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        if let Some(task) = &*self.task.lock() {
+            task.wake_by_ref();
+        }
+    }
+}
+
+impl Driver {
+    fn new(conn: ClientConn, addr: SocketAddr) -> Self {
+        let relay = Arc::new(Relay::default());
+        Self {
+            conn: Some(Box::pin(conn)),
+            waker: Waker::from(relay.clone()),
+            relay,
+            addr,
+            timer: None,
+        }
+    }
+
+    /// Arms the response timer: `timeout` from now.
+    pub(crate) fn arm(&mut self, timeout: Duration) {
+        let deadline = tokio::time::Instant::now() + timeout;
+        match &mut self.timer {
+            Some(timer) => timer.as_mut().reset(deadline),
+            None => self.timer = Some(Box::pin(tokio::time::sleep_until(deadline))),
+        }
+    }
+
+    /// Ready once the response timer armed last has fired (it wakes the task of
+    /// `cx`).
+    pub(crate) fn expired(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        match &mut self.timer {
+            Some(timer) => timer.as_mut().poll(cx),
+            None => Poll::Pending,
+        }
+    }
+
+    /// Drives the connection for the task of `cx` (its wake-ups go there from now
+    /// on): ready once the connection has ended.
+    pub(crate) fn poll(&mut self, cx: &Context<'_>) -> Poll<()> {
+        {
+            let mut task = self.relay.task.lock();
+            if !task.as_ref().is_some_and(|t| t.will_wake(cx.waker())) {
+                *task = Some(cx.waker().clone());
+            }
+        }
+        self.poll_conn()
+    }
+
+    /// Wake-ups go to no task until the next [`Driver::poll`].
+    pub(crate) fn detach(&self) {
+        *self.relay.task.lock() = None;
+    }
+
+    fn poll_conn(&mut self) -> Poll<()> {
+        let Some(conn) = self.conn.as_mut() else {
+            return Poll::Ready(());
+        };
+        let ended = match conn.as_mut().poll(&mut Context::from_waker(&self.waker)) {
+            Poll::Pending => return Poll::Pending,
+            Poll::Ready(r) => r,
+        };
+        if let Err(e) = ended {
+            trace!(endpoint = %self.addr, error = %e, "pooled connection ended");
+        }
+        // Dropped at once: a request still waiting on it gets its error now.
+        self.conn = None;
+        Poll::Ready(())
+    }
+}
+
+/// An idle connection: since which sweep, and the worker thread whose reactor watches
+/// its socket.
 #[derive(Debug)]
 struct Idle {
     sender: SendRequest<ReqBody>,
-    since: Instant,
+    driver: Driver,
+    /// The pool's sweep count when it came back (its age is counted in sweeps, so
+    /// that a request reads no clock for it).
+    since: u64,
     home: ThreadId,
+}
+
+impl Idle {
+    /// Whether it can take a request now, as far as its last poll saw: it has not
+    /// ended and is waiting for a request.
+    fn ready(&self) -> bool {
+        self.driver.conn.is_some() && self.sender.is_ready()
+    }
+
+    /// Whether it can take a request now: driven with no task to wake (a
+    /// connection the endpoint closed ends), it has not ended and is waiting for
+    /// a request.
+    fn usable(&mut self) -> bool {
+        self.driver.detach();
+        let _ = self.driver.poll_conn();
+        self.ready()
+    }
 }
 
 /// Idle and busy connections of one endpoint.
@@ -75,6 +218,8 @@ pub(crate) struct Pool {
     max_idle: usize,
     idle_timeout: Duration,
     connect_timeout: Duration,
+    /// Sweeps so far: the clock of idle ages (one tick per [`SWEEP`]).
+    sweeps: AtomicU64,
 }
 
 /// One connection taken from the pool (or dialled for it), counted busy until it is
@@ -82,6 +227,7 @@ pub(crate) struct Pool {
 #[derive(Debug)]
 pub(crate) struct Conn {
     pub(crate) sender: SendRequest<ReqBody>,
+    pub(crate) driver: Driver,
     pub(crate) addr: SocketAddr,
     /// The worker thread whose runtime drives the connection (it dialled it).
     home: ThreadId,
@@ -147,7 +293,15 @@ impl Pool {
             max_idle,
             idle_timeout,
             connect_timeout,
+            sweeps: AtomicU64::new(0),
         }
+    }
+
+    /// Whether a connection idle since sweep `since` has been idle longer than the
+    /// idle timeout (give or take one sweep).
+    fn too_old(&self, since: u64) -> bool {
+        let sweeps = self.sweeps.load(Ordering::Relaxed).saturating_sub(since);
+        SWEEP.saturating_mul(u32::try_from(sweeps).unwrap_or(u32::MAX)) > self.idle_timeout
     }
 
     /// An idle connection to `addr` that can take a request now, if there is one
@@ -159,13 +313,18 @@ impl Pool {
         let mut eps = self.endpoints.lock();
         let ep = eps.get_mut(&addr)?;
         while let Some(i) = ep.idle.iter().rposition(|c| c.home == me) {
-            let Idle { sender, since, .. } = ep.idle.remove(i);
-            if sender.is_closed() || since.elapsed() > self.idle_timeout {
+            let idle = ep.idle.remove(i);
+            // Not driven here: the first poll of a request's exchange reads before
+            // it writes, so that a connection the endpoint closed while it was idle
+            // hands the request back unwritten (the sweep closes such connections
+            // too).
+            if self.too_old(idle.since) || !idle.ready() {
                 continue;
             }
             ep.busy += 1;
             return Some(Conn {
-                sender,
+                sender: idle.sender,
+                driver: idle.driver,
                 addr,
                 home: me,
                 reused: true,
@@ -179,8 +338,8 @@ impl Pool {
         None
     }
 
-    /// Dials `addr` and hands the connection to hyper, whose driver runs as a task
-    /// of the current runtime (the worker of the request).
+    /// Dials `addr` and hands the connection to hyper; its driver is polled by the
+    /// tasks that use it, on the current worker (whose reactor watches the socket).
     pub(crate) async fn connect(
         self: &Arc<Self>,
         addr: SocketAddr,
@@ -199,15 +358,11 @@ impl Pool {
             .handshake(TokioIo::new(stream))
             .await
             .map_err(DialError::Handshake)?;
-        tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                trace!(endpoint = %addr, error = %e, "pooled connection ended");
-            }
-        });
         stats.connects.fetch_add(1, Ordering::Relaxed);
         self.endpoints.lock().entry(addr).or_default().busy += 1;
         Ok(Conn {
             sender,
+            driver: Driver::new(conn, addr),
             addr,
             home: home(),
             reused: false,
@@ -222,16 +377,18 @@ impl Pool {
     /// Puts `conn` back after its response ended, unless it cannot take another
     /// request, the pool of its endpoint is full, or `keep` says the endpoint left.
     pub(crate) fn checkin(&self, conn: Conn, keep: bool) {
-        if !keep || conn.sender.is_closed() {
+        if !keep || conn.sender.is_closed() || conn.driver.conn.is_none() {
             return;
         }
         let Conn {
             sender,
+            driver,
             addr,
             home,
             mut _busy,
             ..
         } = conn;
+        driver.detach();
         // Off `busy` and onto `idle` under one lock.
         let mut eps = self.endpoints.lock();
         let ep = eps.entry(addr).or_default();
@@ -244,7 +401,8 @@ impl Pool {
         if room {
             ep.idle.push(Idle {
                 sender,
-                since: Instant::now(),
+                driver,
+                since: self.sweeps.load(Ordering::Relaxed),
                 home,
             });
         } else if ep.busy == 0 && ep.idle.is_empty() {
@@ -252,9 +410,10 @@ impl Pool {
         }
     }
 
-    /// Closes idle connections of endpoints for which `wanted` is false, and those
-    /// idle longer than the idle timeout.
+    /// Closes idle connections of endpoints for which `wanted` is false, those the
+    /// endpoint closed, and those idle longer than the idle timeout.
     pub(crate) fn sweep(&self, wanted: impl Fn(SocketAddr) -> bool) {
+        self.sweeps.fetch_add(1, Ordering::Relaxed);
         let mut closed = Vec::new();
         {
             let mut eps = self.endpoints.lock();
@@ -262,18 +421,20 @@ impl Pool {
                 if !wanted(*addr) {
                     closed.append(&mut ep.idle);
                 } else {
-                    let timeout = self.idle_timeout;
-                    let (old, kept): (Vec<_>, Vec<_>) = ep
-                        .idle
-                        .drain(..)
-                        .partition(|c| c.sender.is_closed() || c.since.elapsed() > timeout);
-                    ep.idle = kept;
-                    closed.extend(old);
+                    for mut c in std::mem::take(&mut ep.idle) {
+                        // Driven here, with no task to wake: one the endpoint
+                        // closed ends.
+                        if !self.too_old(c.since) && c.usable() {
+                            ep.idle.push(c);
+                        } else {
+                            closed.push(c);
+                        }
+                    }
                 }
                 ep.busy > 0 || !ep.idle.is_empty()
             });
         }
-        // Dropped outside the lock: each drop wakes its connection's driver.
+        // Dropped outside the lock: each drop closes its socket.
         if !closed.is_empty() {
             trace!(connections = closed.len(), "idle pooled connections closed");
         }

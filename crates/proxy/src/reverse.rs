@@ -69,7 +69,7 @@ use crate::config::HttpSettings;
 use crate::forward::Target;
 use crate::headers;
 use crate::http_stats::{HttpStats, Made};
-use crate::pool::{Conn, Pool, ReqBody};
+use crate::pool::{Conn, Driver, Pool, ReqBody};
 
 /// The body of responses to clients.
 pub(crate) type RespBody = UnsyncBoxBody<Bytes, hyper::Error>;
@@ -764,8 +764,11 @@ async fn tries(target: &Target, http: &HttpUpstream, p: &mut Prepared) -> Respon
         let Some(req) = p.request(choice.addr) else {
             break;
         };
+        // Sent with no task to wake: this task drives the connection next.
+        conn.driver.detach();
         let answer = conn.sender.try_send_request(req);
-        let sent = tokio::time::timeout(http.settings.response_timeout, answer).await;
+        let timeout = http.settings.response_timeout;
+        let sent = exchange(&mut conn.driver, answer, timeout).await;
         match outcome(sent, conn, &mut choice, target, http, &mut p.open) {
             Sent::Answered(resp) => return resp,
             Sent::Unsent {
@@ -849,15 +852,9 @@ enum Sent {
 /// A connection to `choice`: a pooled one that is ready, or a new one (to where
 /// the SRV target the address came from is now, see [`SrvTargets::current`]).
 async fn connection(choice: &Choice, http: &HttpUpstream) -> Result<Conn, String> {
-    loop {
-        let Some(mut conn) = http.pool.checkout(choice.addr) else {
-            break;
-        };
-        // Ready at once unless the endpoint closed it while it was idle.
-        if conn.sender.ready().await.is_ok() {
-            http.stats.reused.fetch_add(1, Ordering::Relaxed);
-            return Ok(conn);
-        }
+    if let Some(conn) = http.pool.checkout(choice.addr) {
+        http.stats.reused.fetch_add(1, Ordering::Relaxed);
+        return Ok(conn);
     }
     // Boxed: the futures of the dial, the handshake and the DNS cache stay out of
     // every request's future (which hyper moves), and a new connection costs far
@@ -885,13 +882,36 @@ async fn dial(choice: &Choice, http: &HttpUpstream) -> Result<Conn, String> {
     })
 }
 
-/// How the try of a request on `conn` ended (`sent`: hyper's answer, or the
-/// response timeout).
+/// Drives `driver` for this task until `answer`, hyper's answer to a request sent
+/// on its connection, is ready (`None`: not within `timeout`, the connection's
+/// response timer).
+///
+/// Only the driver completes the answer, in this task's polls: the answer is
+/// polled with no waker (the task wakes for the connection's socket) and outside
+/// tokio's cooperative budget (whose wake-up would go to that no waker).
+async fn exchange<F: Future>(
+    driver: &mut Driver,
+    answer: F,
+    timeout: Duration,
+) -> Option<F::Output> {
+    let mut answer = std::pin::pin!(tokio::task::unconstrained(answer));
+    driver.arm(timeout);
+    std::future::poll_fn(|cx| {
+        // Ready once the connection ended: hyper has then answered with an error.
+        let _ = driver.poll(cx);
+        let quiet = &mut Context::from_waker(Waker::noop());
+        if let Poll::Ready(answered) = answer.as_mut().poll(quiet) {
+            return Poll::Ready(Some(answered));
+        }
+        driver.expired(cx).map(|()| None)
+    })
+    .await
+}
+
+/// How the try of a request on `conn` ended (`sent`: hyper's answer, or `None`
+/// after the response timeout).
 fn outcome(
-    sent: Result<
-        Result<Response<Incoming>, hyper::client::conn::TrySendError<Request<ReqBody>>>,
-        tokio::time::error::Elapsed,
-    >,
+    sent: Option<Result<Response<Incoming>, hyper::client::conn::TrySendError<Request<ReqBody>>>>,
     conn: Conn,
     choice: &mut Choice,
     target: &Target,
@@ -899,11 +919,11 @@ fn outcome(
     open: &mut Option<Stream>,
 ) -> Sent {
     match sent {
-        Err(_) => {
+        None => {
             choice.failed();
             Sent::TimedOut
         }
-        Ok(Ok(resp)) => {
+        Some(Ok(resp)) => {
             if let Some(g) = &choice.guard {
                 g.report_success();
             }
@@ -923,7 +943,7 @@ fn outcome(
             );
             Sent::Answered(Response::from_parts(parts, body.boxed_unsync()))
         }
-        Ok(Err(mut e)) => {
+        Some(Err(mut e)) => {
             let why = format!("{}: {}", choice.addr, e.error());
             match e.take_message() {
                 Some(req) => {
@@ -963,8 +983,8 @@ impl Keep {
     }
 }
 
-/// A response body from an endpoint that puts its connection back into the pool
-/// when it has been read to its end.
+/// A response body from an endpoint that drives its connection while it is read
+/// and puts it back into the pool when it has been read to its end.
 struct PooledBody {
     inner: Incoming,
     conn: Option<Conn>,
@@ -1017,7 +1037,24 @@ impl Body for PooledBody {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        // Only the driver, polled here, fills the body: it is polled with no waker
+        // (the task wakes for the connection's socket), before and after the
+        // driver.
+        let this = &mut *self;
+        let mut quiet = Context::from_waker(Waker::noop());
+        let mut polled = Pin::new(&mut this.inner).poll_frame(&mut quiet);
+        if polled.is_pending() {
+            polled = match &mut this.conn {
+                Some(conn) => {
+                    // Ready once the connection ended: the body then ends or fails.
+                    let _ = conn.driver.poll(cx);
+                    Pin::new(&mut this.inner).poll_frame(&mut quiet)
+                }
+                // Not driven here any more (it is not once the body has ended or
+                // failed): waits with the task's own waker.
+                None => Pin::new(&mut this.inner).poll_frame(cx),
+            };
+        }
         match &polled {
             Poll::Ready(None) => self.release(),
             Poll::Ready(Some(Ok(_))) if self.inner.is_end_stream() => self.release(),

@@ -22,7 +22,8 @@ use tokio::task::{JoinHandle, JoinSet};
 use crate::serve::{Serve, WAIT, http};
 
 /// One HTTP backend on `ip:port`: answers every request with a JSON object of its
-/// IP, the method, the headers it received and the request body.
+/// IP, the method, the headers it received and the request body (and a request
+/// for `/hang` never).
 struct Backend {
     ip: Ipv4Addr,
     task: JoinHandle<()>,
@@ -71,6 +72,10 @@ async fn answer(
     ip: Ipv4Addr,
 ) -> Result<Response<Full<Bytes>>, hyper::Error> {
     let (parts, body) = req.into_parts();
+    if parts.uri.path() == "/hang" {
+        // Never answers (the response-timeout test).
+        std::future::pending::<()>().await;
+    }
     let headers: BTreeMap<String, String> = parts
         .headers
         .iter()
@@ -1062,4 +1067,136 @@ async fn a_connection_to_where_an_srv_target_moved_is_not_pooled() {
         "{after}"
     );
     assert_eq!(serve.endpoints().await, [old]);
+}
+
+/// A backend speaking raw HTTP/1.1: answers each GET with `200 ok` and keeps the
+/// connection, which it half-closes (`FIN`, reading on) when `close` is notified;
+/// `closed_by_peer` then tells when the other side closed it too.
+struct HalfClosing {
+    accepted: Arc<AtomicU64>,
+    close: Arc<tokio::sync::Notify>,
+    closed_by_peer: tokio::sync::mpsc::UnboundedReceiver<()>,
+    _task: JoinHandle<()>,
+}
+
+impl HalfClosing {
+    async fn start(ip: Ipv4Addr, port: u16) -> Self {
+        let listener = TcpListener::bind((ip, port)).await.unwrap();
+        let accepted = Arc::new(AtomicU64::new(0));
+        let close = Arc::new(tokio::sync::Notify::new());
+        let (tx, closed_by_peer) = tokio::sync::mpsc::unbounded_channel();
+        let (count, notify) = (accepted.clone(), close.clone());
+        let task = tokio::spawn(async move {
+            let mut conns = JoinSet::new();
+            while let Ok((sock, _)) = listener.accept().await {
+                count.fetch_add(1, Ordering::SeqCst);
+                conns.spawn(Self::serve(sock, notify.clone(), tx.clone()));
+            }
+        });
+        Self {
+            accepted,
+            close,
+            closed_by_peer,
+            _task: task,
+        }
+    }
+
+    async fn serve(
+        mut sock: TcpStream,
+        close: Arc<tokio::sync::Notify>,
+        closed: tokio::sync::mpsc::UnboundedSender<()>,
+    ) {
+        let mut head = Vec::new();
+        let mut buf = [0u8; 1024];
+        loop {
+            tokio::select! {
+                n = sock.read(&mut buf) => {
+                    let n = n.unwrap_or(0);
+                    if n == 0 {
+                        return;
+                    }
+                    head.extend_from_slice(&buf[..n]);
+                    while let Some(end) = head.windows(4).position(|w| w == b"\r\n\r\n") {
+                        head.drain(..end + 4);
+                        let ok = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+                        sock.write_all(ok).await.unwrap();
+                    }
+                }
+                () = close.notified() => break,
+            }
+        }
+        // FIN; the other side's close shows as the end of what is read.
+        sock.shutdown().await.unwrap();
+        while sock.read(&mut buf).await.is_ok_and(|n| n > 0) {}
+        let _ = closed.send(());
+    }
+}
+
+#[tokio::test]
+async fn a_pooled_connection_the_endpoint_closes_while_idle_is_closed_here_and_fails_no_request() {
+    let port = common_port(&[ip(2)]).await;
+    let mut backend = HalfClosing::start(ip(2), port).await;
+    let dns = dns(&[ip(2)]).await;
+    let proxy = test_support::free_addr();
+    let serve = Serve::spawn(&upstream(proxy, port, dns.addr(), ""));
+    serve.wait_endpoints(&[format!("127.0.0.2:{port}")]).await;
+    wait_listening(proxy).await;
+    let mut client = KeepAlive::open(proxy).await;
+    let a = client.get("/").await.unwrap();
+    assert_eq!((a.status, a.body.as_str()), (200, "ok"));
+    assert_eq!(backend.accepted.load(Ordering::SeqCst), 1);
+
+    // The endpoint closes the pooled connection while it is idle: dwara closes its
+    // side too (the pool's sweep drives idle connections), without a request.
+    backend.close.notify_waiters();
+    let seen = tokio::time::timeout(WAIT, backend.closed_by_peer.recv()).await;
+    assert!(
+        matches!(seen, Ok(Some(()))),
+        "dwara kept an idle pooled connection its endpoint had closed"
+    );
+    let a = client.get("/").await.unwrap();
+    assert_eq!((a.status, a.body.as_str()), (200, "ok"));
+    assert_eq!(backend.accepted.load(Ordering::SeqCst), 2);
+
+    // Closed by the endpoint just before the next request takes it: the request
+    // goes out on a new connection (the closed one hands it back unwritten).
+    for round in 0..5 {
+        backend.close.notify_waiters();
+        let a = client.get("/").await.unwrap();
+        assert_eq!((a.status, a.body.as_str()), (200, "ok"), "round {round}");
+    }
+    let status = serve.status().await;
+    let h = &status["upstreams"][0]["http"];
+    assert_eq!(h["retries"], 0, "{status}");
+    assert_eq!(h["requests"]["2xx"], 7, "{status}");
+    assert_eq!(h["requests"]["5xx"], 0, "{status}");
+}
+
+#[tokio::test]
+async fn no_response_head_within_the_response_timeout_is_a_504_and_reused_connections_keep_their_timer()
+ {
+    let one = OneBackend::start("    response_timeout_ms: 300\n").await;
+    let mut client = KeepAlive::open(one.proxy).await;
+    assert_eq!(client.backend().await, "127.0.0.2");
+
+    let started = std::time::Instant::now();
+    let a = client.get("/hang").await.unwrap();
+    let took = started.elapsed();
+    assert_eq!(a.status, 504, "{}", a.body);
+    assert_eq!(a.body, "upstream web did not answer in time\n");
+    assert!(took >= Duration::from_millis(300), "504 after {took:?}");
+
+    // Requests on pooled connections for three times the timeout: each arms its
+    // connection's timer again, none is cut by an earlier request's deadline.
+    let until = std::time::Instant::now() + Duration::from_millis(900);
+    let mut answered = 0;
+    while std::time::Instant::now() < until {
+        assert_eq!(client.backend().await, "127.0.0.2");
+        answered += 1;
+    }
+    let status = one.serve.status().await;
+    let h = &status["upstreams"][0]["http"];
+    assert_eq!(h["timeout_504"], 1, "{status}");
+    assert_eq!(h["requests"]["2xx"], answered + 1, "{status}");
+    assert!(h["reused"].as_u64().unwrap() >= answered, "{status}");
 }
