@@ -375,9 +375,11 @@ impl Pool {
     }
 
     /// Puts `conn` back after its response ended, unless it cannot take another
-    /// request, the pool of its endpoint is full, or `keep` says the endpoint left.
+    /// request now (it ended, or is still sending a request body the endpoint
+    /// answered before it had read it all: no task would drive it on), the pool of
+    /// its endpoint is full, or `keep` says the endpoint left.
     pub(crate) fn checkin(&self, conn: Conn, keep: bool) {
-        if !keep || conn.sender.is_closed() || conn.driver.conn.is_none() {
+        if !keep || conn.driver.conn.is_none() || !conn.sender.is_ready() {
             return;
         }
         let Conn {

@@ -1069,12 +1069,14 @@ async fn a_connection_to_where_an_srv_target_moved_is_not_pooled() {
     assert_eq!(serve.endpoints().await, [old]);
 }
 
-/// A backend speaking raw HTTP/1.1: answers each GET with `200 ok` and keeps the
-/// connection, which it half-closes (`FIN`, reading on) when `close` is notified;
-/// `closed_by_peer` then tells when the other side closed it too.
+/// A backend speaking raw HTTP/1.1: answers each request head with `200 ok` and
+/// keeps the connection, which it half-closes (`FIN`, reading on) when told
+/// ([`HalfClosing::close_all`]); `half_closed` then tells that the `FIN` went,
+/// `closed_by_peer` when the other side closed the connection too.
 struct HalfClosing {
     accepted: Arc<AtomicU64>,
-    close: Arc<tokio::sync::Notify>,
+    close: tokio::sync::watch::Sender<u64>,
+    half_closed: tokio::sync::mpsc::UnboundedReceiver<()>,
     closed_by_peer: tokio::sync::mpsc::UnboundedReceiver<()>,
     _task: JoinHandle<()>,
 }
@@ -1083,28 +1085,43 @@ impl HalfClosing {
     async fn start(ip: Ipv4Addr, port: u16) -> Self {
         let listener = TcpListener::bind((ip, port)).await.unwrap();
         let accepted = Arc::new(AtomicU64::new(0));
-        let close = Arc::new(tokio::sync::Notify::new());
-        let (tx, closed_by_peer) = tokio::sync::mpsc::unbounded_channel();
-        let (count, notify) = (accepted.clone(), close.clone());
+        let (close, _) = tokio::sync::watch::channel(0);
+        let (half_tx, half_closed) = tokio::sync::mpsc::unbounded_channel();
+        let (peer_tx, closed_by_peer) = tokio::sync::mpsc::unbounded_channel();
+        let (count, told) = (accepted.clone(), close.clone());
         let task = tokio::spawn(async move {
             let mut conns = JoinSet::new();
             while let Ok((sock, _)) = listener.accept().await {
                 count.fetch_add(1, Ordering::SeqCst);
-                conns.spawn(Self::serve(sock, notify.clone(), tx.clone()));
+                let events = (half_tx.clone(), peer_tx.clone());
+                conns.spawn(Self::serve(sock, told.subscribe(), events));
             }
         });
         Self {
             accepted,
             close,
+            half_closed,
             closed_by_peer,
             _task: task,
         }
     }
 
+    /// Half-closes every connection open now, and waits until their `FIN`s went.
+    async fn close_all(&mut self, open: usize) {
+        self.close.send_modify(|g| *g += 1);
+        for _ in 0..open {
+            let sent = tokio::time::timeout(WAIT, self.half_closed.recv()).await;
+            assert!(matches!(sent, Ok(Some(()))), "no FIN sent");
+        }
+    }
+
     async fn serve(
         mut sock: TcpStream,
-        close: Arc<tokio::sync::Notify>,
-        closed: tokio::sync::mpsc::UnboundedSender<()>,
+        mut close: tokio::sync::watch::Receiver<u64>,
+        (half_closed, closed_by_peer): (
+            tokio::sync::mpsc::UnboundedSender<()>,
+            tokio::sync::mpsc::UnboundedSender<()>,
+        ),
     ) {
         let mut head = Vec::new();
         let mut buf = [0u8; 1024];
@@ -1122,13 +1139,14 @@ impl HalfClosing {
                         sock.write_all(ok).await.unwrap();
                     }
                 }
-                () = close.notified() => break,
+                _ = close.changed() => break,
             }
         }
         // FIN; the other side's close shows as the end of what is read.
         sock.shutdown().await.unwrap();
+        let _ = half_closed.send(());
         while sock.read(&mut buf).await.is_ok_and(|n| n > 0) {}
-        let _ = closed.send(());
+        let _ = closed_by_peer.send(());
     }
 }
 
@@ -1148,7 +1166,7 @@ async fn a_pooled_connection_the_endpoint_closes_while_idle_is_closed_here_and_f
 
     // The endpoint closes the pooled connection while it is idle: dwara closes its
     // side too (the pool's sweep drives idle connections), without a request.
-    backend.close.notify_waiters();
+    backend.close_all(1).await;
     let seen = tokio::time::timeout(WAIT, backend.closed_by_peer.recv()).await;
     assert!(
         matches!(seen, Ok(Some(()))),
@@ -1159,9 +1177,10 @@ async fn a_pooled_connection_the_endpoint_closes_while_idle_is_closed_here_and_f
     assert_eq!(backend.accepted.load(Ordering::SeqCst), 2);
 
     // Closed by the endpoint just before the next request takes it: the request
-    // goes out on a new connection (the closed one hands it back unwritten).
+    // goes out on a new connection (the closed one, read before it is written to,
+    // hands it back unwritten; or the sweep closed it first).
     for round in 0..5 {
-        backend.close.notify_waiters();
+        backend.close_all(1).await;
         let a = client.get("/").await.unwrap();
         assert_eq!((a.status, a.body.as_str()), (200, "ok"), "round {round}");
     }
@@ -1199,4 +1218,31 @@ async fn no_response_head_within_the_response_timeout_is_a_504_and_reused_connec
     assert_eq!(h["timeout_504"], 1, "{status}");
     assert_eq!(h["requests"]["2xx"], answered + 1, "{status}");
     assert!(h["reused"].as_u64().unwrap() >= answered, "{status}");
+}
+
+#[tokio::test]
+async fn a_connection_answered_before_its_request_body_was_sent_is_not_pooled() {
+    let port = common_port(&[ip(2)]).await;
+    let backend = HalfClosing::start(ip(2), port).await;
+    let dns = dns(&[ip(2)]).await;
+    let proxy = test_support::free_addr();
+    let serve = Serve::spawn(&upstream(proxy, port, dns.addr(), ""));
+    serve.wait_endpoints(&[format!("127.0.0.2:{port}")]).await;
+    wait_listening(proxy).await;
+
+    // The endpoint answers as soon as the head is in, while the body is still
+    // coming: the client gets the answer.
+    let mut raw = TcpStream::connect(proxy).await.unwrap();
+    raw.write_all(HELD_START).await.unwrap();
+    let text = read_response(&mut raw).await;
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    assert!(text.ends_with("\r\n\r\nok"), "{text}");
+
+    // That connection is half way through a request: the next request goes out on
+    // a new one (on the old one it would follow the rest of that body).
+    let mut client = KeepAlive::open(proxy).await;
+    let a = client.get("/").await.unwrap();
+    assert_eq!((a.status, a.body.as_str()), (200, "ok"));
+    assert_eq!(backend.accepted.load(Ordering::SeqCst), 2);
+    drop(raw);
 }
