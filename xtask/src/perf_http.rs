@@ -3,6 +3,7 @@
 //!
 //! ```text
 //! cargo xtask perf http [--rounds R] [--seconds S] [--threads T] [--dwara PATH]
+//!                        [--before PATH]
 //! ```
 //!
 //! 1. Installs nginx-light, HAProxy, Caddy and wrk when missing.
@@ -29,6 +30,10 @@
 //! 4. Prints the medians and the ratios of `dwara-1t` and `dwara` to each other
 //!    proxy.
 //!
+//! `--before PATH` adds `dwara-1t-before`: `dwara-1t` run from another build (the
+//! one before a change), in the same rounds, so that the `dwara-1t` ratios on its
+//! row compare the two builds under the same load.
+//!
 //! Everything listens on 127.0.0.1 only, in a temporary directory removed at the end.
 
 use std::net::Ipv4Addr;
@@ -41,8 +46,8 @@ use crate::perf_l4::{
 };
 use crate::perf_util::{free_port, median, parse_flags, release_dwara};
 
-const USAGE: &str =
-    "usage: cargo xtask perf http [--rounds R] [--seconds S] [--threads T] [--dwara PATH]";
+const USAGE: &str = "usage: cargo xtask perf http [--rounds R] [--seconds S] [--threads T] \
+                     [--dwara PATH] [--before PATH]";
 const PROXIES: [&str; 5] = ["dwara-1t", "dwara", "haproxy-1t", "nginx", "caddy"];
 
 /// The loads of `perf http`: those of `perf l4` and the 503 without endpoints.
@@ -56,7 +61,7 @@ const LOADS: [Load; 4] = [
 fn parse_args(args: &[String]) -> anyhow::Result<Options> {
     let f = parse_flags(
         args,
-        &["--rounds", "--seconds", "--threads", "--dwara"],
+        &["--rounds", "--seconds", "--threads", "--dwara", "--before"],
         USAGE,
     )?;
     Ok(Options {
@@ -65,7 +70,7 @@ fn parse_args(args: &[String]) -> anyhow::Result<Options> {
         idle: 0,
         threads: f.count("--threads", 1)?,
         proxies: Vec::new(),
-        before: None,
+        before: f.path("--before"),
         dwara: f.path("--dwara"),
     })
 }
@@ -194,10 +199,22 @@ fn run_in(dir: &Path, opts: &Options) -> anyhow::Result<()> {
             .join(" ")
     );
     let (_backend, backend) = start_backend(dir)?;
-    let proxies = PROXIES
+    let mut proxies = PROXIES
         .iter()
         .map(|name| start(dir, name, opts, backend))
         .collect::<anyhow::Result<Vec<_>>>()?;
+    if let Some(bin) = &opts.before {
+        let dns = free_port(Ipv4Addr::LOCALHOST)?;
+        let name = "dwara-1t-before";
+        proxies.push(start_dwara_with(
+            dir,
+            name,
+            bin,
+            (backend, dns),
+            true,
+            true,
+        )?);
+    }
     let runs = rounds(&proxies, &LOADS, opts)?;
     report(&proxies, &runs, opts);
     Ok(())
@@ -208,7 +225,7 @@ fn report(proxies: &[Proxy], runs: &[Vec<Vec<Run>>], opts: &Options) {
     for (l, load) in LOADS.iter().enumerate() {
         println!("\n{}, median of {} rounds:", load.title(), opts.rounds);
         println!(
-            "  {:<11} {:>12} {:>14} {:>8} {:>8} {:>7} {:>13} {:>13} {:>11}",
+            "  {:<15} {:>12} {:>14} {:>8} {:>8} {:>7} {:>13} {:>13} {:>11}",
             "proxy",
             format!("{}/s", load.unit()),
             format!("us CPU/{}", load.unit()),
@@ -226,7 +243,7 @@ fn report(proxies: &[Proxy], runs: &[Vec<Vec<Run>>], opts: &Options) {
                 continue;
             }
             println!(
-                "  {:<11} {:>12.1} {:>14.2} {:>8.3} {:>8.3} {:>7} {:>12.2}x {:>12.2}x {:>10.2}x",
+                "  {:<15} {:>12.1} {:>14.2} {:>8.3} {:>8.3} {:>7} {:>12.2}x {:>12.2}x {:>10.2}x",
                 p.proc.name,
                 med(rs, &|r| r.rate),
                 med(rs, &|r| r.cpu_us),
