@@ -28,7 +28,9 @@
 //!    system from `/proc/PID/stat`, worker processes included), wrk's p50 and p99
 //!    and errors (on the 503 load, answers that were not an error).
 //! 4. Prints the medians and the ratios of `dwara-1t` and `dwara` to each other
-//!    proxy.
+//!    proxy, and the median of `dwara-1t`'s rate divided by each proxy's in the
+//!    same round (`paired`: steadier than the ratio of medians on a machine whose
+//!    speed drifts from round to round).
 //!
 //! `--before PATH` adds `dwara-1t-before`: `dwara-1t` run from another build (the
 //! one before a change), in the same rounds, so that the `dwara-1t` ratios on its
@@ -225,7 +227,7 @@ fn report(proxies: &[Proxy], runs: &[Vec<Vec<Run>>], opts: &Options) {
     for (l, load) in LOADS.iter().enumerate() {
         println!("\n{}, median of {} rounds:", load.title(), opts.rounds);
         println!(
-            "  {:<15} {:>12} {:>14} {:>8} {:>8} {:>7} {:>13} {:>13} {:>11}",
+            "  {:<15} {:>12} {:>14} {:>8} {:>8} {:>7} {:>13} {:>13} {:>11} {:>15}",
             "proxy",
             format!("{}/s", load.unit()),
             format!("us CPU/{}", load.unit()),
@@ -234,7 +236,8 @@ fn report(proxies: &[Proxy], runs: &[Vec<Vec<Run>>], opts: &Options) {
             "errors",
             "dwara-1t rate",
             "dwara-1t CPU",
-            "dwara rate"
+            "dwara rate",
+            "dwara-1t paired"
         );
         let one = &runs[l][0];
         let all = &runs[l][1];
@@ -242,8 +245,10 @@ fn report(proxies: &[Proxy], runs: &[Vec<Vec<Run>>], opts: &Options) {
             if rs.is_empty() {
                 continue;
             }
+            // Runs are in round order: the same index is the same round.
+            let paired = median(one.iter().zip(rs).map(|(a, b)| a.rate / b.rate).collect());
             println!(
-                "  {:<15} {:>12.1} {:>14.2} {:>8.3} {:>8.3} {:>7} {:>12.2}x {:>12.2}x {:>10.2}x",
+                "  {:<15} {:>12.1} {:>14.2} {:>8.3} {:>8.3} {:>7} {:>12.2}x {:>12.2}x {:>10.2}x {:>14.2}x",
                 p.proc.name,
                 med(rs, &|r| r.rate),
                 med(rs, &|r| r.cpu_us),
@@ -253,6 +258,7 @@ fn report(proxies: &[Proxy], runs: &[Vec<Vec<Run>>], opts: &Options) {
                 med(one, &|r| r.rate) / med(rs, &|r| r.rate),
                 med(one, &|r| r.cpu_us) / med(rs, &|r| r.cpu_us),
                 med(all, &|r| r.rate) / med(rs, &|r| r.rate),
+                paired,
             );
         }
     }
