@@ -68,8 +68,8 @@ pub(crate) struct Driver {
     addr: SocketAddr,
     /// The response timeout of its requests: one timer per connection, armed again
     /// for each request (a later deadline only updates it: tokio's timer wheel is
-    /// not touched unless it fired).
-    timer: Option<Pin<Box<Sleep>>>,
+    /// not touched unless it fired, nor before its first poll).
+    timer: Pin<Box<Sleep>>,
 }
 
 impl std::fmt::Debug for Driver {
@@ -108,26 +108,21 @@ impl Driver {
             waker: Waker::from(relay.clone()),
             relay,
             addr,
-            timer: None,
+            timer: Box::pin(tokio::time::sleep(Duration::ZERO)),
         }
     }
 
     /// Arms the response timer: `timeout` from now.
     pub(crate) fn arm(&mut self, timeout: Duration) {
-        let deadline = tokio::time::Instant::now() + timeout;
-        match &mut self.timer {
-            Some(timer) => timer.as_mut().reset(deadline),
-            None => self.timer = Some(Box::pin(tokio::time::sleep_until(deadline))),
-        }
+        self.timer
+            .as_mut()
+            .reset(tokio::time::Instant::now() + timeout);
     }
 
     /// Ready once the response timer armed last has fired (it wakes the task of
     /// `cx`).
     pub(crate) fn expired(&mut self, cx: &mut Context<'_>) -> Poll<()> {
-        match &mut self.timer {
-            Some(timer) => timer.as_mut().poll(cx),
-            None => Poll::Pending,
-        }
+        self.timer.as_mut().poll(cx)
     }
 
     /// Drives the connection for the task of `cx` (its wake-ups go there from now
@@ -140,6 +135,13 @@ impl Driver {
             }
         }
         self.poll_conn()
+    }
+
+    /// Whether the connection can take a request now, as far as its last poll saw:
+    /// it has not ended and `sender` (its half) is waiting for a request (it is not,
+    /// for one, while a request body is still being sent).
+    fn ready(&self, sender: &SendRequest<ReqBody>) -> bool {
+        self.conn.is_some() && sender.is_ready()
     }
 
     /// Wake-ups go to no task until the next [`Driver::poll`].
@@ -177,19 +179,11 @@ struct Idle {
 }
 
 impl Idle {
-    /// Whether it can take a request now, as far as its last poll saw: it has not
-    /// ended and is waiting for a request.
-    fn ready(&self) -> bool {
-        self.driver.conn.is_some() && self.sender.is_ready()
-    }
-
-    /// Whether it can take a request now: driven with no task to wake (a
-    /// connection the endpoint closed ends), it has not ended and is waiting for
-    /// a request.
+    /// Whether it can take a request now, after a poll with no task to wake (idle
+    /// connections have none: one the endpoint closed ends).
     fn usable(&mut self) -> bool {
-        self.driver.detach();
         let _ = self.driver.poll_conn();
-        self.ready()
+        self.driver.ready(&self.sender)
     }
 }
 
@@ -229,7 +223,8 @@ pub(crate) struct Conn {
     pub(crate) sender: SendRequest<ReqBody>,
     pub(crate) driver: Driver,
     pub(crate) addr: SocketAddr,
-    /// The worker thread whose runtime drives the connection (it dialled it).
+    /// The worker thread whose reactor watches the connection's socket (it dialled
+    /// it).
     home: ThreadId,
     /// Whether it served a request before (a failure before any byte was written
     /// then says "the endpoint closed it while idle", not "the endpoint is down").
@@ -305,7 +300,7 @@ impl Pool {
     }
 
     /// An idle connection to `addr` that can take a request now, if there is one
-    /// driven by the current worker: the most recently used of them. A connection
+    /// of the current worker: the most recently used of them. A connection
     /// of another worker is left to that worker; taking it would make each of its
     /// requests and responses wake a task across threads.
     pub(crate) fn checkout(self: &Arc<Self>, addr: SocketAddr) -> Option<Conn> {
@@ -318,7 +313,7 @@ impl Pool {
             // it writes, so that a connection the endpoint closed while it was idle
             // hands the request back unwritten (the sweep closes such connections
             // too).
-            if self.too_old(idle.since) || !idle.ready() {
+            if self.too_old(idle.since) || !idle.driver.ready(&idle.sender) {
                 continue;
             }
             ep.busy += 1;
@@ -379,7 +374,7 @@ impl Pool {
     /// answered before it had read it all: no task would drive it on), the pool of
     /// its endpoint is full, or `keep` says the endpoint left.
     pub(crate) fn checkin(&self, conn: Conn, keep: bool) {
-        if !keep || conn.driver.conn.is_none() || !conn.sender.is_ready() {
+        if !keep || !conn.driver.ready(&conn.sender) {
             return;
         }
         let Conn {

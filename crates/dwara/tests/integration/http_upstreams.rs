@@ -204,6 +204,18 @@ async fn wait_listening(addr: SocketAddr) {
     assert!(ok, "nothing listens on {addr}");
 }
 
+/// `dwara serve` with a `protocol: http` upstream (with `extra` in its block) whose
+/// DNS answer is 127.0.0.2 on `port`: its listen address, once the endpoint is
+/// published and the listener up, the DNS server and the process.
+async fn in_front_of_127_0_0_2(port: u16, extra: &str) -> (SocketAddr, TestDnsServer, Serve) {
+    let dns = dns(&[ip(2)]).await;
+    let proxy = test_support::free_addr();
+    let serve = Serve::spawn(&upstream(proxy, port, dns.addr(), extra));
+    serve.wait_endpoints(&[format!("127.0.0.2:{port}")]).await;
+    wait_listening(proxy).await;
+    (proxy, dns, serve)
+}
+
 /// One backend at 127.0.0.2 behind a `protocol: http` upstream (with `extra` in its
 /// block) listening at `proxy`, its endpoint published and the listener up.
 struct OneBackend {
@@ -217,11 +229,7 @@ impl OneBackend {
     async fn start(extra: &str) -> Self {
         let port = common_port(&[ip(2)]).await;
         let backend = Backend::start(ip(2), port).await;
-        let dns = dns(&[ip(2)]).await;
-        let proxy = test_support::free_addr();
-        let serve = Serve::spawn(&upstream(proxy, port, dns.addr(), extra));
-        serve.wait_endpoints(&[format!("127.0.0.2:{port}")]).await;
-        wait_listening(proxy).await;
+        let (proxy, dns, serve) = in_front_of_127_0_0_2(port, extra).await;
         Self {
             proxy,
             _backend: backend,
@@ -250,11 +258,7 @@ fn cache_metric(m: &str, outcome: &str) -> u64 {
 async fn a_keep_alive_client_reaches_new_instances_and_gets_503_when_none_is_left() {
     let port = common_port(&[ip(2), ip(3)]).await;
     let _a = Backend::start(ip(2), port).await;
-    let dns = dns(&[ip(2)]).await;
-    let proxy = test_support::free_addr();
-    let serve = Serve::spawn(&upstream(proxy, port, dns.addr(), ""));
-    serve.wait_endpoints(&[format!("127.0.0.2:{port}")]).await;
-    wait_listening(proxy).await;
+    let (proxy, dns, serve) = in_front_of_127_0_0_2(port, "").await;
     let mut client = KeepAlive::open(proxy).await;
     assert_eq!(client.backend().await, "127.0.0.2");
 
@@ -1154,11 +1158,7 @@ impl HalfClosing {
 async fn a_pooled_connection_the_endpoint_closes_while_idle_is_closed_here_and_fails_no_request() {
     let port = common_port(&[ip(2)]).await;
     let mut backend = HalfClosing::start(ip(2), port).await;
-    let dns = dns(&[ip(2)]).await;
-    let proxy = test_support::free_addr();
-    let serve = Serve::spawn(&upstream(proxy, port, dns.addr(), ""));
-    serve.wait_endpoints(&[format!("127.0.0.2:{port}")]).await;
-    wait_listening(proxy).await;
+    let (proxy, _dns, serve) = in_front_of_127_0_0_2(port, "").await;
     let mut client = KeepAlive::open(proxy).await;
     let a = client.get("/").await.unwrap();
     assert_eq!((a.status, a.body.as_str()), (200, "ok"));
@@ -1224,11 +1224,7 @@ async fn no_response_head_within_the_response_timeout_is_a_504_and_reused_connec
 async fn a_connection_answered_before_its_request_body_was_sent_is_not_pooled() {
     let port = common_port(&[ip(2)]).await;
     let backend = HalfClosing::start(ip(2), port).await;
-    let dns = dns(&[ip(2)]).await;
-    let proxy = test_support::free_addr();
-    let serve = Serve::spawn(&upstream(proxy, port, dns.addr(), ""));
-    serve.wait_endpoints(&[format!("127.0.0.2:{port}")]).await;
-    wait_listening(proxy).await;
+    let (proxy, _dns, _serve) = in_front_of_127_0_0_2(port, "").await;
 
     // The endpoint answers as soon as the head is in, while the body is still
     // coming: the client gets the answer.
