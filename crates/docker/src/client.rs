@@ -8,10 +8,17 @@
 //! then every request is rewritten to carry `/v{min(daemon, bollard's)}` (or the
 //! pinned version): what the daemon answers is then the shape bollard's models
 //! describe, and the same code keeps working once bollard fixes the prefix.
+//!
+//! bollard's own timeout ends when the response head arrives: the body is read
+//! without one, so an answer whose body never completes would hold its caller for
+//! ever. Every request the updater makes (the event stream aside) goes through
+//! [`bounded`], which bounds the whole answer by `request_timeout`.
 
+use std::future::Future;
 use std::path::Path;
 use std::time::Duration;
 
+use bollard::errors::Error as BollardError;
 use bollard::{API_DEFAULT_VERSION, BollardRequest, ClientVersion, Docker};
 
 use crate::config::{ApiVersion, DockerConfig};
@@ -30,7 +37,9 @@ pub(crate) async fn connect(config: &DockerConfig) -> Result<(Docker, ApiVersion
             let probe = client(socket, config.request_timeout, API_DEFAULT_VERSION)
                 .map_err(unreachable)?
                 .with_request_modifier(unversioned);
-            let answer = probe.version().await.map_err(unreachable)?;
+            let answer = bounded(config.request_timeout, probe.version())
+                .await
+                .map_err(unreachable)?;
             let daemon: ApiVersion = answer
                 .api_version
                 .as_deref()
@@ -58,9 +67,22 @@ pub(crate) async fn connect(config: &DockerConfig) -> Result<(Docker, ApiVersion
         .with_request_modifier(move |req| versioned(req, version));
     if config.api_version.is_some() {
         // Nothing was asked yet: make sure the daemon answers at that version.
-        docker.ping().await.map_err(unreachable)?;
+        bounded(config.request_timeout, docker.ping())
+            .await
+            .map_err(unreachable)?;
     }
     Ok((docker, version))
+}
+
+/// `request`, head and body, within `timeout`; bollard's `RequestTimeoutError` when
+/// it takes longer.
+pub(crate) async fn bounded<T>(
+    timeout: Duration,
+    request: impl Future<Output = Result<T, BollardError>>,
+) -> Result<T, BollardError> {
+    tokio::time::timeout(timeout, request)
+        .await
+        .unwrap_or(Err(BollardError::RequestTimeoutError))
 }
 
 /// The newest API version this bollard speaks.
@@ -76,8 +98,9 @@ fn client(
     socket: &Path,
     timeout: Duration,
     version: &ClientVersion,
-) -> Result<Docker, bollard::errors::Error> {
-    let secs = timeout.as_secs().max(1);
+) -> Result<Docker, BollardError> {
+    // Whole seconds, rounded up: `bounded` applies the exact timeout first.
+    let secs = (timeout.as_secs() + u64::from(timeout.subsec_nanos() > 0)).max(1);
     Docker::connect_with_unix(&socket.to_string_lossy(), secs, version)
 }
 

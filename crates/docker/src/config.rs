@@ -260,7 +260,9 @@ pub struct DockerConfig {
     pub network: Option<String>,
     /// Waits between attempts to reach a daemon that went away.
     pub backoff: Backoff,
-    /// Timeout of each request to the daemon (the event stream itself has none).
+    /// Timeout of each request to the daemon, its answer's body included (the event
+    /// stream itself has none). A reconnect attempt whose request is not answered
+    /// within it fails and the next one follows the backoff.
     pub request_timeout: Duration,
     /// Use this API version instead of negotiating one with the daemon.
     pub api_version: Option<ApiVersion>,

@@ -38,7 +38,7 @@ use parking_lot::Mutex;
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 
-use crate::client::connect;
+use crate::client::{bounded, connect};
 use crate::config::{ApiVersion, DockerConfig, DockerMode};
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
@@ -338,6 +338,11 @@ async fn run(shared: Arc<Shared>, mut docker: Docker, mut since: Nanos, cancel: 
                 () = cancel.cancelled() => return,
                 () = tokio::time::sleep(wait) => {}
             }
+            // Each request of an attempt is bounded by `request_timeout` (see
+            // `client::bounded`): one that is never answered fails this attempt, it
+            // cannot hold up the next ones.
+            tracing::debug!(attempt = failures, "connecting to the Docker daemon");
+            let began = Instant::now();
             let attempt = async {
                 let (d, version) = connect(&shared.config).await?;
                 let list_time = now() - SINCE_MARGIN;
@@ -348,6 +353,7 @@ async fn run(shared: Arc<Shared>, mut docker: Docker, mut since: Nanos, cancel: 
                 () = cancel.cancelled() => return,
                 outcome = attempt => outcome,
             };
+            let elapsed_ms = u64::try_from(began.elapsed().as_millis()).unwrap_or(u64::MAX);
             match outcome {
                 Ok((d, version, list_time, repair)) => {
                     shared.metrics.reconnects.inc();
@@ -355,6 +361,8 @@ async fn run(shared: Arc<Shared>, mut docker: Docker, mut since: Nanos, cancel: 
                         api_version = %version,
                         added = repair.added,
                         removed = repair.removed,
+                        attempt = failures,
+                        elapsed_ms,
                         "reconnected to the Docker daemon"
                     );
                     docker = d;
@@ -362,7 +370,7 @@ async fn run(shared: Arc<Shared>, mut docker: Docker, mut since: Nanos, cancel: 
                     break;
                 }
                 Err(e) => {
-                    tracing::warn!(error = %e, attempt = failures, retry_in = ?backoff.delay(failures + 1), "Docker daemon still unreachable");
+                    tracing::warn!(error = %e, attempt = failures, elapsed_ms, retry_in = ?backoff.delay(failures + 1), "Docker daemon still unreachable");
                 }
             }
         }
@@ -571,7 +579,11 @@ impl Shared {
         id: &str,
     ) -> Result<Option<ContainerInspectResponse>, BollardError> {
         let asked = Instant::now();
-        let answer = docker.inspect_container(id, None).await;
+        let answer = bounded(
+            self.config.request_timeout,
+            docker.inspect_container(id, None),
+        )
+        .await;
         let inspect_us = u64::try_from(asked.elapsed().as_micros()).unwrap_or(u64::MAX);
         tracing::debug!(container = %id, inspect_us, ok = answer.is_ok(), "inspected");
         match answer {
@@ -688,10 +700,12 @@ impl Shared {
             socket: self.config.socket.clone(),
             source,
         };
-        let listed = docker
-            .list_containers(Some(ListContainersOptions::default()))
-            .await
-            .map_err(unreachable)?;
+        let listed = bounded(
+            self.config.request_timeout,
+            docker.list_containers(Some(ListContainersOptions::default())),
+        )
+        .await
+        .map_err(unreachable)?;
         let origin = self.db.origin().to_owned();
         let present: HashSet<(String, IpAddr, String)> = self
             .db

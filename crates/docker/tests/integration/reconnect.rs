@@ -1,16 +1,28 @@
-//! The daemon going away and coming back, through a socket proxy the test cuts.
+//! The daemon going away and coming back, through a socket proxy the test cuts or
+//! stalls.
 
 use std::time::Duration;
+
+use dwara_docker::DockerConfig;
 
 use crate::support::*;
 
 const CONVERGE: Duration = Duration::from_secs(20);
 
+/// Each request's timeout here: one request the daemon never answers costs a
+/// reconnect attempt this long, well within `CONVERGE` (the default, 30 s, is not).
+/// Not much shorter: under load (many tests at once) an inspect of another test's
+/// container that is starting or stopping was seen to take up to 4.7 s, and the
+/// updater's start fails when one of its requests times out.
+fn short_requests(config: &mut DockerConfig) {
+    config.request_timeout = Duration::from_secs(5);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn what_changed_while_cut_is_repaired_after_restore() {
     let Some(h) = Harness::new("cut") else { return };
     let proxy = Proxy::start();
-    let updater = start_updater(h.db.clone(), &proxy.path, |_| {}).await;
+    let updater = start_updater(h.db.clone(), &proxy.path, short_requests).await;
     let (old, new) = (h.name("old"), h.name("new"));
     let old_id = h.run_host("old", &old).await;
     let old_fqdn = format!("{old}.weave.local");
@@ -58,7 +70,7 @@ async fn a_long_outage_backs_off_and_still_recovers() {
         return;
     };
     let proxy = Proxy::start();
-    let updater = start_updater(h.db.clone(), &proxy.path, |_| {}).await;
+    let updater = start_updater(h.db.clone(), &proxy.path, short_requests).await;
     proxy.cut();
     let host = h.name("late");
     let fqdn = format!("{host}.weave.local");
@@ -72,4 +84,47 @@ async fn a_long_outage_backs_off_and_still_recovers() {
     let ips = container_ips(&id).await;
     assert!(wait(CONVERGE, || lookup(&h.db, &fqdn) == ips).await);
     updater.shutdown().await;
+}
+
+/// A reconnect attempt whose request the daemon never finishes answering (no answer
+/// at all; a head and never its body, which bollard's own timeout does not cover)
+/// fails after `request_timeout`, and a later attempt recovers once the daemon
+/// answers again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attempt_that_is_never_answered_times_out_and_a_later_one_recovers() {
+    for (mode, tag) in [(Mode::Silent, "silent"), (Mode::HeadOnly, "head")] {
+        let Some(h) = Harness::new(&format!("stuck-{tag}")) else {
+            return;
+        };
+        let proxy = Proxy::start();
+        let updater = start_updater(h.db.clone(), &proxy.path, short_requests).await;
+        // A registered container shows the event stream is open through the proxy
+        // (a stream stalled at its head would just look quiet).
+        let early = h.name("early");
+        let early_id = h.run_host("early", &early).await;
+        let early_ips = container_ips(&early_id).await;
+        let early_fqdn = format!("{early}.weave.local");
+        assert!(
+            wait(CONVERGE, || lookup(&h.db, &early_fqdn) == early_ips).await,
+            "{tag}: the first container was not registered"
+        );
+        // The stream is closed; the reconnect attempts' requests are held.
+        proxy.stall(mode);
+        assert!(
+            proxy.held_at_least(1, CONVERGE).await,
+            "{tag}: no reconnect attempt reached the stalled proxy"
+        );
+        let late = h.name("late");
+        let late_id = h.run_host("late", &late).await;
+        // The held connections stay held: only the updater's timeout ends them.
+        proxy.restore();
+        let ips = container_ips(&late_id).await;
+        let fqdn = format!("{late}.weave.local");
+        assert!(
+            wait(CONVERGE, || lookup(&h.db, &fqdn) == ips).await,
+            "{tag}: after restore {:?}, want {ips:?}",
+            lookup(&h.db, &fqdn)
+        );
+        updater.shutdown().await;
+    }
 }

@@ -173,11 +173,30 @@ pub(crate) fn metric(text: &str, series: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
+/// What the [`Proxy`] does with connections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// Every connection is spliced to the daemon.
+    Pass,
+    /// New connections are closed at once.
+    Cut,
+    /// New connections are accepted and never answered, nor closed (until the proxy
+    /// is dropped).
+    Silent,
+    /// New connections are spliced, but only the head of the daemon's first answer
+    /// is passed on: its body never comes, and the proxy never closes the connection
+    /// (the client may).
+    HeadOnly,
+}
+
 /// A unix-socket proxy to the real daemon that the test can cut (every connection
-/// closed, new ones closed at once) and restore.
+/// closed, new ones closed at once), stall (every connection closed, new ones held
+/// unanswered: [`Mode::Silent`], [`Mode::HeadOnly`]) and restore. A held connection
+/// stays held after a restore: only the client giving up (its timeout) frees it.
 pub(crate) struct Proxy {
     pub(crate) path: PathBuf,
-    cut: tokio::sync::watch::Sender<bool>,
+    mode: tokio::sync::watch::Sender<Mode>,
+    held: tokio::sync::watch::Sender<usize>,
     _dir: tempfile::TempDir,
     task: tokio::task::JoinHandle<()>,
 }
@@ -187,43 +206,115 @@ impl Proxy {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("docker.sock");
         let listener = tokio::net::UnixListener::bind(&path).unwrap();
-        let (cut, watch) = tokio::sync::watch::channel(false);
+        let (mode, watch) = tokio::sync::watch::channel(Mode::Pass);
+        let held = tokio::sync::watch::Sender::new(0usize);
+        let counter = held.clone();
         let task = tokio::spawn(async move {
             loop {
-                let Ok((mut client, _)) = listener.accept().await else {
+                let Ok((client, _)) = listener.accept().await else {
                     return;
                 };
-                if *watch.borrow() {
-                    drop(client);
-                    continue;
-                }
-                let mut watch = watch.clone();
-                tokio::spawn(async move {
-                    let Ok(mut daemon) = tokio::net::UnixStream::connect(SOCKET).await else {
-                        return;
-                    };
-                    tokio::select! {
-                        _ = tokio::io::copy_bidirectional(&mut client, &mut daemon) => {}
-                        _ = watch.wait_for(|cut| *cut) => {}
+                let now = *watch.borrow();
+                match now {
+                    Mode::Cut => drop(client),
+                    Mode::Silent => {
+                        counter.send_modify(|n| *n += 1);
+                        tokio::spawn(hold(client, watch.clone()));
                     }
-                });
+                    Mode::Pass | Mode::HeadOnly => {
+                        tokio::spawn(splice(client, now, watch.clone(), counter.clone()));
+                    }
+                }
             }
         });
         Self {
             path,
-            cut,
+            mode,
+            held,
             _dir: dir,
             task,
         }
     }
 
     pub(crate) fn cut(&self) {
-        self.cut.send_replace(true);
+        self.mode.send_replace(Mode::Cut);
+    }
+
+    /// From now on, new connections are held as `mode` says.
+    pub(crate) fn stall(&self, mode: Mode) {
+        assert!(matches!(mode, Mode::Silent | Mode::HeadOnly));
+        self.mode.send_replace(mode);
     }
 
     pub(crate) fn restore(&self) {
-        self.cut.send_replace(false);
+        self.mode.send_replace(Mode::Pass);
     }
+
+    /// Waits up to `timeout` until at least `n` connections have been held.
+    pub(crate) async fn held_at_least(&self, n: usize, timeout: Duration) -> bool {
+        let mut held = self.held.subscribe();
+        tokio::time::timeout(timeout, held.wait_for(|h| *h >= n))
+            .await
+            .is_ok_and(|r| r.is_ok())
+    }
+}
+
+/// Keeps `conn` open, unanswered, until the proxy is dropped.
+async fn hold<T>(conn: T, mut watch: tokio::sync::watch::Receiver<Mode>) {
+    while watch.changed().await.is_ok() {}
+    drop(conn);
+}
+
+/// Splices `client` to the daemon until the proxy leaves [`Mode::Pass`] (then both
+/// are closed). In [`Mode::HeadOnly`], passes the request on and only the head of
+/// the daemon's answer back, counts the connection as held, and keeps it open until
+/// the client closes it.
+async fn splice(
+    mut client: tokio::net::UnixStream,
+    mode: Mode,
+    mut watch: tokio::sync::watch::Receiver<Mode>,
+    held: tokio::sync::watch::Sender<usize>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Ok(mut daemon) = tokio::net::UnixStream::connect(SOCKET).await else {
+        return;
+    };
+    if mode == Mode::Pass {
+        tokio::select! {
+            _ = tokio::io::copy_bidirectional(&mut client, &mut daemon) => {}
+            _ = watch.wait_for(|m| *m != Mode::Pass) => {}
+        }
+        return;
+    }
+    let run = async {
+        let (mut up, mut down) = ([0u8; 4096], [0u8; 4096]);
+        let mut answer: Vec<u8> = Vec::new();
+        let mut headed = false;
+        loop {
+            tokio::select! {
+                n = client.read(&mut up) => {
+                    let n = n?;
+                    if n == 0 {
+                        return Ok::<_, std::io::Error>(());
+                    }
+                    daemon.write_all(&up[..n]).await?;
+                }
+                n = daemon.read(&mut down), if !headed => {
+                    let n = n?;
+                    if n == 0 {
+                        return Ok(());
+                    }
+                    answer.extend_from_slice(&down[..n]);
+                    if let Some(end) = answer.windows(4).position(|w| w == b"\r\n\r\n") {
+                        client.write_all(&answer[..end + 4]).await?;
+                        headed = true;
+                        held.send_modify(|h| *h += 1);
+                    }
+                }
+            }
+        }
+    };
+    let _ = run.await;
 }
 
 impl Drop for Proxy {
