@@ -17,27 +17,28 @@ use std::net::IpAddr;
 
 use http::header::{self, Entry, HeaderMap, HeaderName, HeaderValue};
 
-/// The hop-by-hop headers every message loses, whatever `Connection` says (in the
-/// lowercase form of `HeaderName::as_str`).
-const HOP_BY_HOP: [&str; 9] = [
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-    "proxy-authenticate",
-    "proxy-authorization",
+/// The hop-by-hop headers every message loses, whatever `Connection` says, that
+/// `http` knows as standard headers (compared as such: no string comparison).
+static STANDARD_HOP_BY_HOP: [HeaderName; 7] = [
+    header::CONNECTION,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
 ];
+
+/// The other hop-by-hop headers every message loses (lowercase, as
+/// `HeaderName::as_str` gives them).
+const OTHER_HOP_BY_HOP: [&str; 2] = ["keep-alive", "proxy-connection"];
 
 static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 
-/// Whether `name` is one of the hop-by-hop headers of [`HOP_BY_HOP`] (string
-/// comparisons: a length test first, no hashing).
-fn is_hop_by_hop(name: &str) -> bool {
-    HOP_BY_HOP.contains(&name)
+/// Whether `name` is one of the hop-by-hop headers of RFC 9110 §7.6.1's list.
+fn is_hop_by_hop(name: &HeaderName) -> bool {
+    STANDARD_HOP_BY_HOP.contains(name) || OTHER_HOP_BY_HOP.contains(&name.as_str())
 }
 
 /// Removes the hop-by-hop headers: those named in `Connection` (every value, comma
@@ -48,46 +49,53 @@ pub fn remove_hop_by_hop(headers: &mut HeaderMap) {
 
 /// Removes the headers `Connection` names and every header for which `listed` is
 /// true (`Connection` itself must be listed).
-fn remove_listed(headers: &mut HeaderMap, listed: fn(&str) -> bool) {
+fn remove_listed(headers: &mut HeaderMap, listed: fn(&HeaderName) -> bool) {
     // Most messages carry none of them, or only `Connection` (a response's
     // `keep-alive`): one pass over the names finds out, where a removal of each
     // listed name would hash every one of them.
     let (mut any, mut only_connection) = (false, true);
-    for name in headers.keys().filter(|n| listed(n.as_str())) {
+    for name in headers.keys().filter(|n| listed(n)) {
         any = true;
         only_connection &= name == header::CONNECTION;
     }
     if !any {
         return;
     }
-    for name in connection_tokens(headers) {
+    // `Connection` goes first, its values read as they are taken out (one lookup).
+    let named = match headers.entry(header::CONNECTION) {
+        Entry::Occupied(e) => connection_tokens(e.remove_entry_mult().1),
+        Entry::Vacant(_) => Vec::new(),
+    };
+    for name in named {
         headers.remove(&name);
     }
     if only_connection {
-        headers.remove(header::CONNECTION);
         return;
     }
-    while let Some(name) = headers.keys().find(|n| listed(n.as_str())).cloned() {
+    while let Some(name) = headers.keys().find(|n| listed(n)).cloned() {
         headers.remove(&name);
     }
 }
 
-/// The headers of the message that `Connection` names, beside those of the fixed
-/// list (`keep-alive`, the usual value, is one of them, and `close` seldom names
-/// a header: neither costs an allocation).
-fn connection_tokens(headers: &HeaderMap) -> Vec<HeaderName> {
+/// The header names `Connection`'s values list, beside those of the fixed list
+/// (`keep-alive`, the usual value, is one of them, and `close` seldom names a
+/// header: neither costs an allocation). A token that is not a header name is
+/// skipped.
+fn connection_tokens(values: impl Iterator<Item = HeaderValue>) -> Vec<HeaderName> {
     let mut names = Vec::new();
-    for value in headers.get_all(header::CONNECTION) {
+    for value in values {
         let Ok(text) = value.to_str() else { continue };
         for token in text.split(',') {
             let token = token.trim();
             if token.is_empty()
-                || HOP_BY_HOP.iter().any(|h| token.eq_ignore_ascii_case(h))
-                || !headers.contains_key(token)
+                || token.eq_ignore_ascii_case("keep-alive")
+                || token.eq_ignore_ascii_case("close")
             {
                 continue;
             }
-            if let Ok(name) = HeaderName::from_bytes(token.as_bytes()) {
+            if let Ok(name) = HeaderName::from_bytes(token.as_bytes())
+                && !is_hop_by_hop(&name)
+            {
                 names.push(name);
             }
         }
@@ -96,8 +104,8 @@ fn connection_tokens(headers: &HeaderMap) -> Vec<HeaderName> {
 }
 
 /// Whether `name` goes from every request: hop-by-hop, or `Expect`.
-fn is_dropped_from_requests(name: &str) -> bool {
-    name == "expect" || is_hop_by_hop(name)
+fn is_dropped_from_requests(name: &HeaderName) -> bool {
+    name == header::EXPECT || is_hop_by_hop(name)
 }
 
 /// The value this hop adds to `X-Forwarded-For` for a client at `client` (its
@@ -193,6 +201,43 @@ mod tests {
         assert_eq!(h["x-forwarded-for"], "10.1.2.3");
         assert_eq!(h["x-forwarded-proto"], "http");
         assert_eq!(h["host"], "web.local");
+    }
+
+    #[test]
+    fn connection_tokens_in_any_case_name_what_goes_and_nothing_else() {
+        // A response's usual `Connection: keep-alive` goes alone.
+        let mut r = map(&[
+            ("date", "Thu, 03 Dec 2026 10:00:00 GMT"),
+            ("connection", "keep-alive"),
+            ("content-type", "text/plain"),
+            ("x-app", "1"),
+        ]);
+        to_client(&mut r);
+        let mut left: Vec<&str> = r.keys().map(HeaderName::as_str).collect();
+        left.sort_unstable();
+        assert_eq!(left, ["content-type", "date", "x-app"]);
+        // Tokens name standard and other headers in any case, present or not; the
+        // fixed list goes whatever `Connection` says.
+        let mut r = map(&[
+            ("Connection", "Keep-Alive, X-App,Date , x-absent, Upgrade"),
+            ("keep-alive", "timeout=5"),
+            ("date", "Thu, 03 Dec 2026 10:00:00 GMT"),
+            ("x-app", "1"),
+            ("x-app", "2"),
+            ("upgrade", "websocket"),
+            ("proxy-connection", "keep-alive"),
+            ("content-length", "3"),
+        ]);
+        to_client(&mut r);
+        let left: Vec<&str> = r.keys().map(HeaderName::as_str).collect();
+        assert_eq!(left, ["content-length"]);
+        // Without `Connection`, only the fixed list goes.
+        let mut r = map(&[("te", "trailers"), ("x-app", "1")]);
+        to_client(&mut r);
+        assert_eq!(
+            r.keys().map(HeaderName::as_str).collect::<Vec<_>>(),
+            ["x-app"]
+        );
     }
 
     #[test]
