@@ -27,6 +27,9 @@
 //! - `cargo xtask perf http [--rounds R] [--seconds S]` compares dwara's HTTP upstreams
 //!   with HAProxy `mode http`, nginx `proxy_pass` and Caddy `reverse_proxy` under wrk,
 //!   and the latency of the 503 with nothing to route to with HAProxy's.
+//! - `cargo xtask perf http-instructions [--seconds S] [--before PATH]` counts the
+//!   instructions per proxied keep-alive request under callgrind (steady where the
+//!   rates of `perf http` are not).
 //! - `cargo xtask perf rolling [--replacements N] [--rate R] [--keep-logs DIR]`
 //!   replaces backend instances one by one (each killed before its name is deleted)
 //!   under a fixed-rate keep-alive client, through dwara HTTP (push-fed and polled),
@@ -57,6 +60,7 @@ mod perf_cluster_faults;
 mod perf_dns;
 mod perf_guard;
 mod perf_http;
+mod perf_http_instructions;
 mod perf_l4;
 mod perf_push;
 mod perf_rolling;
@@ -84,6 +88,7 @@ commands:
   perf cluster [--sizes 3,5,10] [--sync 10000,50000] | --faults | --simulate 100,1000
   perf l4 [--rounds R] [--seconds S] [--proxies ...]
   perf http [--rounds R] [--seconds S]
+  perf http-instructions [--seconds S] [--dwara PATH] [--before PATH]
   perf rolling [--replacements N] [--rate R] [--keep-logs DIR]
   perf push [--rounds R] [--docker]
   perf guard [--qps N] [--seconds S] [--legit-qps N]
@@ -91,12 +96,13 @@ commands:
   help                 this text";
 
 /// What `cargo xtask perf` runs.
-const PERF_COMMANDS: [&str; 9] = [
+const PERF_COMMANDS: [&str; 10] = [
     "dns",
     "store",
     "cluster",
     "l4",
     "http",
+    "http-instructions",
     "rolling",
     "push",
     "guard",
@@ -157,6 +163,7 @@ fn main() -> anyhow::Result<()> {
             Some((what, rest)) if what == "cluster" => perf_cluster::run(rest),
             Some((what, rest)) if what == "l4" => perf_l4::run(rest),
             Some((what, rest)) if what == "http" => perf_http::run(rest),
+            Some((what, rest)) if what == "http-instructions" => perf_http_instructions::run(rest),
             Some((what, rest)) if what == "rolling" => perf_rolling::run(rest),
             Some((what, rest)) if what == "push" => perf_push::run(rest),
             Some((what, rest)) if what == "guard" => {

@@ -315,6 +315,20 @@ pub(crate) fn start_dwara_with(
     dir: &Path,
     name: &str,
     bin: &Path,
+    ports: (u16, u16),
+    one_thread: bool,
+    http_upstreams: bool,
+) -> anyhow::Result<Proxy> {
+    start_dwara_under(&[], dir, name, bin, ports, one_thread, http_upstreams)
+}
+
+/// [`start_dwara_with`], run by the command line `wrapper` when it is not empty
+/// (`valgrind --tool=callgrind …`: the wrapper's process is dwara's).
+pub(crate) fn start_dwara_under(
+    wrapper: &[String],
+    dir: &Path,
+    name: &str,
+    bin: &Path,
     (backend, dns): (u16, u16),
     one_thread: bool,
     http_upstreams: bool,
@@ -353,7 +367,14 @@ pub(crate) fn start_dwara_with(
             dns = local(dns),
         ),
     )?;
-    let mut cmd = Command::new(bin);
+    let mut cmd = match wrapper.split_first() {
+        Some((program, args)) => {
+            let mut c = Command::new(program);
+            c.args(args).arg(bin);
+            c
+        }
+        None => Command::new(bin),
+    };
     cmd.args(["serve", "--docker", "off", "--config"])
         .arg(&conf)
         .args(["--http-listen", &local(http)])
@@ -454,6 +475,10 @@ pub(crate) enum Load {
     /// answer is the proxy's own 503, and with one request at a time the
     /// latencies are the proxy's time to make it (plus the client's round trip).
     NoEndpoints,
+    /// Keep-alive requests on 16 connections, for `perf http-instructions`: under
+    /// callgrind, 32 connections batch differently from run to run, and the
+    /// instructions per request of one build differ by about 1% (16: 0.5%).
+    Counted,
 }
 
 impl Load {
@@ -466,13 +491,14 @@ impl Load {
             Load::NewConnection => "a new connection per request, 32 conns",
             Load::Bodies => "1 MiB bodies, 8 conns",
             Load::NoEndpoints => "503 with nothing to route to, 1 keep-alive conn",
+            Load::Counted => "keep-alive requests, 16 conns, tiny body",
         }
     }
 
     /// The unit of work of a rate and of the CPU per unit.
     pub(crate) fn unit(self) -> &'static str {
         match self {
-            Load::KeepAlive => "req",
+            Load::KeepAlive | Load::Counted => "req",
             Load::NewConnection => "conn",
             Load::Bodies => "MiB",
             Load::NoEndpoints => "503",
@@ -485,12 +511,15 @@ impl Load {
             Load::NewConnection => vec!["-c", "32", "-H", "Connection: close", "/tiny"],
             Load::Bodies => vec!["-c", "8", "/1m"],
             Load::NoEndpoints => vec!["-c", "1", "/tiny"],
+            Load::Counted => vec!["-c", "16", "/tiny"],
         }
     }
 }
 
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Run {
+    /// Units of work wrk counted.
+    pub(crate) units: f64,
     /// Units of work per second.
     pub(crate) rate: f64,
     /// Proxy CPU per unit, µs.
@@ -568,7 +597,7 @@ pub(crate) fn wrk(proxy: &Proxy, load: Load, opts: &Options, ticks: f64) -> anyh
     let read = words.get(4).and_then(|w| bytes(w)).unwrap_or(0.0);
     let units = match load {
         Load::Bodies => read / (1024.0 * 1024.0),
-        Load::KeepAlive | Load::NewConnection | Load::NoEndpoints => requests,
+        Load::KeepAlive | Load::NewConnection | Load::NoEndpoints | Load::Counted => requests,
     };
     let percentile = |p: &str| {
         text.lines()
@@ -599,6 +628,7 @@ pub(crate) fn wrk(proxy: &Proxy, load: Load, opts: &Options, ticks: f64) -> anyh
     };
     let cpu = after.saturating_sub(before) as f64 / ticks;
     Ok(Run {
+        units,
         rate: units / secs.max(1e-9),
         cpu_us: cpu * 1e6 / units.max(1e-9),
         p50_ms,

@@ -61,6 +61,13 @@ const PERF_HTTP_TOOLS: &[(&str, &str)] = &[
     ("wrk", "wrk"),
 ];
 
+/// What `cargo xtask perf http-instructions` runs (program, Debian package).
+const PERF_HTTP_INSTRUCTIONS_TOOLS: &[(&str, &str)] = &[
+    ("nginx", "nginx-light"),
+    ("wrk", "wrk"),
+    ("valgrind", "valgrind"),
+];
+
 fn on_path(program: &str) -> bool {
     if program.starts_with('/') {
         return Path::new(program).is_file();
@@ -98,6 +105,11 @@ pub(crate) fn ensure_perf_l4() -> anyhow::Result<()> {
 /// install command.
 pub(crate) fn ensure_perf_http() -> anyhow::Result<()> {
     install_missing(PERF_HTTP_TOOLS)
+}
+
+/// Installs what `cargo xtask perf http-instructions` needs when missing.
+pub(crate) fn ensure_perf_http_instructions() -> anyhow::Result<()> {
+    install_missing(PERF_HTTP_INSTRUCTIONS_TOOLS)
 }
 
 fn install_missing(tools: &[(&str, &str)]) -> anyhow::Result<()> {
