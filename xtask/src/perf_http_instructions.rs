@@ -31,12 +31,11 @@
 
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use anyhow::{Context, bail};
 
 use crate::perf_l4::{Load, Options, start_backend, start_dwara_under, wrk};
-use crate::perf_util::{clock_ticks, free_port, parse_flags, release_dwara};
+use crate::perf_util::{clock_ticks, free_port, output_of, parse_flags, release_dwara};
 
 const USAGE: &str =
     "usage: cargo xtask perf http-instructions [--seconds S] [--dwara PATH] [--before PATH]";
@@ -121,30 +120,15 @@ fn count(
         wrk(&proxy, Load::Counted, &opts, clock_ticks())
     };
     load(2)?;
-    callgrind_control(&["-i", "on", &pid])?;
+    output_of("callgrind_control", &["-i", "on", &pid])?;
     let run = load(seconds)?;
-    callgrind_control(&["-i", "off", &pid])?;
-    callgrind_control(&["-d", &pid])?;
+    output_of("callgrind_control", &["-i", "off", &pid])?;
+    output_of("callgrind_control", &["-d", &pid])?;
     // The dump asked for lands beside the out file, numbered.
     let dump = dir.join(format!("{name}.callgrind.1"));
     let text = std::fs::read_to_string(&dump)
         .with_context(|| format!("callgrind wrote no dump at {}", dump.display()))?;
     Ok((run.units, totals(&text)?))
-}
-
-fn callgrind_control(args: &[&str]) -> anyhow::Result<()> {
-    let out = Command::new("callgrind_control")
-        .args(args)
-        .output()
-        .context("cannot run callgrind_control")?;
-    if !out.status.success() {
-        bail!(
-            "callgrind_control {} failed: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(())
 }
 
 /// The instructions a callgrind dump counted: its `totals:` line (its `summary:`
