@@ -15,9 +15,13 @@
 //!    `mode http`, `nbthread 1`, `http-reuse always`; nginx (one worker) with
 //!    `proxy_pass` to an `upstream` with a `keepalive 64` pool; Caddy
 //!    `reverse_proxy` (its own defaults: Go's runtime on every core, a keep-alive
-//!    pool). Each dwara has a second `protocol: http` upstream, `empty`, that
-//!    follows a name with no addresses; HAProxy a second frontend whose backend
-//!    has no server: both answer 503 there.
+//!    pool). Each does to a request what dwara's HTTP upstream does: `Host` passed
+//!    through, `X-Forwarded-For` appended, `X-Forwarded-Proto` set (HAProxy:
+//!    `option forwardfor` and `http-request set-header`; nginx: `proxy_set_header`
+//!    of the three; Caddy does all three by default), so that every proxy writes
+//!    the same request to the backend. Each dwara has a second `protocol: http`
+//!    upstream, `empty`, that follows a name with no addresses; HAProxy a second
+//!    frontend whose backend has no server: both answer 503 there.
 //! 3. `R` interleaved rounds (default 5) of four wrk loads of `S` seconds (default
 //!    5), every proxy in every round, the order rotated per round: keep-alive
 //!    requests (32 connections), a new client connection per request (32
@@ -85,9 +89,10 @@ fn start_haproxy(dir: &Path, backend: u16) -> anyhow::Result<Proxy> {
         &conf,
         format!(
             "global\n  nbthread 1\n  maxconn 4000\n\
-             defaults\n  mode http\n  http-reuse always\n  timeout connect 5s\n  \
-             timeout client 300s\n  timeout server 300s\n\
-             frontend f\n  bind {listen}\n  default_backend b\n\
+             defaults\n  mode http\n  http-reuse always\n  option forwardfor\n  \
+             timeout connect 5s\n  timeout client 300s\n  timeout server 300s\n\
+             frontend f\n  bind {listen}\n  http-request set-header X-Forwarded-Proto http\n  \
+             default_backend b\n\
              backend b\n  server s1 {backend}\n\
              frontend e\n  bind {empty}\n  default_backend none\n\
              backend none\n",
@@ -119,7 +124,9 @@ fn start_nginx(dir: &Path, backend: u16) -> anyhow::Result<Proxy> {
             "{head}http {{\n  access_log off;\n  upstream b {{\n    server {backend};\n    \
              keepalive 64;\n  }}\n  server {{\n    listen {listen};\n    location / {{\n      \
              proxy_pass http://b;\n      proxy_http_version 1.1;\n      \
-             proxy_set_header Connection \"\";\n    }}\n  }}\n}}\n",
+             proxy_set_header Connection \"\";\n      proxy_set_header Host $http_host;\n      \
+             proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;\n      \
+             proxy_set_header X-Forwarded-Proto $scheme;\n    }}\n  }}\n}}\n",
             head = nginx_head(dir, "nginx-http"),
             listen = local(port),
             backend = local(backend),
