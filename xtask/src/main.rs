@@ -27,9 +27,10 @@
 //! - `cargo xtask perf http [--rounds R] [--seconds S]` compares dwara's HTTP upstreams
 //!   with HAProxy `mode http`, nginx `proxy_pass` and Caddy `reverse_proxy` under wrk,
 //!   and the latency of the 503 with nothing to route to with HAProxy's.
-//! - `cargo xtask perf http-instructions [--seconds S] [--before PATH]` counts the
-//!   instructions per proxied keep-alive request under callgrind (steady where the
-//!   rates of `perf http` are not).
+//! - `cargo xtask perf http-instructions [--seconds S] [--before PATH] [--haproxy]
+//!   [--cache]` counts the instructions per proxied keep-alive request under
+//!   callgrind (steady where the rates of `perf http` are not), HAProxy's too with
+//!   `--haproxy`, and the cache misses per request with `--cache`.
 //! - `cargo xtask perf rolling [--replacements N] [--rate R] [--keep-logs DIR]`
 //!   replaces backend instances one by one (each killed before its name is deleted)
 //!   under a fixed-rate keep-alive client, through dwara HTTP (push-fed and polled),
@@ -88,7 +89,7 @@ commands:
   perf cluster [--sizes 3,5,10] [--sync 10000,50000] | --faults | --simulate 100,1000
   perf l4 [--rounds R] [--seconds S] [--proxies ...]
   perf http [--rounds R] [--seconds S]
-  perf http-instructions [--seconds S] [--dwara PATH] [--before PATH]
+  perf http-instructions [--seconds S] [--dwara PATH] [--before PATH] [--haproxy] [--cache]
   perf rolling [--replacements N] [--rate R] [--keep-logs DIR]
   perf push [--rounds R] [--docker]
   perf guard [--qps N] [--seconds S] [--legit-qps N]

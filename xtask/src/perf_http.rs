@@ -82,6 +82,16 @@ fn parse_args(args: &[String]) -> anyhow::Result<Options> {
 }
 
 fn start_haproxy(dir: &Path, backend: u16) -> anyhow::Result<Proxy> {
+    start_haproxy_under(&[], dir, backend)
+}
+
+/// HAProxy-1t as [`start_haproxy`] starts it, run by `wrapper` (a program and its
+/// arguments, before HAProxy's own) when there is one.
+pub(crate) fn start_haproxy_under(
+    wrapper: &[String],
+    dir: &Path,
+    backend: u16,
+) -> anyhow::Result<Proxy> {
     let port = free_port(Ipv4Addr::LOCALHOST)?;
     let empty = free_port(Ipv4Addr::LOCALHOST)?;
     let conf = dir.join("haproxy-http.cfg");
@@ -101,11 +111,15 @@ fn start_haproxy(dir: &Path, backend: u16) -> anyhow::Result<Proxy> {
             backend = local(backend),
         ),
     )?;
-    let mut proc = Proc::spawn(
-        "haproxy-1t",
-        dir,
-        Command::new("haproxy").arg("-db").arg("-f").arg(&conf),
-    )?;
+    let mut cmd = match wrapper.split_first() {
+        Some((program, args)) => {
+            let mut c = Command::new(program);
+            c.args(args).arg("haproxy");
+            c
+        }
+        None => Command::new("haproxy"),
+    };
+    let mut proc = Proc::spawn("haproxy-1t", dir, cmd.arg("-db").arg("-f").arg(&conf))?;
     proc.wait_http(port)?;
     proc.wait_answer(empty, "HTTP/1.1 503")?;
     Ok(Proxy {

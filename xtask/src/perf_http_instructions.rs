@@ -3,6 +3,7 @@
 //!
 //! ```text
 //! cargo xtask perf http-instructions [--seconds S] [--dwara PATH] [--before PATH]
+//!                                    [--haproxy] [--cache]
 //! ```
 //!
 //! The rates of `perf http` swing by ±20% from round to round on a shared 2-core
@@ -27,6 +28,15 @@
 //!    counted; with `--before PATH`, the same for that build, run after the first
 //!    against the same backend, and the ratio of the two.
 //!
+//! `--haproxy` counts HAProxy-1t too, configured as `perf http` configures it
+//! (`mode http`, one thread, the same request rewriting), under the same load.
+//! `--cache` turns on callgrind's cache and branch simulation (the caches as the
+//! CPU reports them) and prints, per request, the misses of the first-level
+//! instruction and data caches and the mispredicted branches beside the
+//! instructions: where two proxies run about as many instructions, these tell
+//! how much of the code and data each request brings back into the cache (see
+//! `docs/PERFORMANCE.md`). It is several times slower.
+//!
 //! Two builds whose counts differ by less than about 0.5% are not told apart.
 
 use std::net::Ipv4Addr;
@@ -34,20 +44,33 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
 
-use crate::perf_l4::{Load, Options, start_backend, start_dwara_under, wrk};
+use crate::perf_http::start_haproxy_under;
+use crate::perf_l4::{Load, Options, Proxy, start_backend, start_dwara_under, wrk};
 use crate::perf_util::{clock_ticks, free_port, output_of, parse_flags, release_dwara};
 
-const USAGE: &str =
-    "usage: cargo xtask perf http-instructions [--seconds S] [--dwara PATH] [--before PATH]";
+const USAGE: &str = "usage: cargo xtask perf http-instructions [--seconds S] [--dwara PATH] \
+                     [--before PATH] [--haproxy] [--cache]";
 
-/// Runs the count for `--dwara` (or the release build) and `--before`.
+/// Runs the count for `--dwara` (or the release build), `--before` and, with
+/// `--haproxy`, HAProxy-1t.
 pub(crate) fn run(args: &[String]) -> anyhow::Result<()> {
-    let f = parse_flags(args, &["--seconds", "--dwara", "--before"], USAGE)?;
+    // The switches first: the other flags take a value each.
+    let haproxy = args.iter().any(|a| a == "--haproxy");
+    let cache = args.iter().any(|a| a == "--cache");
+    let rest: Vec<String> = args
+        .iter()
+        .filter(|a| *a != "--haproxy" && *a != "--cache")
+        .cloned()
+        .collect();
+    let f = parse_flags(&rest, &["--seconds", "--dwara", "--before"], USAGE)?;
     let seconds: u32 = f.count("--seconds", 15)?;
     if seconds == 0 {
         bail!("--seconds must be at least 1\n{USAGE}");
     }
     crate::tools::ensure_perf_http_instructions()?;
+    if haproxy {
+        crate::tools::ensure_perf_http()?;
+    }
     let dwara = match f.path("--dwara") {
         Some(p) => p,
         None => {
@@ -55,57 +78,127 @@ pub(crate) fn run(args: &[String]) -> anyhow::Result<()> {
             release_dwara()
         }
     };
-    let mut builds = vec![("dwara-1t", dwara)];
+    let mut subjects = vec![Subject::Dwara("dwara-1t", dwara)];
     if let Some(before) = f.path("--before") {
-        builds.push(("dwara-1t-before", before));
+        subjects.push(Subject::Dwara("dwara-1t-before", before));
+    }
+    if haproxy {
+        subjects.push(Subject::Haproxy);
     }
     crate::perf_util::in_scratch_dir("perf-http-instructions", |dir| {
-        run_in(dir, &builds, seconds)
+        run_in(dir, &subjects, seconds, cache)
     })
 }
 
-fn run_in(dir: &Path, builds: &[(&str, PathBuf)], seconds: u32) -> anyhow::Result<()> {
+/// What is counted.
+enum Subject {
+    /// dwara-1t from a build.
+    Dwara(&'static str, PathBuf),
+    /// HAProxy-1t as `perf http` runs it.
+    Haproxy,
+}
+
+impl Subject {
+    fn name(&self) -> &'static str {
+        match self {
+            Self::Dwara(name, _) => name,
+            Self::Haproxy => "haproxy-1t",
+        }
+    }
+
+    /// Starts it under `wrapper` in front of `backend`.
+    fn start(&self, wrapper: &[String], dir: &Path, backend: u16) -> anyhow::Result<Proxy> {
+        match self {
+            Self::Dwara(name, bin) => {
+                let dns = free_port(Ipv4Addr::LOCALHOST)?;
+                start_dwara_under(wrapper, dir, name, bin, (backend, dns), true, true)
+            }
+            Self::Haproxy => start_haproxy_under(wrapper, dir, backend),
+        }
+    }
+}
+
+fn run_in(dir: &Path, subjects: &[Subject], seconds: u32, cache: bool) -> anyhow::Result<()> {
     println!(
-        "perf http-instructions: dwara-1t under callgrind, wrk -t1 -c16 -d{seconds}s \
-         keep-alive requests of /tiny through it to nginx"
+        "perf http-instructions: each proxy under callgrind{}, wrk -t1 -c16 -d{seconds}s \
+         keep-alive requests of /tiny through it to nginx",
+        if cache {
+            " with its cache and branch simulation"
+        } else {
+            ""
+        }
     );
     let (_backend, backend) = start_backend(dir)?;
     let mut counts = Vec::new();
-    for (name, bin) in builds {
-        let (requests, instructions) = count(dir, name, bin, backend, seconds)?;
-        let per_request = instructions as f64 / requests.max(1.0);
+    for subject in subjects {
+        let name = subject.name();
+        let (requests, events) = count(dir, subject, backend, seconds, cache)?;
+        let event = |e: &str| {
+            events
+                .iter()
+                .find(|(name, _)| name == e)
+                .map_or(0, |(_, v)| *v)
+        };
+        let per = |e: &str| event(e) as f64 / requests.max(1.0);
+        let instructions = event("Ir");
         println!(
             "  {name:<16} {requests:>9.0} requests  {instructions:>15} instructions  \
-             {per_request:>9.0} per request"
+             {:>9.0} per request",
+            per("Ir")
         );
-        counts.push(per_request);
+        if cache {
+            println!(
+                "  {:<16} per request: L1i misses {:.0}, L1d misses {:.0} (read {:.0}, \
+                 write {:.0}), mispredicted branches {:.0} (indirect {:.0})",
+                "",
+                per("I1mr"),
+                per("D1mr") + per("D1mw"),
+                per("D1mr"),
+                per("D1mw"),
+                per("Bcm") + per("Bim"),
+                per("Bim"),
+            );
+        }
+        counts.push((name, per("Ir")));
     }
-    if let [now, before] = counts[..] {
+    let by_name = |n: &str| counts.iter().find(|(name, _)| *name == n).map(|c| c.1);
+    if let (Some(now), Some(before)) = (by_name("dwara-1t"), by_name("dwara-1t-before")) {
         println!(
             "  dwara-1t ÷ dwara-1t-before: {:.4}x instructions per request",
             now / before
         );
     }
+    if let (Some(now), Some(haproxy)) = (by_name("dwara-1t"), by_name("haproxy-1t")) {
+        println!(
+            "  dwara-1t ÷ haproxy-1t: {:.4}x instructions per request",
+            now / haproxy
+        );
+    }
     Ok(())
 }
 
-/// Requests served and instructions executed by `bin` under the counted load.
+/// Requests served under the counted load, and the events callgrind counted over
+/// it (`Ir`, the instructions; with `cache`, also its cache and branch events).
 fn count(
     dir: &Path,
-    name: &str,
-    bin: &Path,
+    subject: &Subject,
     backend: u16,
     seconds: u32,
-) -> anyhow::Result<(f64, u64)> {
+    cache: bool,
+) -> anyhow::Result<(f64, Vec<(String, u64)>)> {
+    let name = subject.name();
     let out = dir.join(format!("{name}.callgrind"));
-    let wrapper = [
+    let mut wrapper = vec![
         "valgrind".to_owned(),
         "--tool=callgrind".to_owned(),
         "--instr-atstart=no".to_owned(),
         format!("--callgrind-out-file={}", out.display()),
     ];
-    let dns = free_port(Ipv4Addr::LOCALHOST)?;
-    let proxy = start_dwara_under(&wrapper, dir, name, bin, (backend, dns), true, true)?;
+    if cache {
+        wrapper.push("--cache-sim=yes".to_owned());
+        wrapper.push("--branch-sim=yes".to_owned());
+    }
+    let proxy = subject.start(&wrapper, dir, backend)?;
     let pid = proxy.proc.child.id().to_string();
     let load = |seconds| {
         let opts = Options {
@@ -131,13 +224,32 @@ fn count(
     Ok((run.units, totals(&text)?))
 }
 
-/// The instructions a callgrind dump counted: its `totals:` line (its `summary:`
-/// line is 0 in a dump asked for with `callgrind_control -d`).
-fn totals(dump: &str) -> anyhow::Result<u64> {
-    dump.lines()
+/// The events a callgrind dump counted, by name: its `events:` line names the
+/// columns of its `totals:` line (its `summary:` line is 0 in a dump asked for with
+/// `callgrind_control -d`).
+fn totals(dump: &str) -> anyhow::Result<Vec<(String, u64)>> {
+    let names = dump
+        .lines()
+        .find_map(|l| l.strip_prefix("events:"))
+        .context("no events line in the callgrind dump")?;
+    let values = dump
+        .lines()
         .find_map(|l| l.strip_prefix("totals:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .context("no totals in the callgrind dump")
+        .context("no totals in the callgrind dump")?;
+    let values: Vec<u64> = values
+        .split_whitespace()
+        .map(str::parse)
+        .collect::<Result<_, _>>()
+        .context("totals that are not counts in the callgrind dump")?;
+    let names: Vec<&str> = names.split_whitespace().collect();
+    if values.len() != names.len() {
+        bail!(
+            "the callgrind dump has {} events and {} totals",
+            names.len(),
+            values.len()
+        );
+    }
+    Ok(names.into_iter().map(str::to_owned).zip(values).collect())
 }
 
 #[cfg(test)]
@@ -148,7 +260,19 @@ mod tests {
     fn totals_come_from_the_dump() {
         let dump = "version: 1\ncreator: callgrind-3.19.0\nevents: Ir\n\
                     fn=(1) main\n16 3\nsummary: 0\ntotals: 971052661\n";
-        assert_eq!(totals(dump).unwrap(), 971_052_661);
+        assert_eq!(totals(dump).unwrap(), vec![("Ir".to_owned(), 971_052_661)]);
         assert!(totals("events: Ir\nsummary: 42\n").is_err());
+    }
+
+    #[test]
+    fn totals_are_named_by_the_events_line() {
+        let dump = "events: Ir Dr Dw I1mr D1mr D1mw\nsummary: 0\ntotals: 100 40 20 7 3 2\n";
+        let t = totals(dump).unwrap();
+        assert_eq!(t.len(), 6);
+        assert_eq!(t[3], ("I1mr".to_owned(), 7));
+        assert_eq!(t[5], ("D1mw".to_owned(), 2));
+        // A totals line that does not match its events is an error, not a guess.
+        assert!(totals("events: Ir I1mr\ntotals: 100\n").is_err());
+        assert!(totals("events: Ir\ntotals: many\n").is_err());
     }
 }
