@@ -16,7 +16,10 @@
 //! that streams the response body to the client. A request and its response are so
 //! read, written and handed over in the polls of one task, without waking
 //! another; wake-ups of the socket go to the task using the connection now
-//! ([`Relay`]) and nowhere while it is idle.
+//! ([`Relay`]) and nowhere while it is idle, and those the connection makes while
+//! that task takes a piece of the response body are dropped ([`Driver::quietly`]):
+//! two task polls per keep-alive request, one for the request and one for the
+//! response.
 //!
 //! hyper-util's pooled client was the other choice; it pools by URI authority and
 //! retries on a fresh connection of the same authority by itself, and it has no
@@ -94,10 +97,21 @@ impl Wake for Relay {
     }
 
     fn wake_by_ref(self: &Arc<Self>) {
+        // A wake-up made on this thread while the task using the connection polls
+        // one of the connection's channels itself ([`Driver::quietly`]) would only
+        // make that task poll again for nothing.
+        if QUIET.get() == Arc::as_ptr(self) as usize {
+            return;
+        }
         if let Some(task) = &*self.task.lock() {
             task.wake_by_ref();
         }
     }
+}
+
+thread_local! {
+    /// The [`Relay`] (its address) whose wake-ups on this thread are dropped now.
+    static QUIET: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
 impl Driver {
@@ -142,6 +156,24 @@ impl Driver {
     /// for one, while a request body is still being sent).
     fn ready(&self, sender: &SendRequest<ReqBody>) -> bool {
         self.conn.is_some() && sender.is_ready()
+    }
+
+    /// Runs `f`, a poll of one of the connection's channels (the response body) by
+    /// the task that drives the connection, with the connection's wake-ups on this
+    /// thread dropped meanwhile.
+    ///
+    /// Taking a chunk of the body wakes the channel's sender, hyper's connection,
+    /// whose wake-ups go to the task using it: to the very task taking the chunk,
+    /// which would then be polled once more for nothing (once per response: a
+    /// third of its task's polls). That task polls the connection again before it
+    /// waits (it takes the next chunk, or the body has ended); a wake-up from
+    /// another thread (the socket's, on a multi-threaded runtime) still goes
+    /// through.
+    pub(crate) fn quietly<R>(&self, f: impl FnOnce() -> R) -> R {
+        let before = QUIET.replace(Arc::as_ptr(&self.relay) as usize);
+        let r = f();
+        QUIET.set(before);
+        r
     }
 
     /// Wake-ups go to no task until the next [`Driver::poll`].

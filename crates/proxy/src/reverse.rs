@@ -1042,13 +1042,20 @@ impl Body for PooledBody {
         // driver.
         let this = &mut *self;
         let mut quiet = Context::from_waker(Waker::noop());
-        let mut polled = Pin::new(&mut this.inner).poll_frame(&mut quiet);
+        let inner = &mut this.inner;
+        let mut polled = match &this.conn {
+            Some(conn) => conn
+                .driver
+                .quietly(|| Pin::new(&mut *inner).poll_frame(&mut quiet)),
+            None => Pin::new(&mut *inner).poll_frame(&mut quiet),
+        };
         if polled.is_pending() {
             polled = match &mut this.conn {
                 Some(conn) => {
                     // Ready once the connection ended: the body then ends or fails.
                     let _ = conn.driver.poll(cx);
-                    Pin::new(&mut this.inner).poll_frame(&mut quiet)
+                    conn.driver
+                        .quietly(|| Pin::new(&mut this.inner).poll_frame(&mut quiet))
                 }
                 // Not driven here any more (it is not once the body has ended or
                 // failed): waits with the task's own waker.

@@ -67,14 +67,56 @@ async fn serve_backend(listener: TcpListener, ip: Ipv4Addr) {
     }
 }
 
+/// The body of a backend's answer: whole, or streamed in pieces.
+type AnswerBody = http_body_util::Either<Full<Bytes>, Pieces>;
+
+/// A response body sent in pieces as a task of the backend makes them.
+struct Pieces(tokio::sync::mpsc::Receiver<Bytes>);
+
+impl hyper::body::Body for Pieces {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, Self::Error>>> {
+        self.0
+            .poll_recv(cx)
+            .map(|piece| piece.map(|p| Ok(hyper::body::Frame::data(p))))
+    }
+}
+
+/// The pieces of `/stream`'s body: small ones a few milliseconds apart, then one
+/// of 1 MiB (more than a socket buffer takes at once), then a last small one.
+fn stream_pieces() -> Vec<Bytes> {
+    let mut pieces: Vec<Bytes> = (0..5).map(|i| Bytes::from(format!("piece {i};"))).collect();
+    pieces.push(Bytes::from(vec![b'x'; 1 << 20]));
+    pieces.push(Bytes::from_static(b";end"));
+    pieces
+}
+
 async fn answer(
     req: Request<Incoming>,
     ip: Ipv4Addr,
-) -> Result<Response<Full<Bytes>>, hyper::Error> {
+) -> Result<Response<AnswerBody>, hyper::Error> {
     let (parts, body) = req.into_parts();
     if parts.uri.path() == "/hang" {
         // Never answers (the response-timeout test).
         std::future::pending::<()>().await;
+    }
+    if parts.uri.path() == "/stream" {
+        // Chunked: each piece is sent as the task makes it.
+        let (tx, rx) = tokio::sync::mpsc::channel(1);
+        tokio::spawn(async move {
+            for piece in stream_pieces() {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                if tx.send(piece).await.is_err() {
+                    return;
+                }
+            }
+        });
+        return Ok(Response::new(http_body_util::Either::Right(Pieces(rx))));
     }
     let headers: BTreeMap<String, String> = parts
         .headers
@@ -89,7 +131,9 @@ async fn answer(
         "headers": headers,
         "body": String::from_utf8_lossy(&body),
     });
-    let mut resp = Response::new(Full::new(Bytes::from(json.to_string())));
+    let mut resp = Response::new(http_body_util::Either::Left(Full::new(Bytes::from(
+        json.to_string(),
+    ))));
     // A hop-by-hop header the proxy must not pass on to the client.
     resp.headers_mut()
         .insert("keep-alive", "timeout=30".parse().unwrap());
@@ -352,6 +396,42 @@ async fn headers_are_rewritten_and_bodies_stream_both_ways() {
     assert!(text.starts_with("HTTP/1.1 200"), "{text}");
     assert!(text.contains("\"body\":\"hello world\""), "{text}");
     assert!(!text.contains("\"expect\""), "{text}");
+}
+
+/// A response body the endpoint sends in pieces (small ones apart in time, one
+/// larger than the sockets' buffers) reaches the client whole, piece by piece as
+/// dwara's task drives the pooled connection and takes each piece, and the
+/// connection goes back to the pool after it: the next responses on it come
+/// whole too, without a new connection.
+#[tokio::test]
+async fn a_response_streamed_in_pieces_reaches_the_client_whole_on_a_reused_connection() {
+    let one = OneBackend::start("").await;
+    let whole: Vec<u8> = stream_pieces().concat();
+    let mut client = KeepAlive::open(one.proxy).await;
+    for round in 0..3 {
+        let req = Request::get("/stream")
+            .header("host", "web.test")
+            .body(Full::default())
+            .unwrap();
+        client.sender.ready().await.unwrap();
+        let resp = tokio::time::timeout(WAIT, client.sender.send_request(req))
+            .await
+            .unwrap_or_else(|_| panic!("round {round}: no response head"))
+            .unwrap();
+        assert_eq!(resp.status(), 200, "round {round}");
+        let body = tokio::time::timeout(WAIT, resp.into_body().collect())
+            .await
+            .unwrap_or_else(|_| panic!("round {round}: the body stalled"))
+            .unwrap()
+            .to_bytes();
+        assert_eq!(body.len(), whole.len(), "round {round}");
+        assert!(body == whole, "round {round}: the body differs");
+    }
+    let status = one.serve.status().await;
+    let h = &status["upstreams"][0]["http"];
+    assert_eq!(h["requests"]["2xx"], 3, "{status}");
+    assert_eq!(h["connects"], 1, "{status}");
+    assert_eq!(h["reused"], 2, "{status}");
 }
 
 #[tokio::test]
