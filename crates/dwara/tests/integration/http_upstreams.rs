@@ -70,7 +70,9 @@ async fn serve_backend(listener: TcpListener, ip: Ipv4Addr) {
 /// The body of a backend's answer: whole, or streamed in pieces.
 type AnswerBody = http_body_util::Either<Full<Bytes>, Pieces>;
 
-/// A response body sent in pieces as a task of the backend makes them.
+/// A body sent in pieces as its channel's sender hands them over, and over when
+/// the sender is dropped: a backend's `/stream` answer, and a request body held
+/// open by a test.
 struct Pieces(tokio::sync::mpsc::Receiver<Bytes>);
 
 impl hyper::body::Body for Pieces {
@@ -511,35 +513,6 @@ async fn read_response(raw: &mut TcpStream) -> String {
     }
 }
 
-/// A request body that sends its first part at once and ends when told to.
-struct Held {
-    first: Option<Bytes>,
-    end: tokio::sync::oneshot::Receiver<()>,
-}
-
-impl Held {
-    fn new(first: &'static [u8]) -> (tokio::sync::oneshot::Sender<()>, Self) {
-        let (tx, end) = tokio::sync::oneshot::channel();
-        let first = Some(Bytes::from_static(first));
-        (tx, Self { first, end })
-    }
-}
-
-impl hyper::body::Body for Held {
-    type Data = Bytes;
-    type Error = std::convert::Infallible;
-
-    fn poll_frame(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, Self::Error>>> {
-        if let Some(first) = self.first.take() {
-            return std::task::Poll::Ready(Some(Ok(hyper::body::Frame::data(first))));
-        }
-        std::pin::Pin::new(&mut self.end).poll(cx).map(|_| None)
-    }
-}
-
 #[tokio::test]
 async fn an_idle_h2_connection_is_told_to_go_away_but_not_while_a_stream_is_open() {
     let one = OneBackend::start("    limits: {header_read_timeout_ms: 1000}\n").await;
@@ -552,12 +525,15 @@ async fn an_idle_h2_connection_is_told_to_go_away_but_not_while_a_stream_is_open
 
     // A stream whose request body stays open for three times the timeout: the
     // connection is not idle meanwhile.
-    let (end, held) = Held::new(b"slow body");
-    let req = Request::post("http://web.test/held").body(held).unwrap();
+    let (end, pieces) = tokio::sync::mpsc::channel(1);
+    end.try_send(Bytes::from_static(b"slow body")).unwrap();
+    let req = Request::post("http://web.test/held")
+        .body(Pieces(pieces))
+        .unwrap();
     let answer = tokio::spawn(sender.send_request(req));
     let early = tokio::time::timeout(Duration::from_millis(3000), &mut conn).await;
     assert!(early.is_err(), "the connection ended with a stream open");
-    end.send(()).unwrap();
+    drop(end);
     let resp = tokio::time::timeout(WAIT, answer)
         .await
         .expect("an answer in time")
