@@ -170,10 +170,17 @@ impl Driver {
     /// another thread (the socket's, on a multi-threaded runtime) still goes
     /// through.
     pub(crate) fn quietly<R>(&self, f: impl FnOnce() -> R) -> R {
-        let before = QUIET.replace(Arc::as_ptr(&self.relay) as usize);
-        let r = f();
-        QUIET.set(before);
-        r
+        /// Puts the mark back when `f` returns, and when it panics (tokio catches
+        /// a task's panic and the thread goes on: a stale mark would silence a
+        /// later connection's relay allocated at the same address).
+        struct Restore(usize);
+        impl Drop for Restore {
+            fn drop(&mut self) {
+                QUIET.set(self.0);
+            }
+        }
+        let _restore = Restore(QUIET.replace(Arc::as_ptr(&self.relay) as usize));
+        f()
     }
 
     /// Wake-ups go to no task until the next [`Driver::poll`].
