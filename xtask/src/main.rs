@@ -41,13 +41,16 @@
 //! - `cargo xtask perf guard [--qps N] [--seconds S] [--legit-qps N]`: a forged-source
 //!   flood against the DNS rate limit (reply vs request bytes, limit off and on) and
 //!   what a legitimate dnsperf client sees meanwhile, in network namespaces.
+//! - `cargo xtask pgo` builds `dwara` with profile-guided optimisation, trained on
+//!   short runs of `perf http`, `perf l4` and `perf dns` (see the `pgo` module), as
+//!   `target/pgo/use/release/dwara`.
 //! - `cargo xtask fuzz [TARGET...] [--seconds N] [--idle]` runs the cargo-fuzz targets (nightly).
 //! - `cargo xtask image [--tag T] [--debug] [--no-save]` builds the container image
 //!   (`FROM scratch`, the static binary) and saves it as a tar for `docker load`.
 //!
 //! `cargo xtask help` prints the usage; an unknown command prints it and exits 2.
 //!
-//! `perf` always runs an optimised xtask (a debug one hands over to `cargo run
+//! `perf` and `pgo` always run an optimised xtask (a debug one hands over to `cargo run
 //! --release -p xtask`): the harness is the client of what it measures.
 
 #![forbid(unsafe_code)]
@@ -67,6 +70,7 @@ mod perf_push;
 mod perf_rolling;
 mod perf_store;
 mod perf_util;
+mod pgo;
 mod tidy;
 mod tidy_deps;
 mod tools;
@@ -94,6 +98,7 @@ commands:
   perf push [--rounds R] [--docker]
   perf guard [--qps N] [--seconds S] [--legit-qps N]
   perf guard-flood ... the flooder perf guard runs in a network namespace
+  pgo                  dwara built with profile-guided optimisation (target/pgo/use)
   help                 this text";
 
 /// What `cargo xtask perf` runs.
@@ -140,6 +145,22 @@ fn main() -> anyhow::Result<()> {
         {
             usage_error(&format!("perf {}", rest.first().map_or("", String::as_str)))
         }
+        "pgo" if cfg!(debug_assertions) => cargo(
+            &[
+                &[
+                    "run",
+                    "--release",
+                    "--quiet",
+                    "--package",
+                    "xtask",
+                    "--",
+                    "pgo",
+                ],
+                &as_strs(rest)[..],
+            ]
+            .concat(),
+        ),
+        "pgo" => pgo::run(rest),
         "perf" if cfg!(debug_assertions) => cargo(
             &[
                 &[

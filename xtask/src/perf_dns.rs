@@ -4,7 +4,7 @@
 //! cargo xtask perf dns [--names N] [--rounds R] [--seconds S] [--workers W]
 //!                      [--clients C] [--outstanding Q] [--edns] [--rate QPS]
 //!                      [--batch N] [--before PATH] [--no-tcp] [--profile DIR]
-//!                      [--wildcard]
+//!                      [--wildcard] [--dwara PATH]
 //! ```
 //!
 //! 1. Generates one data set: `N` names `hostI.weave.local`, every fifth with three
@@ -40,7 +40,8 @@
 //! (read with `perf report -i`). `--wildcard` adds `dwara-wildcard`: the same build
 //! bound to `0.0.0.0` (and queried on 127.0.0.1), which asks for every datagram's
 //! destination and sends each reply from it; the closing lines give
-//! dwara-wildcard ÷ dwara, the cost of that.
+//! dwara-wildcard ÷ dwara, the cost of that. `--dwara PATH` runs that binary as
+//! `dwara` (and `dwara-wildcard`) instead of building the release binary.
 //!
 //! Everything listens on 127.0.0.1 only.
 
@@ -66,6 +67,7 @@ struct Options {
     rate: u32,
     batch: Option<usize>,
     before: Option<PathBuf>,
+    dwara: Option<PathBuf>,
     no_tcp: bool,
     profile: Option<PathBuf>,
     wildcard: bool,
@@ -73,7 +75,8 @@ struct Options {
 
 const USAGE: &str = "usage: cargo xtask perf dns [--names N] [--rounds R] [--seconds S] \
                      [--workers W] [--clients C] [--outstanding Q] [--edns] [--rate QPS] \
-                     [--batch N] [--before PATH] [--no-tcp] [--profile DIR] [--wildcard]";
+                     [--batch N] [--before PATH] [--dwara PATH] [--no-tcp] [--profile DIR] \
+                     [--wildcard]";
 
 fn parse_args(args: &[String]) -> anyhow::Result<Options> {
     let mut o = Options {
@@ -87,6 +90,7 @@ fn parse_args(args: &[String]) -> anyhow::Result<Options> {
         rate: 20_000,
         batch: None,
         before: None,
+        dwara: None,
         no_tcp: false,
         profile: None,
         wildcard: false,
@@ -96,12 +100,12 @@ fn parse_args(args: &[String]) -> anyhow::Result<Options> {
         let mut text = |name: &str| -> anyhow::Result<&String> {
             it.next().with_context(|| format!("{name} needs a value"))
         };
-        if a == "--before" || a == "--profile" {
+        if a == "--before" || a == "--dwara" || a == "--profile" {
             let path = Some(PathBuf::from(text(a)?));
-            if a == "--before" {
-                o.before = path;
-            } else {
-                o.profile = path;
+            match a.as_str() {
+                "--before" => o.before = path,
+                "--dwara" => o.dwara = path,
+                _ => o.profile = path,
             }
             continue;
         }
@@ -635,7 +639,9 @@ fn dnsperf(
 /// Runs the comparison.
 pub(crate) fn run(args: &[String]) -> anyhow::Result<()> {
     let opts = parse_args(args)?;
-    crate::cargo(&["build", "--release", "-p", "dwara"])?;
+    if opts.dwara.is_none() {
+        crate::cargo(&["build", "--release", "-p", "dwara"])?;
+    }
     crate::perf_util::in_scratch_dir("perf-dns", |dir| run_in(dir, &opts))
 }
 
@@ -663,7 +669,8 @@ fn run_in(dir: &Path, opts: &Options) -> anyhow::Result<()> {
             .unwrap_or_default()
     );
 
-    let (dwara, http) = start_dwara(dir, "dwara", &release_dwara(), opts, Ipv4Addr::LOCALHOST)?;
+    let bin = opts.dwara.clone().unwrap_or_else(release_dwara);
+    let (dwara, http) = start_dwara(dir, "dwara", &bin, opts, Ipv4Addr::LOCALHOST)?;
     let rss_before = rss_kib(dwara.child.id());
     let took = register(http, &data)?;
     let rss_loaded = rss_kib(dwara.child.id());
@@ -690,7 +697,7 @@ fn run_in(dir: &Path, opts: &Options) -> anyhow::Result<()> {
         Some(start_loaded(
             dir,
             "dwara-wildcard",
-            &release_dwara(),
+            &bin,
             opts,
             Ipv4Addr::UNSPECIFIED,
             &data,

@@ -1,0 +1,210 @@
+//! `cargo xtask pgo`: the `dwara` binary built with profile-guided optimisation.
+//!
+//! ```text
+//! cargo xtask pgo
+//! ```
+//!
+//! 1. Adds rustup's `llvm-tools` component when its `llvm-profdata` is missing (the
+//!    one that reads the profiles this `rustc` writes).
+//! 2. Builds `dwara` instrumented (`-Cprofile-generate`) in `target/pgo/generate`.
+//! 3. Trains it with short runs of the loads the benchmarks use, each against the
+//!    instrumented binary: `perf http` (keep-alive requests, a new connection per
+//!    request, 1 MiB bodies, the 503 with nothing to route to; HTTP API
+//!    registrations), `perf l4` (forwarded connections) and `perf dns` (UDP and TCP
+//!    answers of the name server, 1,000 names registered over HTTP). Code no load
+//!    runs is laid out as cold, so it may run a little slower than in the plain
+//!    release build.
+//! 4. Merges the profiles into `target/pgo/dwara.profdata` and builds `dwara` with
+//!    them (`-Cprofile-use`) in `target/pgo/use`; prints that binary's path.
+//!
+//! The plain release build (`cargo build --release`, and so the README's `cargo run
+//! --release -p dwara -- serve`) does not use the profile. `cargo xtask perf http
+//! --dwara target/pgo/use/release/dwara --before target/release/dwara` measures the
+//! two side by side (docs/PERFORMANCE.md). It takes about two release builds and
+//! three minutes of loads.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, bail};
+
+use crate::perf_util::release_dwara;
+
+/// The workspace's target directory (`target`, or `CARGO_TARGET_DIR`).
+fn target_dir() -> PathBuf {
+    let bin = release_dwara();
+    bin.parent()
+        .and_then(Path::parent)
+        .map_or_else(|| PathBuf::from("target"), Path::to_path_buf)
+}
+
+fn rustc_output(args: &[&str]) -> anyhow::Result<String> {
+    let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".to_owned());
+    let out = Command::new(&rustc)
+        .args(args)
+        .output()
+        .with_context(|| format!("cannot run {rustc}"))?;
+    if !out.status.success() {
+        bail!(
+            "{rustc} {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(String::from_utf8(out.stdout)?)
+}
+
+/// The host triple in `rustc -vV`'s output.
+fn host_triple(verbose_version: &str) -> Option<&str> {
+    verbose_version
+        .lines()
+        .find_map(|l| l.strip_prefix("host: "))
+        .map(str::trim)
+}
+
+/// `llvm-profdata` of the toolchain that builds dwara, added with rustup when missing.
+fn llvm_profdata() -> anyhow::Result<PathBuf> {
+    let sysroot = rustc_output(&["--print", "sysroot"])?;
+    let version = rustc_output(&["-vV"])?;
+    let host = host_triple(&version).context("rustc -vV names no host")?;
+    let path = Path::new(sysroot.trim())
+        .join("lib/rustlib")
+        .join(host)
+        .join("bin/llvm-profdata");
+    if !path.exists() {
+        println!("pgo: adding rustup's llvm-tools component (for llvm-profdata)");
+        let status = Command::new("rustup")
+            .args(["component", "add", "llvm-tools"])
+            .status()
+            .context("cannot run rustup")?;
+        if !status.success() || !path.exists() {
+            bail!(
+                "{} is missing and `rustup component add llvm-tools` did not add it",
+                path.display()
+            );
+        }
+    }
+    Ok(path)
+}
+
+fn strs(args: &[&str]) -> Vec<String> {
+    args.iter().map(|s| (*s).to_owned()).collect()
+}
+
+pub(crate) fn run(args: &[String]) -> anyhow::Result<()> {
+    if let Some(a) = args.first() {
+        bail!("unknown argument {a:?}; usage: cargo xtask pgo");
+    }
+    crate::tools::ensure()?;
+    crate::tools::ensure_perf_http()?;
+    let profdata = llvm_profdata()?;
+    let base = target_dir().join("pgo");
+    std::fs::create_dir_all(&base)?;
+    let base = std::fs::canonicalize(&base)?;
+    let profiles = base.join("profiles");
+    if profiles.exists() {
+        std::fs::remove_dir_all(&profiles)?;
+    }
+    std::fs::create_dir_all(&profiles)?;
+
+    println!("pgo: building the instrumented dwara");
+    let generate = base.join("generate");
+    crate::cargo_with(
+        &["build", "--release", "-p", "dwara"],
+        &[
+            ("CARGO_TARGET_DIR", &generate.to_string_lossy()),
+            (
+                "RUSTFLAGS",
+                &format!("-Cprofile-generate={}", profiles.display()),
+            ),
+        ],
+    )?;
+    let trainee = generate.join("release/dwara");
+    let trainee = trainee.to_string_lossy();
+
+    println!("pgo: training it (perf http, perf l4, perf dns: one short round each)");
+    crate::perf_http::run(&strs(&[
+        "--rounds",
+        "1",
+        "--seconds",
+        "3",
+        "--dwara",
+        &trainee,
+    ]))?;
+    crate::perf_l4::run(&strs(&[
+        "--rounds",
+        "1",
+        "--seconds",
+        "3",
+        "--proxies",
+        "dwara,dwara-1t",
+        "--dwara",
+        &trainee,
+    ]))?;
+    crate::perf_dns::run(&strs(&[
+        "--rounds",
+        "1",
+        "--seconds",
+        "3",
+        "--dwara",
+        &trainee,
+    ]))?;
+
+    let raw: Vec<PathBuf> = std::fs::read_dir(&profiles)?
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "profraw"))
+        .collect();
+    if raw.is_empty() {
+        bail!(
+            "the training wrote no profile into {} (did dwara exit on SIGTERM?)",
+            profiles.display()
+        );
+    }
+    let merged = base.join("dwara.profdata");
+    let status = Command::new(&profdata)
+        .arg("merge")
+        .arg("-o")
+        .arg(&merged)
+        .args(&raw)
+        .status()
+        .with_context(|| format!("cannot run {}", profdata.display()))?;
+    if !status.success() {
+        bail!("llvm-profdata merge failed ({status})");
+    }
+
+    println!("pgo: building dwara with the profile");
+    let used = base.join("use");
+    crate::cargo_with(
+        &["build", "--release", "-p", "dwara"],
+        &[
+            ("CARGO_TARGET_DIR", &used.to_string_lossy()),
+            ("RUSTFLAGS", &format!("-Cprofile-use={}", merged.display())),
+        ],
+    )?;
+    println!(
+        "pgo: built {} (profile {}, merged from {} files the training wrote)",
+        used.join("release/dwara").display(),
+        merged.display(),
+        raw.len()
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_host_triple_is_read_from_rustc_vv() {
+        let vv = "rustc 1.95.0 (59807616e 2026-04-14)\nbinary: rustc\n\
+                  host: x86_64-unknown-linux-gnu\nrelease: 1.95.0\n";
+        assert_eq!(host_triple(vv), Some("x86_64-unknown-linux-gnu"));
+        assert_eq!(host_triple("rustc 1.95.0\n"), None);
+    }
+
+    #[test]
+    fn arguments_are_refused() {
+        let err = run(&strs(&["--rounds", "3"])).unwrap_err().to_string();
+        assert!(err.contains("unknown argument \"--rounds\""), "{err}");
+    }
+}
