@@ -27,6 +27,7 @@ pub(crate) struct Metrics {
     pub(crate) reconciles: Counter,
     pub(crate) repairs: Family<ChangeLabel, Counter>,
     pub(crate) bad_labels: Counter,
+    pub(crate) inspect_failures: Counter,
 }
 
 impl Metrics {
@@ -60,6 +61,11 @@ impl Metrics {
             "dwara_docker_bad_labels",
             "Container inspections that found a dwara.port or dwara.service label not valid (the names are registered without a service)",
             self.bad_labels.clone(),
+        );
+        registry.register(
+            "dwara_docker_inspect_failures",
+            "Container inspections that failed (not answered within the request timeout, or refused); each such container is inspected again",
+            self.inspect_failures.clone(),
         );
     }
 

@@ -20,6 +20,16 @@
 //! were registered from started before the `die` (the inspect that registered them
 //! said when); the inspect that follows still decides what the container has, so a
 //! restarted container is registered again from it.
+//!
+//! A container whose inspect fails (the daemon does not answer it within the
+//! request timeout, or answers with an error other than "no such container") is
+//! inspected again `RETRY_AFTER` later, and again after each further failure,
+//! while every other container is kept up to date: one wedged container does not
+//! hold the others back. That holds for the reconcile too: once the daemon has
+//! listed the containers, the reconcile is complete for those it could inspect and
+//! the rest are retried by the event loop that follows (a failed list, or a failed
+//! connection, is the daemon being unreachable: the start fails, or the reconnect
+//! backs off).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::net::IpAddr;
@@ -197,7 +207,8 @@ impl DockerUpdater {
     /// `on`: the daemon must answer (API version negotiated, running containers
     /// registered) or this fails. `auto`: a missing socket or a daemon that does not
     /// answer gives [`Started::Off`]. `off`: [`Started::Off`] at once. When it runs,
-    /// the running containers are registered before this returns.
+    /// the running containers are registered before this returns, but for those
+    /// whose inspect failed: the updater inspects those again once it runs.
     pub async fn start(config: DockerConfig, db: Arc<Db>) -> Result<Started> {
         match config.mode {
             DockerMode::Off => return Ok(Started::Off(DockerOff::Disabled)),
@@ -224,10 +235,10 @@ impl DockerUpdater {
         let first = async {
             let (docker, version) = connect(&shared.config).await?;
             let since = now() - SINCE_MARGIN;
-            let repair = shared.reconcile(&docker).await?;
-            Ok::<_, Error>((docker, version, since, repair))
+            let (repair, retry) = shared.reconcile(&docker).await?;
+            Ok::<_, Error>((docker, version, since, repair, retry))
         };
-        let (docker, api_version, since, repair) = match first.await {
+        let (docker, api_version, since, repair, retry) = match first.await {
             Ok(v) => v,
             Err(e) if mode == DockerMode::On => return Err(e),
             Err(source) => return Ok(Started::Off(DockerOff::Unreachable { source })),
@@ -241,7 +252,7 @@ impl DockerUpdater {
             "Docker updater running"
         );
         let cancel = CancellationToken::new();
-        let task = tokio::spawn(run(shared.clone(), docker, since, cancel.clone()));
+        let task = tokio::spawn(run(shared.clone(), docker, since, retry, cancel.clone()));
         Ok(Started::Running(Self {
             shared,
             api_version,
@@ -272,7 +283,8 @@ impl DockerUpdater {
 
     /// Registers the updater's metrics: `dwara_docker_containers_registered`,
     /// `dwara_docker_events_total{action}`, `dwara_docker_reconnects_total`,
-    /// `dwara_docker_reconciles_total`, `dwara_docker_reconcile_repairs_total{change}`.
+    /// `dwara_docker_reconciles_total`, `dwara_docker_reconcile_repairs_total{change}`,
+    /// `dwara_docker_bad_labels_total`, `dwara_docker_inspect_failures_total`.
     pub fn register_metrics(&self, registry: &mut Registry) {
         self.shared.metrics.register(registry);
     }
@@ -310,14 +322,24 @@ enum StreamEnd {
     Failed(BollardError),
 }
 
-async fn run(shared: Arc<Shared>, mut docker: Docker, mut since: Nanos, cancel: CancellationToken) {
+/// The containers whose inspect failed, to be inspected again (each with the time
+/// of its latest `die` read, if any).
+type Retry = HashMap<String, Option<Nanos>>;
+
+async fn run(
+    shared: Arc<Shared>,
+    mut docker: Docker,
+    mut since: Nanos,
+    mut retry: Retry,
+    cancel: CancellationToken,
+) {
     let backoff = shared.config.backoff;
     let mut failures: u32 = 0;
     loop {
         let opened = Instant::now();
         let end = tokio::select! {
             () = cancel.cancelled() => StreamEnd::Cancelled,
-            end = shared.follow(&docker, &mut since) => end,
+            end = shared.follow(&docker, &mut since, std::mem::take(&mut retry)) => end,
         };
         match end {
             StreamEnd::Cancelled => return,
@@ -346,8 +368,8 @@ async fn run(shared: Arc<Shared>, mut docker: Docker, mut since: Nanos, cancel: 
             let attempt = async {
                 let (d, version) = connect(&shared.config).await?;
                 let list_time = now() - SINCE_MARGIN;
-                let repair = shared.reconcile(&d).await?;
-                Ok::<_, Error>((d, version, list_time, repair))
+                let (repair, retry) = shared.reconcile(&d).await?;
+                Ok::<_, Error>((d, version, list_time, repair, retry))
             };
             let outcome = tokio::select! {
                 () = cancel.cancelled() => return,
@@ -355,7 +377,7 @@ async fn run(shared: Arc<Shared>, mut docker: Docker, mut since: Nanos, cancel: 
             };
             let elapsed_ms = u64::try_from(began.elapsed().as_millis()).unwrap_or(u64::MAX);
             match outcome {
-                Ok((d, version, list_time, repair)) => {
+                Ok((d, version, list_time, repair, still_failing)) => {
                     shared.metrics.reconnects.inc();
                     tracing::info!(
                         api_version = %version,
@@ -367,6 +389,7 @@ async fn run(shared: Arc<Shared>, mut docker: Docker, mut since: Nanos, cancel: 
                     );
                     docker = d;
                     since = since.max(list_time);
+                    retry = still_failing;
                     break;
                 }
                 Err(e) => {
@@ -379,8 +402,8 @@ async fn run(shared: Arc<Shared>, mut docker: Docker, mut since: Nanos, cancel: 
 
 impl Shared {
     /// Follows the event stream from `since` (advanced past every event seen) until
-    /// it ends.
-    async fn follow(&self, docker: &Docker, since: &mut Nanos) -> StreamEnd {
+    /// it ends, inspecting the containers of `retry` again `RETRY_AFTER` from now.
+    async fn follow(&self, docker: &Docker, since: &mut Nanos, mut retry: Retry) -> StreamEnd {
         let filters = HashMap::from([
             (
                 "type".to_owned(),
@@ -410,8 +433,7 @@ impl Shared {
         };
         let mut stream = docker.events(Some(options)).ready_chunks(BATCH);
         let mut queue = Queue::default();
-        let mut retry: HashMap<String, Option<Nanos>> = HashMap::new();
-        let mut retry_at: Option<tokio::time::Instant> = None;
+        let mut retry_at = (!retry.is_empty()).then(|| tokio::time::Instant::now() + RETRY_AFTER);
         // Inspects in flight, at most one per container: (id, its `die`, answer).
         let mut inflight = FuturesUnordered::new();
         let end = loop {
@@ -436,7 +458,8 @@ impl Shared {
                 Some((id, died_at, answer)) = inflight.next() => {
                     queue.done(&id);
                     if let Err((died_at, e)) = self.settle(&id, died_at, answer, queue.died(&id)) {
-                        tracing::warn!(container = %id, error = %e, "cannot inspect container; will look again");
+                        self.metrics.inspect_failures.inc();
+                        tracing::warn!(container = %id, error = %e, retry_in = ?RETRY_AFTER, "cannot inspect container; will look again");
                         retry.insert(id, died_at);
                         retry_at.get_or_insert_with(|| tokio::time::Instant::now() + RETRY_AFTER);
                     }
@@ -538,10 +561,9 @@ impl Shared {
         &self,
         docker: &Docker,
         work: Vec<(String, Option<Nanos>)>,
-        retry: &mut HashMap<String, Option<Nanos>>,
-    ) -> (Repair, Option<BollardError>) {
+        retry: &mut Retry,
+    ) -> Repair {
         let mut total = Repair::default();
-        let mut first_error = None;
         let mut results = futures::stream::iter(work)
             .map(|(id, died_at)| async move {
                 let r = self.sync(docker, &id, died_at).await;
@@ -552,13 +574,13 @@ impl Shared {
             match r {
                 Ok(repair) => total += repair,
                 Err(e) => {
-                    tracing::warn!(container = %id, error = %e, "cannot inspect container; will look again");
+                    self.metrics.inspect_failures.inc();
+                    tracing::warn!(container = %id, error = %e, retry_in = ?RETRY_AFTER, "cannot inspect container; will look again");
                     retry.insert(id, died_at);
-                    first_error.get_or_insert(e);
                 }
             }
         }
-        (total, first_error)
+        total
     }
 
     /// Inspects one container and sets its records to what it should have.
@@ -694,7 +716,7 @@ impl Shared {
     /// gets what it should have; every one this updater registered that is no longer
     /// listed is inspected (it may have started since the list) and cleared if gone.
     /// Records of ours removed from the database by someone else are put back.
-    async fn reconcile(&self, docker: &Docker) -> Result<Repair> {
+    async fn reconcile(&self, docker: &Docker) -> Result<(Repair, Retry)> {
         let started = Instant::now();
         let unreachable = |source| Error::Unreachable {
             socket: self.config.socket.clone(),
@@ -725,17 +747,23 @@ impl Shared {
             ids.extend(ours.keys().filter(|id| !listed.contains(*id)).cloned());
         }
         let containers = ids.len();
-        let mut retry = HashMap::new();
-        let (repair, failed) = self
+        let mut retry = Retry::new();
+        let repair = self
             .sync_all(
                 docker,
                 ids.into_iter().map(|id| (id, None)).collect(),
                 &mut retry,
             )
             .await;
-        if let Some(source) = failed {
-            // The daemon is not answering well: this reconcile is not complete.
-            return Err(unreachable(source));
+        // The daemon listed the containers: it is reachable. The ones it did not
+        // answer an inspect for are left to the event loop's retries; the others
+        // are not held back by them.
+        if !retry.is_empty() {
+            tracing::warn!(
+                containers,
+                failed = retry.len(),
+                "reconciled except for containers whose inspect failed; they are inspected again"
+            );
         }
         self.metrics.reconciles.inc();
         self.metrics.repaired(repair.added, repair.removed);
@@ -751,7 +779,7 @@ impl Shared {
         } else {
             tracing::debug!(containers, elapsed_ms, "reconciled: nothing to change");
         }
-        Ok(repair)
+        Ok((repair, retry))
     }
 }
 

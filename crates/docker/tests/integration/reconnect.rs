@@ -12,8 +12,9 @@ const CONVERGE: Duration = Duration::from_secs(20);
 /// Each request's timeout here: one request the daemon never answers costs a
 /// reconnect attempt this long, well within `CONVERGE` (the default, 30 s, is not).
 /// Not much shorter: under load (many tests at once) an inspect of another test's
-/// container that is starting or stopping was seen to take up to 4.7 s, and the
-/// updater's start fails when one of its requests times out.
+/// container that is starting or stopping was seen to take up to 4.7 s (such a
+/// container is then inspected again; the list or the version check timing out
+/// fails the start).
 fn short_requests(config: &mut DockerConfig) {
     config.request_timeout = Duration::from_secs(5);
 }
@@ -127,4 +128,64 @@ async fn an_attempt_that_is_never_answered_times_out_and_a_later_one_recovers() 
         );
         updater.shutdown().await;
     }
+}
+
+/// A container the daemon never answers an inspect for (wedged) holds back neither
+/// the start (`on`: the daemon is reachable, it listed the containers) nor the
+/// other containers, at start and after; it is inspected again, counted, and
+/// registered once the daemon answers for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wedged_container_holds_back_neither_the_start_nor_the_others() {
+    let Some(h) = Harness::new("wedged") else {
+        return;
+    };
+    let (wedged, fine, later) = (h.name("wedged"), h.name("fine"), h.name("later"));
+    let wedged_id = h.run_host("wedged", &wedged).await;
+    let fine_id = h.run_host("fine", &fine).await;
+    let proxy = Proxy::start();
+    proxy.wedge(&wedged_id);
+    // `on`: this panics if the start fails.
+    let updater = start_updater(h.db.clone(), &proxy.path, short_requests).await;
+    assert!(
+        proxy.held_at_least(1, CONVERGE).await,
+        "the wedged container's inspect never reached the proxy"
+    );
+    let fqdn = |host: &str| format!("{host}.weave.local");
+    let fine_ips = container_ips(&fine_id).await;
+    assert!(
+        wait(CONVERGE, || lookup(&h.db, &fqdn(&fine)) == fine_ips).await,
+        "the other container was held back: {:?}, want {fine_ips:?}",
+        lookup(&h.db, &fqdn(&fine))
+    );
+    // The event stream is followed meanwhile.
+    let later_id = h.run_host("later", &later).await;
+    let later_ips = container_ips(&later_id).await;
+    assert!(
+        wait(CONVERGE, || lookup(&h.db, &fqdn(&later)) == later_ips).await,
+        "a container started after the start was not registered: {:?}, want {later_ips:?}",
+        lookup(&h.db, &fqdn(&later))
+    );
+    // Still wedged: it is tried again (each try ends at the request timeout).
+    assert!(
+        proxy.held_at_least(2, CONVERGE).await,
+        "the wedged container was not inspected again"
+    );
+    assert!(lookup(&h.db, &fqdn(&wedged)).is_empty());
+    assert!(
+        wait(CONVERGE, || metric(
+            &metrics_text(&updater),
+            "dwara_docker_inspect_failures_total"
+        ) >= 1.0)
+        .await,
+        "{}",
+        metrics_text(&updater)
+    );
+    proxy.unwedge();
+    let wedged_ips = container_ips(&wedged_id).await;
+    assert!(
+        wait(CONVERGE, || lookup(&h.db, &fqdn(&wedged)) == wedged_ips).await,
+        "the wedged container was not registered once answered: {:?}, want {wedged_ips:?}",
+        lookup(&h.db, &fqdn(&wedged))
+    );
+    updater.shutdown().await;
 }

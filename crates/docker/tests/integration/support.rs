@@ -197,6 +197,9 @@ pub(crate) struct Proxy {
     pub(crate) path: PathBuf,
     mode: tokio::sync::watch::Sender<Mode>,
     held: tokio::sync::watch::Sender<usize>,
+    /// In [`Mode::Pass`], a request whose bytes hold this text is not passed on and
+    /// its connection is held (counted in `held`) until the client closes it.
+    wedged: tokio::sync::watch::Sender<Option<String>>,
     _dir: tempfile::TempDir,
     task: tokio::task::JoinHandle<()>,
 }
@@ -209,6 +212,8 @@ impl Proxy {
         let (mode, watch) = tokio::sync::watch::channel(Mode::Pass);
         let held = tokio::sync::watch::Sender::new(0usize);
         let counter = held.clone();
+        let wedged = tokio::sync::watch::Sender::new(None::<String>);
+        let wedge = wedged.clone();
         let task = tokio::spawn(async move {
             loop {
                 let Ok((client, _)) = listener.accept().await else {
@@ -222,7 +227,13 @@ impl Proxy {
                         tokio::spawn(hold(client, watch.clone()));
                     }
                     Mode::Pass | Mode::HeadOnly => {
-                        tokio::spawn(splice(client, now, watch.clone(), counter.clone()));
+                        let wedged = wedge.borrow().clone();
+                        tokio::spawn(splice(
+                            client,
+                            (now, wedged),
+                            watch.clone(),
+                            counter.clone(),
+                        ));
                     }
                 }
             }
@@ -231,9 +242,22 @@ impl Proxy {
             path,
             mode,
             held,
+            wedged,
             _dir: dir,
             task,
         }
+    }
+
+    /// From now on, new connections hold every inspect of container `id` unanswered
+    /// (a wedged container: the daemon answers everything else), until
+    /// [`Proxy::unwedge`].
+    pub(crate) fn wedge(&self, id: &str) {
+        self.wedged
+            .send_replace(Some(format!("/containers/{id}/json")));
+    }
+
+    pub(crate) fn unwedge(&self) {
+        self.wedged.send_replace(None);
     }
 
     pub(crate) fn cut(&self) {
@@ -268,10 +292,11 @@ async fn hold<T>(conn: T, mut watch: tokio::sync::watch::Receiver<Mode>) {
 /// Splices `client` to the daemon until the proxy leaves [`Mode::Pass`] (then both
 /// are closed). In [`Mode::HeadOnly`], passes the request on and only the head of
 /// the daemon's answer back, counts the connection as held, and keeps it open until
-/// the client closes it.
+/// the client closes it. With `wedged`, a request holding that text is not passed
+/// on: the connection is counted as held and kept open until the client closes it.
 async fn splice(
     mut client: tokio::net::UnixStream,
-    mode: Mode,
+    (mode, wedged): (Mode, Option<String>),
     mut watch: tokio::sync::watch::Receiver<Mode>,
     held: tokio::sync::watch::Sender<usize>,
 ) {
@@ -279,6 +304,35 @@ async fn splice(
     let Ok(mut daemon) = tokio::net::UnixStream::connect(SOCKET).await else {
         return;
     };
+    if let (Mode::Pass, Some(needle)) = (mode, wedged) {
+        let (mut client_read, mut client_write) = client.into_split();
+        let (mut daemon_read, mut daemon_write) = daemon.into_split();
+        let up = async {
+            let mut buf = [0u8; 8192];
+            loop {
+                let n = client_read.read(&mut buf).await?;
+                if n == 0 {
+                    return Ok::<_, std::io::Error>(());
+                }
+                if buf[..n]
+                    .windows(needle.len())
+                    .any(|w| w == needle.as_bytes())
+                {
+                    held.send_modify(|h| *h += 1);
+                    // Read (and drop) until the client gives up and closes.
+                    while client_read.read(&mut buf).await? > 0 {}
+                    return Ok(());
+                }
+                daemon_write.write_all(&buf[..n]).await?;
+            }
+        };
+        tokio::select! {
+            _ = up => {}
+            _ = tokio::io::copy(&mut daemon_read, &mut client_write) => {}
+            _ = watch.wait_for(|m| *m != Mode::Pass) => {}
+        }
+        return;
+    }
     if mode == Mode::Pass {
         tokio::select! {
             _ = tokio::io::copy_bidirectional(&mut client, &mut daemon) => {}
