@@ -30,11 +30,18 @@
 //!    time, so the latencies are the time to make the 503; dwara and HAProxy
 //!    only). Each run records the rate, the proxy's CPU per request or MiB (user +
 //!    system from `/proc/PID/stat`, worker processes included), wrk's p50 and p99
-//!    and errors (on the 503 load, answers that were not an error).
+//!    and errors (on the 503 load, answers that were not an error); also the
+//!    backend's and wrk's CPU per unit, the share of the machine left idle
+//!    (`/proc/stat`) and the proxy's involuntary context switches, since the rate
+//!    is bounded by the whole chain on two cores.
 //! 4. Prints the medians and the ratios of `dwara-1t` and `dwara` to each other
 //!    proxy, and the median of `dwara-1t`'s rate divided by each proxy's in the
 //!    same round (`paired`: steadier than the ratio of medians on a machine whose
-//!    speed drifts from round to round).
+//!    speed drifts from round to round); under it, per proxy, the backend's and
+//!    wrk's CPU per unit, the three together (`chain`), the machine's busy time
+//!    per unit (cores × busy share ÷ rate), its idle share, and how often the
+//!    proxy was preempted (its involuntary context switches per 1,000 units, from
+//!    `/proc/PID/task/*/status`).
 //!
 //! `--before PATH` adds `dwara-1t-before`: `dwara-1t` run from another build (the
 //! one before a change), in the same rounds, so that the `dwara-1t` ratios on its
@@ -221,7 +228,7 @@ fn run_in(dir: &Path, opts: &Options) -> anyhow::Result<()> {
             .collect::<Vec<_>>()
             .join(" ")
     );
-    let (_backend, backend) = start_backend(dir)?;
+    let (backend_proc, backend) = start_backend(dir)?;
     let mut proxies = PROXIES
         .iter()
         .map(|name| start(dir, name, opts, backend))
@@ -238,7 +245,7 @@ fn run_in(dir: &Path, opts: &Options) -> anyhow::Result<()> {
             true,
         )?);
     }
-    let runs = rounds(&proxies, &LOADS, opts)?;
+    let runs = rounds(&proxies, &backend_proc, &LOADS, opts)?;
     report(&proxies, &runs, opts);
     Ok(())
 }
@@ -280,6 +287,37 @@ fn report(proxies: &[Proxy], runs: &[Vec<Vec<Run>>], opts: &Options) {
                 med(one, &|r| r.cpu_us) / med(rs, &|r| r.cpu_us),
                 med(all, &|r| r.rate) / med(rs, &|r| r.rate),
                 paired,
+            );
+        }
+        // Where the rest of the machine's CPU went in the same runs: the proxy's rate is
+        // bounded by the whole chain (wrk, the proxy, nginx behind it) on two cores, so
+        // a proxy that costs the backend or the client more per request is slower even
+        // at the same CPU of its own.
+        println!(
+            "  {:<15} {:>14} {:>14} {:>14} {:>14} {:>8} {:>16}",
+            "",
+            format!("backend us/{}", load.unit()),
+            format!("wrk us/{}", load.unit()),
+            format!("chain us/{}", load.unit()),
+            format!("machine us/{}", load.unit()),
+            "idle",
+            format!("preempted/k{}", load.unit()),
+        );
+        for (p, rs) in proxies.iter().zip(&runs[l]) {
+            if rs.is_empty() {
+                continue;
+            }
+            // The machine's busy time per unit: cores × (1 − idle) ÷ rate.
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+            println!(
+                "  {:<15} {:>14.2} {:>14.2} {:>14.2} {:>14.2} {:>7.1}% {:>16.1}",
+                p.proc.name,
+                med(rs, &|r| r.backend_us),
+                med(rs, &|r| r.client_us),
+                med(rs, &|r| r.cpu_us + r.backend_us + r.client_us),
+                med(rs, &|r| cores * (1.0 - r.idle) * 1e6 / r.rate.max(1e-9)),
+                100.0 * med(rs, &|r| r.idle),
+                med(rs, &|r| r.preempted),
             );
         }
     }

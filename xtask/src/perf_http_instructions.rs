@@ -45,7 +45,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, bail};
 
 use crate::perf_http::start_haproxy_under;
-use crate::perf_l4::{Load, Options, Proxy, start_backend, start_dwara_under, wrk};
+use crate::perf_l4::{Load, Options, Proc, Proxy, start_backend, start_dwara_under, wrk};
 use crate::perf_util::{clock_ticks, free_port, output_of, parse_flags, release_dwara};
 
 const USAGE: &str = "usage: cargo xtask perf http-instructions [--seconds S] [--dwara PATH] \
@@ -128,11 +128,11 @@ fn run_in(dir: &Path, subjects: &[Subject], seconds: u32, cache: bool) -> anyhow
             ""
         }
     );
-    let (_backend, backend) = start_backend(dir)?;
+    let (backend_proc, backend) = start_backend(dir)?;
     let mut counts = Vec::new();
     for subject in subjects {
         let name = subject.name();
-        let (requests, events) = count(dir, subject, backend, seconds, cache)?;
+        let (requests, events) = count(dir, subject, (&backend_proc, backend), seconds, cache)?;
         let event = |e: &str| {
             events
                 .iter()
@@ -182,7 +182,7 @@ fn run_in(dir: &Path, subjects: &[Subject], seconds: u32, cache: bool) -> anyhow
 fn count(
     dir: &Path,
     subject: &Subject,
-    backend: u16,
+    (backend_proc, backend): (&Proc, u16),
     seconds: u32,
     cache: bool,
 ) -> anyhow::Result<(f64, Vec<(String, u64)>)> {
@@ -210,7 +210,7 @@ fn count(
             before: None,
             dwara: None,
         };
-        wrk(&proxy, Load::Counted, &opts, clock_ticks())
+        wrk(&proxy, backend_proc, Load::Counted, &opts, clock_ticks())
     };
     load(2)?;
     output_of("callgrind_control", &["-i", "on", &pid])?;

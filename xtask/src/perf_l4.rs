@@ -186,6 +186,14 @@ impl Proc {
             .sum()
     }
 
+    /// Involuntary context switches of the process and its children (every thread).
+    pub(crate) fn preemptions(&self) -> u64 {
+        tree(self.child.id())
+            .iter()
+            .map(|pid| crate::perf_util::preemptions(*pid))
+            .sum()
+    }
+
     /// Resident memory of the process and its children, KiB.
     pub(crate) fn rss_kib(&self) -> u64 {
         tree(self.child.id())
@@ -527,6 +535,37 @@ pub(crate) struct Run {
     pub(crate) p50_ms: f64,
     pub(crate) p99_ms: f64,
     pub(crate) errors: u64,
+    /// The backend's CPU per unit, µs (its workers included).
+    pub(crate) backend_us: f64,
+    /// wrk's CPU per unit, µs.
+    pub(crate) client_us: f64,
+    /// The share of the machine's CPU time (every core) that was idle during the run.
+    pub(crate) idle: f64,
+    /// The proxy's involuntary context switches per 1,000 units: how often the
+    /// scheduler gave its CPU to another process (wrk or the backend, woken by it)
+    /// while it still had work.
+    pub(crate) preempted: f64,
+}
+
+/// (idle, total) clock ticks of every core since boot: the first line of
+/// `/proc/stat` (idle counts `iowait` too).
+fn machine_ticks() -> (u64, u64) {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let f: Vec<u64> = stat
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .skip(1)
+        .map(|v| v.parse().unwrap_or(0))
+        .collect();
+    let idle = f.get(3).copied().unwrap_or(0) + f.get(4).copied().unwrap_or(0);
+    (idle, f.iter().sum())
+}
+
+/// CPU ticks of this process's waited-for children (wrk, once it has been waited for).
+fn children_ticks() -> u64 {
+    crate::perf_util::cpu_ticks("self").map_or(0, |(_, children)| children)
 }
 
 /// "12.34MB" (wrk's binary units) in bytes.
@@ -559,7 +598,13 @@ fn millis(s: &str) -> Option<f64> {
     Some(n.parse::<f64>().ok()? * scale)
 }
 
-pub(crate) fn wrk(proxy: &Proxy, load: Load, opts: &Options, ticks: f64) -> anyhow::Result<Run> {
+pub(crate) fn wrk(
+    proxy: &Proxy,
+    backend: &Proc,
+    load: Load,
+    opts: &Options,
+    ticks: f64,
+) -> anyhow::Result<Run> {
     let mut args = load.args();
     let path = args.pop().unwrap_or("/tiny");
     let port = match load {
@@ -570,6 +615,10 @@ pub(crate) fn wrk(proxy: &Proxy, load: Load, opts: &Options, ticks: f64) -> anyh
     };
     let url = format!("http://{}{path}", local(port));
     let before = proxy.proc.cpu_ticks();
+    let preempted_before = proxy.proc.preemptions();
+    let backend_before = backend.cpu_ticks();
+    let client_before = children_ticks();
+    let machine_before = machine_ticks();
     let out = Command::new("wrk")
         .args(["--latency", "-t", &opts.threads.to_string()])
         .args(["-d", &format!("{}s", opts.seconds)])
@@ -578,6 +627,12 @@ pub(crate) fn wrk(proxy: &Proxy, load: Load, opts: &Options, ticks: f64) -> anyh
         .output()
         .context("cannot run wrk")?;
     let after = proxy.proc.cpu_ticks();
+    let preempted = proxy.proc.preemptions().saturating_sub(preempted_before);
+    let backend_cpu = backend.cpu_ticks().saturating_sub(backend_before) as f64 / ticks;
+    let client_cpu = children_ticks().saturating_sub(client_before) as f64 / ticks;
+    let machine_after = machine_ticks();
+    let idle = machine_after.0.saturating_sub(machine_before.0) as f64
+        / (machine_after.1.saturating_sub(machine_before.1) as f64).max(1.0);
     let text = String::from_utf8_lossy(&out.stdout);
     if !out.status.success() {
         bail!("wrk failed: {text}{}", String::from_utf8_lossy(&out.stderr));
@@ -634,6 +689,10 @@ pub(crate) fn wrk(proxy: &Proxy, load: Load, opts: &Options, ticks: f64) -> anyh
         p50_ms,
         p99_ms,
         errors,
+        backend_us: backend_cpu * 1e6 / units.max(1e-9),
+        client_us: client_cpu * 1e6 / units.max(1e-9),
+        idle,
+        preempted: preempted as f64 * 1000.0 / units.max(1e-9),
     })
 }
 
@@ -644,6 +703,7 @@ pub(crate) fn wrk(proxy: &Proxy, load: Load, opts: &Options, ticks: f64) -> anyh
 /// ([`Load::NoEndpoints`] without [`Proxy::empty`]) is left out of it.
 pub(crate) fn rounds(
     proxies: &[Proxy],
+    backend: &Proc,
     loads: &[Load],
     opts: &Options,
 ) -> anyhow::Result<Vec<Vec<Vec<Run>>>> {
@@ -657,7 +717,7 @@ pub(crate) fn rounds(
                 if *load == Load::NoEndpoints && p.empty.is_none() {
                     continue;
                 }
-                let r = wrk(p, *load, opts, ticks)?;
+                let r = wrk(p, backend, *load, opts, ticks)?;
                 let unit = load.unit();
                 println!(
                     "  round {} {unit:<5} {:<13} {:>10.1} {unit}/s  {:>8.2} us CPU/{unit}  p50 {:>7.3} ms  p99 {:>7.3} ms  errors {}",
@@ -719,7 +779,7 @@ fn run_in(dir: &Path, opts: &Options) -> anyhow::Result<()> {
             .collect::<Vec<_>>()
             .join(" ")
     );
-    let (_backend, backend) = start_backend(dir)?;
+    let (backend_proc, backend) = start_backend(dir)?;
     let mut proxies: Vec<Proxy> = Vec::new();
     let dns = free_port(Ipv4Addr::LOCALHOST)?;
     // dwara first: HAProxy resolves the backend through dwara's name server.
@@ -760,7 +820,7 @@ fn run_in(dir: &Path, opts: &Options) -> anyhow::Result<()> {
         idle.push(kib);
     }
 
-    let runs = rounds(&proxies, &Load::ALL, opts)?;
+    let runs = rounds(&proxies, &backend_proc, &Load::ALL, opts)?;
 
     let med = |rs: &[Run], f: &dyn Fn(&Run) -> f64| median(rs.iter().map(f).collect());
     let hap = proxies.iter().position(|p| p.proc.name == "haproxy-1t");

@@ -174,6 +174,26 @@ pub(crate) fn context_switches(pid: u32) -> Option<u64> {
     Some(total)
 }
 
+/// Involuntary context switches (the scheduler took the CPU away while the thread
+/// could still run) of every thread of `pid`, summed over
+/// `/proc/PID/task/*/status`; threads that exited are not counted.
+pub(crate) fn preemptions(pid: u32) -> u64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0;
+    };
+    tasks
+        .flatten()
+        .filter_map(|task| std::fs::read_to_string(task.path().join("status")).ok())
+        .flat_map(|status| {
+            status
+                .lines()
+                .filter_map(|l| l.strip_prefix("nonvoluntary_ctxt_switches:"))
+                .filter_map(|v| v.trim().parse::<u64>().ok())
+                .collect::<Vec<_>>()
+        })
+        .sum()
+}
+
 /// The median of `v` (the upper one of an even count); NaN when empty.
 pub(crate) fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
