@@ -11,8 +11,9 @@
 //! of test processes that are gone (killed before their scopes were dropped).
 
 use std::path::Path;
-use std::process::Command;
+use std::process::{Command, Output, Stdio};
 use std::sync::{Mutex, OnceLock, PoisonError};
+use std::time::Duration;
 
 /// The tag of the test image that [`busybox_image`] builds.
 pub const BUSYBOX_IMAGE: &str = "dwara-test-busybox:latest";
@@ -33,13 +34,17 @@ pub const HEALTHY_WHILE_OK: [&str; 8] = [
     "1",
 ];
 
+/// How long one `docker` command may take before [`docker`] gives up on it: far
+/// beyond any command of the tests on a loaded machine, and far short of CI's
+/// limit, so a daemon that stopped answering fails the tests instead of hanging
+/// them.
+pub const DOCKER_DEADLINE: Duration = Duration::from_secs(300);
+
 /// Runs `docker ARGS`: trimmed stdout, or stderr (with the command) as the error.
+/// A command still running after [`DOCKER_DEADLINE`] is killed and is an error.
 pub fn docker<S: AsRef<str>>(args: &[S]) -> Result<String, String> {
     let args: Vec<&str> = args.iter().map(AsRef::as_ref).collect();
-    let out = Command::new("docker")
-        .args(&args)
-        .output()
-        .map_err(|e| format!("cannot run docker: {e}"))?;
+    let out = run_bounded("docker", &args, DOCKER_DEADLINE)?;
     if out.status.success() {
         Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
     } else {
@@ -48,6 +53,36 @@ pub fn docker<S: AsRef<str>>(args: &[S]) -> Result<String, String> {
             args.join(" "),
             String::from_utf8_lossy(&out.stderr).trim()
         ))
+    }
+}
+
+/// Runs `program ARGS` to its end and hands back its output, or kills it once
+/// `deadline` has passed and says so.
+fn run_bounded(program: &str, args: &[&str], deadline: Duration) -> Result<Output, String> {
+    let command = || format!("{program} {}", args.join(" "));
+    let child = Command::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot run {program}: {e}"))?;
+    let pid = child.id().to_string();
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = done.send(child.wait_with_output());
+    });
+    match finished.recv_timeout(deadline) {
+        Ok(Ok(out)) => Ok(out),
+        Ok(Err(e)) => Err(format!("{}: cannot wait for it: {e}", command())),
+        Err(_) => {
+            let _ = Command::new("kill").args(["-KILL", &pid]).status();
+            Err(format!(
+                "{}: no answer within {:?} (is the daemon stuck?)",
+                command(),
+                deadline
+            ))
+        }
     }
 }
 
@@ -243,5 +278,48 @@ impl Drop for Scope {
         for net in networks {
             let _ = docker(&["network", "rm", &net]);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use super::*;
+
+    #[test]
+    fn a_command_that_ends_hands_back_its_output() {
+        let out = run_bounded(
+            "sh",
+            &["-c", "echo out; echo err >&2; exit 3"],
+            Duration::from_secs(30),
+        )
+        .unwrap();
+        assert_eq!(out.status.code(), Some(3));
+        assert_eq!(out.stdout, b"out\n");
+        assert_eq!(out.stderr, b"err\n");
+    }
+
+    #[test]
+    fn a_command_past_its_deadline_is_killed_and_is_an_error() {
+        // A length no other process here sleeps for, to find this one by.
+        let arg = format!("30.{}", std::process::id());
+        let err = run_bounded("sleep", &[&arg], Duration::from_millis(200)).unwrap_err();
+        assert!(
+            err.contains(&format!("sleep {arg}: no answer within 200ms")),
+            "{err}"
+        );
+        let running = || {
+            std::fs::read_dir("/proc")
+                .unwrap()
+                .flatten()
+                .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+                .any(|c| c == format!("sleep\0{arg}\0").as_bytes())
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while running() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(!running(), "the command was left running");
     }
 }
