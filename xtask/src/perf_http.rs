@@ -251,6 +251,8 @@ fn run_in(dir: &Path, opts: &Options) -> anyhow::Result<()> {
 }
 
 fn report(proxies: &[Proxy], runs: &[Vec<Vec<Run>>], opts: &Options) {
+    // For the machine's busy time per unit: cores × (1 − idle) ÷ rate.
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
     let med = |rs: &[Run], f: &dyn Fn(&Run) -> f64| median(rs.iter().map(f).collect());
     for (l, load) in LOADS.iter().enumerate() {
         println!("\n{}, median of {} rounds:", load.title(), opts.rounds);
@@ -307,8 +309,6 @@ fn report(proxies: &[Proxy], runs: &[Vec<Vec<Run>>], opts: &Options) {
             if rs.is_empty() {
                 continue;
             }
-            // The machine's busy time per unit: cores × (1 − idle) ÷ rate.
-            let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
             println!(
                 "  {:<15} {:>14.2} {:>14.2} {:>14.2} {:>14.2} {:>7.1}% {:>16.1}",
                 p.proc.name,

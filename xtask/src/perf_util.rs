@@ -160,6 +160,20 @@ pub(crate) fn cpu_split(pid: &str) -> Option<CpuSplit> {
 /// Context switches (voluntary + involuntary) of every thread of `pid`, summed over
 /// `/proc/PID/task/*/status`; threads that exited are not counted.
 pub(crate) fn context_switches(pid: u32) -> Option<u64> {
+    task_status_sum(pid, "ctxt_switches:")
+}
+
+/// Involuntary context switches (the scheduler took the CPU away while the thread
+/// could still run) of every thread of `pid`, as [`context_switches`] counts them;
+/// 0 when the process is gone.
+pub(crate) fn preemptions(pid: u32) -> u64 {
+    task_status_sum(pid, "nonvoluntary_ctxt_switches:").unwrap_or(0)
+}
+
+/// The sum over every thread of `pid` of the values of the `/proc/PID/task/*/status`
+/// lines whose name ends with `field` (`ctxt_switches:` takes both kinds); `None`
+/// when the process is gone.
+fn task_status_sum(pid: u32, field: &str) -> Option<u64> {
     let mut total = 0;
     for task in std::fs::read_dir(format!("/proc/{pid}/task")).ok()? {
         let Ok(status) = std::fs::read_to_string(task.ok()?.path().join("status")) else {
@@ -167,31 +181,15 @@ pub(crate) fn context_switches(pid: u32) -> Option<u64> {
         };
         total += status
             .lines()
-            .filter(|l| l.contains("ctxt_switches:"))
+            .filter(|l| {
+                l.split_whitespace()
+                    .next()
+                    .is_some_and(|name| name.ends_with(field))
+            })
             .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
             .sum::<u64>();
     }
     Some(total)
-}
-
-/// Involuntary context switches (the scheduler took the CPU away while the thread
-/// could still run) of every thread of `pid`, summed over
-/// `/proc/PID/task/*/status`; threads that exited are not counted.
-pub(crate) fn preemptions(pid: u32) -> u64 {
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return 0;
-    };
-    tasks
-        .flatten()
-        .filter_map(|task| std::fs::read_to_string(task.path().join("status")).ok())
-        .flat_map(|status| {
-            status
-                .lines()
-                .filter_map(|l| l.strip_prefix("nonvoluntary_ctxt_switches:"))
-                .filter_map(|v| v.trim().parse::<u64>().ok())
-                .collect::<Vec<_>>()
-        })
-        .sum()
 }
 
 /// The median of `v` (the upper one of an even count); NaN when empty.

@@ -458,9 +458,7 @@ impl Shared {
                 Some((id, died_at, answer)) = inflight.next() => {
                     queue.done(&id);
                     if let Err((died_at, e)) = self.settle(&id, died_at, answer, queue.died(&id)) {
-                        self.metrics.inspect_failures.inc();
-                        tracing::warn!(container = %id, error = %e, retry_in = ?RETRY_AFTER, "cannot inspect container; will look again");
-                        retry.insert(id, died_at);
+                        self.inspect_failed(id, died_at, &e, &mut retry);
                         retry_at.get_or_insert_with(|| tokio::time::Instant::now() + RETRY_AFTER);
                     }
                 }
@@ -573,14 +571,23 @@ impl Shared {
         while let Some((id, died_at, r)) = results.next().await {
             match r {
                 Ok(repair) => total += repair,
-                Err(e) => {
-                    self.metrics.inspect_failures.inc();
-                    tracing::warn!(container = %id, error = %e, retry_in = ?RETRY_AFTER, "cannot inspect container; will look again");
-                    retry.insert(id, died_at);
-                }
+                Err(e) => self.inspect_failed(id, died_at, &e, retry),
             }
         }
         total
+    }
+
+    /// Counts and logs a failed inspect of `id` and puts it in `retry`.
+    fn inspect_failed(
+        &self,
+        id: String,
+        died_at: Option<Nanos>,
+        e: &BollardError,
+        retry: &mut Retry,
+    ) {
+        self.metrics.inspect_failures.inc();
+        tracing::warn!(container = %id, error = %e, retry_in = ?RETRY_AFTER, "cannot inspect container; will look again");
+        retry.insert(id, died_at);
     }
 
     /// Inspects one container and sets its records to what it should have.

@@ -508,13 +508,7 @@ impl Drop for Relay {
 #[test]
 fn a_cut_daemon_connection_is_repaired_when_it_comes_back() {
     let Some(e) = engine("relay") else { return };
-    let socat = Command::new("socat")
-        .arg("-V")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .map_err(|e| format!("cannot run `socat -V`: {e}"));
-    if !test_support::require("socat", socat) {
+    if !crate::interop::require("socat") {
         return;
     }
     let mut relay = Relay::start();

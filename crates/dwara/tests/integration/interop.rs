@@ -22,7 +22,7 @@ const FOLLOW: Duration = Duration::from_secs(15);
 
 /// Whether `tool` is installed (see [`test_support::require`]: a missing tool fails
 /// the test under `cargo xtask ci`, else skips it with one line).
-fn require(tool: &str) -> bool {
+pub(crate) fn require(tool: &str) -> bool {
     let found = Command::new(tool)
         .arg("-v")
         .stdout(Stdio::null())
