@@ -321,6 +321,7 @@ pub(crate) fn status(h: &HttpUpstream) -> serde_json::Value {
         "no_endpoints_503": load(&s.no_endpoints),
         "bad_gateway_502": load(&s.bad_gateway),
         "timeout_504": load(&s.timeouts),
+        "cancelled": load(&s.cancelled),
         "connects": load(&s.connects),
         "connect_failures": load(&s.connect_failures),
         "reused": load(&s.reused),

@@ -1,7 +1,7 @@
 //! The metrics of HTTP upstreams, encoded with the dataplane's collector
 //! ([`crate::metrics`]): requests by status class, retries, 5xx made by dwara by
-//! reason, pool sizes per endpoint, the DNS cache of an `address:` upstream and
-//! a latency histogram.
+//! reason, requests cancelled because their client went away, pool sizes per
+//! endpoint, the DNS cache of an `address:` upstream and a latency histogram.
 
 use std::sync::atomic::Ordering;
 
@@ -15,7 +15,7 @@ use crate::reverse::HttpUpstream;
 
 type Read = fn(&HttpStats) -> u64;
 
-const COUNTERS: [(&str, &str, Read); 8] = [
+const COUNTERS: [(&str, &str, Read); 9] = [
     ("dwara_http_retries", "Tries after a request's first", |s| {
         s.retries.load(Ordering::Relaxed)
     }),
@@ -23,6 +23,11 @@ const COUNTERS: [(&str, &str, Read); 8] = [
         "dwara_http_retry_budget_exhausted",
         "Retries not made because the retry budget was spent",
         |s| s.budget_exhausted.load(Ordering::Relaxed),
+    ),
+    (
+        "dwara_http_cancelled",
+        "Requests given up before their answer because the client went away",
+        |s| s.cancelled.load(Ordering::Relaxed),
     ),
     ("dwara_http_connects", "New connections to endpoints", |s| {
         s.connects.load(Ordering::Relaxed)

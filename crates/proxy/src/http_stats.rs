@@ -46,6 +46,10 @@ pub(crate) struct HttpStats {
     pub(crate) bad_gateway: AtomicU64,
     /// 504s made by dwara.
     pub(crate) timeouts: AtomicU64,
+    /// Requests given up before their answer because their client went away (it
+    /// closed its connection or reset its HTTP/2 stream, or the connection was
+    /// closed at shutdown): the request to the endpoint ends with them.
+    pub(crate) cancelled: AtomicU64,
     /// New connections to endpoints (dialled and handshaken).
     pub(crate) connects: AtomicU64,
     /// Failed connection attempts to endpoints.

@@ -671,10 +671,37 @@ pub(crate) fn forward(
         let (Some(http), Some(prepared)) = (target.http.as_deref(), prepared.as_mut()) else {
             return Ok(Response::new(empty_resp()));
         };
+        let mut unanswered = Unanswered {
+            upstream: &target.name,
+            stats: &http.stats,
+            armed: true,
+        };
         let resp = tries(&target, http, prepared).await;
+        unanswered.armed = false;
         http.stats
             .answered(resp.status().as_u16(), started.elapsed());
         Ok(resp)
+    }
+}
+
+/// Counts a request whose future is dropped before its answer is made: hyper drops
+/// it when the client goes away (see [`HttpStats::cancelled`]). Disarmed once the
+/// answer is there.
+struct Unanswered<'a> {
+    upstream: &'a str,
+    stats: &'a HttpStats,
+    armed: bool,
+}
+
+impl Drop for Unanswered<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.stats.cancelled.fetch_add(1, Ordering::Relaxed);
+            debug!(
+                upstream = self.upstream,
+                "request cancelled before its answer: the client went away"
+            );
+        }
     }
 }
 

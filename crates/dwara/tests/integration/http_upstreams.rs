@@ -1276,6 +1276,116 @@ async fn no_response_head_within_the_response_timeout_is_a_504_and_reused_connec
     assert!(h["reused"].as_u64().unwrap() >= answered, "{status}");
 }
 
+/// How a test client goes away from its request.
+#[derive(Debug, Clone, Copy)]
+enum GoesAway {
+    /// Closes its HTTP/1.1 connection.
+    Closes,
+    /// Shuts down its sending side and reads on.
+    HalfCloses,
+    /// Resets its HTTP/2 stream, keeping the connection.
+    ResetsItsStream,
+}
+
+/// A client that goes away while its request waits for the endpoint cancels it:
+/// dwara closes the connection the request went out on (as nginx does by default,
+/// `proxy_ignore_client_abort off`) and counts the request as cancelled. A client
+/// that only half-closes after its request has gone away too.
+#[tokio::test]
+async fn a_client_that_goes_away_cancels_its_request_to_the_endpoint() {
+    let port = common_port(&[ip(2)]).await;
+    // The endpoint: reads requests and never answers.
+    let listener = TcpListener::bind((ip(2), port)).await.unwrap();
+    let (proxy, _dns, serve) = in_front_of_127_0_0_2(port, "").await;
+
+    let ways = [
+        GoesAway::Closes,
+        GoesAway::HalfCloses,
+        GoesAway::ResetsItsStream,
+    ];
+    for (round, way) in ways.into_iter().enumerate() {
+        // An HTTP/1.1 client's connection; or the HTTP/2 client's: a sender kept
+        // (dropping every sender would close the connection), the task driving the
+        // connection, and the request's own task (aborted to reset the stream).
+        let mut h1 = None;
+        let mut h2 = None;
+        let stream = TcpStream::connect(proxy).await.unwrap();
+        if let GoesAway::ResetsItsStream = way {
+            let (sender, conn) =
+                hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+                    .await
+                    .unwrap();
+            let driving = tokio::spawn(conn);
+            let req = Request::get("http://web/slow")
+                .body(Full::new(Bytes::new()))
+                .unwrap();
+            let mut own = sender.clone();
+            let waiting = tokio::spawn(async move { own.send_request(req).await });
+            h2 = Some((sender, driving, waiting));
+        } else {
+            let mut stream = stream;
+            stream
+                .write_all(b"GET /slow HTTP/1.1\r\nHost: web\r\n\r\n")
+                .await
+                .unwrap();
+            h1 = Some(stream);
+        }
+        let (mut endpoint, _) = tokio::time::timeout(WAIT, listener.accept())
+            .await
+            .expect("the request reached no endpoint")
+            .unwrap();
+        let mut head = Vec::new();
+        let mut buf = [0u8; 1024];
+        while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+            let n = tokio::time::timeout(WAIT, endpoint.read(&mut buf))
+                .await
+                .expect("no request head at the endpoint")
+                .unwrap();
+            assert!(n > 0, "the endpoint's connection closed before the head");
+            head.extend_from_slice(&buf[..n]);
+        }
+        assert!(head.starts_with(b"GET /slow HTTP/1.1\r\n"), "{way:?}");
+
+        match (way, h1.as_mut(), &h2) {
+            (GoesAway::Closes, _, _) => drop(h1.take()),
+            (GoesAway::HalfCloses, Some(client), _) => {
+                client.shutdown().await.unwrap();
+                closed(client, "dwara kept a half-closed client's connection").await;
+            }
+            // Dropping the response future resets the stream.
+            (GoesAway::ResetsItsStream, _, Some((_, _, waiting))) => waiting.abort(),
+            _ => unreachable!(),
+        }
+        // The request to the endpoint ends: its connection closes.
+        let end = tokio::time::timeout(WAIT, endpoint.read(&mut buf))
+            .await
+            .unwrap_or_else(|_| panic!("{way:?}: the endpoint's connection stayed open"));
+        assert!(matches!(end, Ok(0) | Err(_)), "{way:?}: {end:?}");
+
+        let want = round as u64 + 1;
+        let counted = test_support::wait_until(WAIT, || async {
+            serve.status().await["upstreams"][0]["http"]["cancelled"] == want
+        })
+        .await;
+        assert!(counted, "{way:?}: {}", serve.status().await);
+        if let Some((_sender, driving, _)) = h2 {
+            // The stream was reset, the connection kept.
+            assert!(!driving.is_finished(), "the HTTP/2 connection closed");
+            driving.abort();
+        }
+    }
+    let status = serve.status().await;
+    let h = &status["upstreams"][0]["http"];
+    assert_eq!(h["requests"]["5xx"], 0, "{status}");
+    assert_eq!(h["retries"], 0, "{status}");
+    let m = metrics(&serve).await;
+    assert!(
+        m.lines()
+            .any(|l| l == "dwara_http_cancelled_total{upstream=\"web\"} 3"),
+        "{m}"
+    );
+}
+
 #[tokio::test]
 async fn a_connection_answered_before_its_request_body_was_sent_is_not_pooled() {
     let port = common_port(&[ip(2)]).await;
