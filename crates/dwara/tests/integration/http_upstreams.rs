@@ -1287,6 +1287,55 @@ enum GoesAway {
     ResetsItsStream,
 }
 
+/// A test client whose request waits for its answer, as it will go away.
+enum Waiting {
+    /// An HTTP/1.1 client's connection, to close.
+    Closing(TcpStream),
+    /// An HTTP/1.1 client's connection, to half-close.
+    HalfClosing(TcpStream),
+    /// An HTTP/2 client: a sender kept (dropping every sender would close the
+    /// connection), the task driving the connection, and the request's own task
+    /// (aborted to reset the stream).
+    Resetting {
+        sender: hyper::client::conn::http2::SendRequest<Full<Bytes>>,
+        driving: JoinHandle<hyper::Result<()>>,
+        request: JoinHandle<hyper::Result<Response<Incoming>>>,
+    },
+}
+
+impl Waiting {
+    /// Sends `GET /slow` through `proxy`: over HTTP/2 for a client that will reset
+    /// its stream, else over HTTP/1.1.
+    async fn send(proxy: SocketAddr, way: GoesAway) -> Self {
+        let mut stream = TcpStream::connect(proxy).await.unwrap();
+        if let GoesAway::ResetsItsStream = way {
+            let (sender, conn) =
+                hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+                    .await
+                    .unwrap();
+            let driving = tokio::spawn(conn);
+            let req = Request::get("http://web/slow")
+                .body(Full::new(Bytes::new()))
+                .unwrap();
+            let mut own = sender.clone();
+            let request = tokio::spawn(async move { own.send_request(req).await });
+            return Self::Resetting {
+                sender,
+                driving,
+                request,
+            };
+        }
+        stream
+            .write_all(b"GET /slow HTTP/1.1\r\nHost: web\r\n\r\n")
+            .await
+            .unwrap();
+        match way {
+            GoesAway::Closes => Self::Closing(stream),
+            _ => Self::HalfClosing(stream),
+        }
+    }
+}
+
 /// A client that goes away while its request waits for the endpoint cancels it:
 /// dwara closes the connection the request went out on (as nginx does by default,
 /// `proxy_ignore_client_abort off`) and counts the request as cancelled. A client
@@ -1304,32 +1353,7 @@ async fn a_client_that_goes_away_cancels_its_request_to_the_endpoint() {
         GoesAway::ResetsItsStream,
     ];
     for (round, way) in ways.into_iter().enumerate() {
-        // An HTTP/1.1 client's connection; or the HTTP/2 client's: a sender kept
-        // (dropping every sender would close the connection), the task driving the
-        // connection, and the request's own task (aborted to reset the stream).
-        let mut h1 = None;
-        let mut h2 = None;
-        let stream = TcpStream::connect(proxy).await.unwrap();
-        if let GoesAway::ResetsItsStream = way {
-            let (sender, conn) =
-                hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
-                    .await
-                    .unwrap();
-            let driving = tokio::spawn(conn);
-            let req = Request::get("http://web/slow")
-                .body(Full::new(Bytes::new()))
-                .unwrap();
-            let mut own = sender.clone();
-            let waiting = tokio::spawn(async move { own.send_request(req).await });
-            h2 = Some((sender, driving, waiting));
-        } else {
-            let mut stream = stream;
-            stream
-                .write_all(b"GET /slow HTTP/1.1\r\nHost: web\r\n\r\n")
-                .await
-                .unwrap();
-            h1 = Some(stream);
-        }
+        let waiting = Waiting::send(proxy, way).await;
         let (mut endpoint, _) = tokio::time::timeout(WAIT, listener.accept())
             .await
             .expect("the request reached no endpoint")
@@ -1346,15 +1370,23 @@ async fn a_client_that_goes_away_cancels_its_request_to_the_endpoint() {
         }
         assert!(head.starts_with(b"GET /slow HTTP/1.1\r\n"), "{way:?}");
 
-        match (way, h1.as_mut(), &h2) {
-            (GoesAway::Closes, _, _) => drop(h1.take()),
-            (GoesAway::HalfCloses, Some(client), _) => {
+        // The HTTP/2 connection, kept while its stream is reset.
+        let mut kept = None;
+        match waiting {
+            Waiting::Closing(client) => drop(client),
+            Waiting::HalfClosing(mut client) => {
                 client.shutdown().await.unwrap();
-                closed(client, "dwara kept a half-closed client's connection").await;
+                closed(&mut client, "dwara kept a half-closed client's connection").await;
             }
             // Dropping the response future resets the stream.
-            (GoesAway::ResetsItsStream, _, Some((_, _, waiting))) => waiting.abort(),
-            _ => unreachable!(),
+            Waiting::Resetting {
+                sender,
+                driving,
+                request,
+            } => {
+                request.abort();
+                kept = Some((sender, driving));
+            }
         }
         // The request to the endpoint ends: its connection closes.
         let end = tokio::time::timeout(WAIT, endpoint.read(&mut buf))
@@ -1368,7 +1400,7 @@ async fn a_client_that_goes_away_cancels_its_request_to_the_endpoint() {
         })
         .await;
         assert!(counted, "{way:?}: {}", serve.status().await);
-        if let Some((_sender, driving, _)) = h2 {
+        if let Some((_sender, driving)) = kept {
             // The stream was reset, the connection kept.
             assert!(!driving.is_finished(), "the HTTP/2 connection closed");
             driving.abort();
