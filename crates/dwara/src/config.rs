@@ -452,6 +452,8 @@ upstreams:
         let end = start + section[start..].find("```").unwrap();
         let c = Config::parse(&section[start..end]).unwrap();
         assert_eq!(c.upstreams[0].protocol, dwara_proxy::Protocol::Http);
+        let limits = c.upstreams[0].limits.unwrap();
+        assert_eq!(limits.tunnel_idle_timeout_s, 3600);
         assert_eq!(
             c.upstreams[1].address_parts(),
             Some(("api.weave.local".to_owned(), 8080))

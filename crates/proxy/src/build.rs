@@ -322,6 +322,8 @@ pub(crate) fn status(h: &HttpUpstream) -> serde_json::Value {
         "bad_gateway_502": load(&s.bad_gateway),
         "timeout_504": load(&s.timeouts),
         "cancelled": load(&s.cancelled),
+        "upgrades": load(&s.upgrades),
+        "tunnels": load(&s.tunnels),
         "connects": load(&s.connects),
         "connect_failures": load(&s.connect_failures),
         "reused": load(&s.reused),

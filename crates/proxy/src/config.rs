@@ -138,8 +138,15 @@ pub struct HttpLimitsSection {
     #[serde(default = "default_max_header_bytes")]
     pub max_header_bytes: usize,
     /// Client connections open at once; one more is closed at once (default 10000).
+    /// A connection that became a tunnel (an `Upgrade`, e.g. WebSocket) still
+    /// counts.
     #[serde(default = "default_max_connections")]
     pub max_connections: usize,
+    /// A tunnel (a connection upgraded to another protocol, e.g. WebSocket)
+    /// through which no byte has passed either way for this long is closed, in
+    /// seconds (default 3600).
+    #[serde(default = "default_tunnel_idle_timeout_s")]
+    pub tunnel_idle_timeout_s: u64,
 }
 
 fn default_header_read_timeout_ms() -> u64 {
@@ -154,12 +161,17 @@ fn default_max_connections() -> usize {
     10_000
 }
 
+fn default_tunnel_idle_timeout_s() -> u64 {
+    3600
+}
+
 impl Default for HttpLimitsSection {
     fn default() -> Self {
         Self {
             header_read_timeout_ms: default_header_read_timeout_ms(),
             max_header_bytes: default_max_header_bytes(),
             max_connections: default_max_connections(),
+            tunnel_idle_timeout_s: default_tunnel_idle_timeout_s(),
         }
     }
 }
@@ -473,6 +485,12 @@ fn validate_http(up: &UpstreamConfig, at: &str) -> Result<(), Error> {
         if l.max_connections == 0 {
             return Err(invalid(key("limits.max_connections"), "must be at least 1"));
         }
+        if l.tunnel_idle_timeout_s == 0 || l.tunnel_idle_timeout_s > 604_800 {
+            return Err(invalid(
+                key("limits.tunnel_idle_timeout_s"),
+                format!("must be 1..=604800, got {}", l.tunnel_idle_timeout_s),
+            ));
+        }
     }
     Ok(())
 }
@@ -555,6 +573,10 @@ mod tests {
                 "protocol: http, address: a:1, limits: {max_header_bytes: 10}}",
                 "upstreams[0].limits.max_header_bytes: must be 1024..=1048576",
             ),
+            (
+                "protocol: http, address: a:1, limits: {tunnel_idle_timeout_s: 0}}",
+                "upstreams[0].limits.tunnel_idle_timeout_s: must be 1..=604800, got 0",
+            ),
         ];
         for (tail, want) in cases {
             let got = check(&format!("{base}{tail}")).unwrap_err();
@@ -573,6 +595,7 @@ mod tests {
         assert_eq!(s.max_tries, 3);
         assert_eq!(s.hash_header.unwrap().as_str(), "x-user");
         assert_eq!(s.pool, PoolSection::default());
+        assert_eq!(s.limits.tunnel_idle_timeout_s, 3600);
         assert_eq!(ups[0].address_parts(), Some(("a".into(), 1)));
     }
 }

@@ -1,7 +1,8 @@
 //! The metrics of HTTP upstreams, encoded with the dataplane's collector
 //! ([`crate::metrics`]): requests by status class, retries, 5xx made by dwara by
-//! reason, requests cancelled because their client went away, pool sizes per
-//! endpoint, the DNS cache of an `address:` upstream and a latency histogram.
+//! reason, requests cancelled because their client went away, upgrades and the
+//! tunnels open, pool sizes per endpoint, the DNS cache of an `address:` upstream
+//! and a latency histogram.
 
 use std::sync::atomic::Ordering;
 
@@ -15,7 +16,7 @@ use crate::reverse::HttpUpstream;
 
 type Read = fn(&HttpStats) -> u64;
 
-const COUNTERS: [(&str, &str, Read); 9] = [
+const COUNTERS: [(&str, &str, Read); 11] = [
     ("dwara_http_retries", "Tries after a request's first", |s| {
         s.retries.load(Ordering::Relaxed)
     }),
@@ -28,6 +29,16 @@ const COUNTERS: [(&str, &str, Read); 9] = [
         "dwara_http_cancelled",
         "Requests given up before their answer because the client went away",
         |s| s.cancelled.load(Ordering::Relaxed),
+    ),
+    (
+        "dwara_http_upgrades",
+        "Requests whose endpoint switched protocols (101): each made its client connection a tunnel",
+        |s| s.upgrades.load(Ordering::Relaxed),
+    ),
+    (
+        "dwara_http_tunnels",
+        "Tunnels (upgraded connections, e.g. WebSocket) open now",
+        |s| s.tunnels.load(Ordering::Relaxed),
     ),
     ("dwara_http_connects", "New connections to endpoints", |s| {
         s.connects.load(Ordering::Relaxed)
@@ -74,7 +85,7 @@ pub(crate) fn encode(
     encoder: &mut DescriptorEncoder<'_>,
 ) -> Result<(), std::fmt::Error> {
     for (name, help, read) in COUNTERS {
-        let kind = if name == "dwara_http_client_connections" {
+        let kind = if matches!(name, "dwara_http_client_connections" | "dwara_http_tunnels") {
             MetricType::Gauge
         } else {
             MetricType::Counter

@@ -50,6 +50,11 @@ pub(crate) struct HttpStats {
     /// closed its connection or reset its HTTP/2 stream, or the connection was
     /// closed at shutdown): the request to the endpoint ends with them.
     pub(crate) cancelled: AtomicU64,
+    /// Requests answered `101 Switching Protocols` by their endpoint: each made
+    /// its client connection a tunnel to the endpoint (see [`crate::tunnel`]).
+    pub(crate) upgrades: AtomicU64,
+    /// Tunnels open now.
+    pub(crate) tunnels: AtomicU64,
     /// New connections to endpoints (dialled and handshaken).
     pub(crate) connects: AtomicU64,
     /// Failed connection attempts to endpoints.

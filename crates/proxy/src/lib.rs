@@ -16,6 +16,7 @@ pub mod plan;
 mod pool;
 mod pump;
 mod reverse;
+mod tunnel;
 mod workers;
 
 use std::sync::Arc;

@@ -379,14 +379,7 @@ impl Pool {
         addr: SocketAddr,
         stats: &HttpStats,
     ) -> Result<Conn, DialError> {
-        let dialled = tokio::time::timeout(self.connect_timeout, TcpStream::connect(addr)).await;
-        let stream = match dialled {
-            Ok(Ok(s)) => s,
-            Ok(Err(e)) => return Err(DialError::Connect(e)),
-            Err(_) => return Err(DialError::Timeout(self.connect_timeout)),
-        };
-        // Requests and responses of a few hundred bytes: no Nagle delays.
-        let _ = stream.set_nodelay(true);
+        let stream = self.dial(addr).await?;
         let (sender, conn) = hyper::client::conn::http1::Builder::new()
             .writev(false)
             .handshake(TokioIo::new(stream))
@@ -406,6 +399,19 @@ impl Pool {
                 counted: true,
             },
         })
+    }
+
+    /// A new TCP connection to `addr` within the connect timeout, without Nagle
+    /// delays (requests and responses of a few hundred bytes).
+    pub(crate) async fn dial(&self, addr: SocketAddr) -> Result<TcpStream, DialError> {
+        let dialled = tokio::time::timeout(self.connect_timeout, TcpStream::connect(addr)).await;
+        let stream = match dialled {
+            Ok(Ok(s)) => s,
+            Ok(Err(e)) => return Err(DialError::Connect(e)),
+            Err(_) => return Err(DialError::Timeout(self.connect_timeout)),
+        };
+        let _ = stream.set_nodelay(true);
+        Ok(stream)
     }
 
     /// Puts `conn` back after its response ended, unless it cannot take another

@@ -61,6 +61,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::sync::Semaphore;
+use tokio_util::either::Either;
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
@@ -69,7 +70,8 @@ use crate::config::HttpSettings;
 use crate::forward::Target;
 use crate::headers;
 use crate::http_stats::{HttpStats, Made};
-use crate::pool::{Conn, Driver, Pool, ReqBody};
+use crate::pool::{Conn, DialError, Driver, Pool, ReqBody};
+use crate::tunnel;
 
 /// The body of responses to clients.
 pub(crate) type RespBody = UnsyncBoxBody<Bytes, hyper::Error>;
@@ -154,6 +156,8 @@ pub(crate) async fn serve(
     // of one per request.
     let streams = Arc::new(Streams::new());
     let counted = streams.clone();
+    let tunnel = Arc::new(tunnel::Slot::default());
+    let upgraded = tunnel.clone();
     let service = hyper::service::service_fn(move |req| {
         // A reload applies to connections already open from their next request on,
         // unless the listen address now belongs to a TCP upstream.
@@ -163,7 +167,13 @@ pub(crate) async fn serve(
         } else {
             accepted.clone()
         };
-        forward(req, client.clone(), target, Stream::open(&counted))
+        let open = Stream::open(&counted);
+        if tunnel::wants(&req) {
+            // Boxed: the upgrade path stays out of every other request's future.
+            let up = tunnel::upgrade(req, client.clone(), target, open, upgraded.clone());
+            return Either::Right(Box::pin(up));
+        }
+        Either::Left(forward(req, client.clone(), target, open))
     });
     let mut socket = socket;
     let (head, h2) = match tokio::time::timeout(header_timeout, sniff(&mut socket)).await {
@@ -192,7 +202,7 @@ pub(crate) async fn serve(
                 .max_header_size(limits.max_header_bytes)
                 .max_buf_size(limits.max_header_bytes.max(8192))
                 .writev(false);
-            let conn = builder.serve_connection(io, service);
+            let conn = builder.serve_connection(io, service).with_upgrades();
             until_shutdown(conn, &shutdown, idle, OnIdle::Close, |c| {
                 c.graceful_shutdown();
             })
@@ -201,6 +211,11 @@ pub(crate) async fn serve(
     };
     if let Err(e) = result {
         debug!(%peer, error = %e, "client connection ended with an error");
+    }
+    // Upgraded: hyper has handed the socket back, and it is a tunnel from now on.
+    let upgraded = tunnel.lock().take();
+    if let Some(t) = upgraded {
+        t.run(peer).await;
     }
     http.stats.client_connections_done();
 }
@@ -460,14 +475,23 @@ fn idempotent(method: &Method) -> bool {
 }
 
 /// A request head kept to send the request again.
-struct Template {
+pub(crate) struct Template {
     method: Method,
     uri: Uri,
     headers: HeaderMap,
 }
 
 impl Template {
-    fn request(&self) -> Request<ReqBody> {
+    /// A copy of `req`'s head, to send it again without a body.
+    pub(crate) fn of<B>(req: &Request<B>) -> Self {
+        Self {
+            method: req.method().clone(),
+            uri: req.uri().clone(),
+            headers: req.headers().clone(),
+        }
+    }
+
+    pub(crate) fn request(&self) -> Request<ReqBody> {
         let mut req = Request::new(empty());
         *req.method_mut() = self.method.clone();
         *req.uri_mut() = self.uri.clone();
@@ -484,7 +508,10 @@ fn empty() -> ReqBody {
 
 /// The request as it goes to an endpoint: origin-form URI, HTTP/1.1, headers
 /// rewritten; and a template to send it again when that is safe.
-fn outgoing(req: Request<Incoming>, client: &HeaderValue) -> (Request<ReqBody>, Option<Template>) {
+pub(crate) fn outgoing(
+    req: Request<Incoming>,
+    client: &HeaderValue,
+) -> (Request<ReqBody>, Option<Template>) {
     let (mut parts, body) = req.into_parts();
     let authority = parts.uri.authority().map(|a| a.as_str().to_owned());
     headers::rewrite_request(&mut parts.headers, client, authority.as_deref());
@@ -510,13 +537,13 @@ fn outgoing(req: Request<Incoming>, client: &HeaderValue) -> (Request<ReqBody>, 
 
 /// An endpoint to try: its address and, from the load balancer, the pick guard
 /// that counts the request in flight and takes its outcome.
-struct Choice {
-    addr: SocketAddr,
-    guard: Option<PickGuard>,
+pub(crate) struct Choice {
+    pub(crate) addr: SocketAddr,
+    pub(crate) guard: Option<PickGuard>,
 }
 
 impl Choice {
-    fn failed(&self) {
+    pub(crate) fn failed(&self) {
         if let Some(g) = &self.guard {
             g.report_failure();
         }
@@ -528,7 +555,7 @@ impl Choice {
 /// An `address:` upstream asks its DNS cache, a future boxed so that it stays out
 /// of the request's future, which every request moves (into hyper's dispatcher)
 /// whichever upstream it is for.
-async fn choose(
+pub(crate) async fn choose(
     target: &Target,
     http: &HttpUpstream,
     key: Option<&[u8]>,
@@ -600,7 +627,12 @@ async fn from_cache(
 }
 
 /// A 5xx made here: counted, logged at debug with why, one line of body.
-fn made(target: &Target, http: &HttpUpstream, why: Made, detail: &str) -> Response<RespBody> {
+pub(crate) fn made(
+    target: &Target,
+    http: &HttpUpstream,
+    why: Made,
+    detail: &str,
+) -> Response<RespBody> {
     http.stats.made(why);
     let (status, text) = match why {
         Made::NoEndpoints => (
@@ -687,10 +719,10 @@ pub(crate) fn forward(
 /// Counts a request whose future is dropped before its answer is made: hyper drops
 /// it when the client goes away (see [`HttpStats::cancelled`]). Disarmed once the
 /// answer is there.
-struct Unanswered<'a> {
-    upstream: &'a str,
-    stats: &'a HttpStats,
-    armed: bool,
+pub(crate) struct Unanswered<'a> {
+    pub(crate) upstream: &'a str,
+    pub(crate) stats: &'a HttpStats,
+    pub(crate) armed: bool,
 }
 
 impl Drop for Unanswered<'_> {
@@ -833,14 +865,14 @@ async fn tries(target: &Target, http: &HttpUpstream, p: &mut Prepared) -> Respon
     made(target, http, Made::BadGateway, &last_error)
 }
 
-fn empty_resp() -> RespBody {
+pub(crate) fn empty_resp() -> RespBody {
     http_body_util::Empty::new()
         .map_err(|never: Infallible| match never {})
         .boxed_unsync()
 }
 
 /// The hash key of a request under `consistent_hash`.
-fn hash_key(
+pub(crate) fn hash_key(
     target: &Target,
     http: &HttpUpstream,
     req: &Request<Incoming>,
@@ -892,21 +924,38 @@ async fn connection(choice: &Choice, http: &HttpUpstream) -> Result<Conn, String
 /// A new connection to `choice` (to where the SRV target its address came from
 /// is now).
 async fn dial(choice: &Choice, http: &HttpUpstream) -> Result<Conn, String> {
-    let addr = match &*http.dial {
+    let addr = dial_addr(choice, http).await;
+    http.pool
+        .connect(addr, &http.stats)
+        .await
+        .map_err(|e| dial_failed(choice, http, addr, &e))
+}
+
+/// Where a new connection to `choice` goes: its address, or where the SRV target
+/// the address came from is now.
+pub(crate) async fn dial_addr(choice: &Choice, http: &HttpUpstream) -> SocketAddr {
+    match &*http.dial {
         Dial::Lb {
             targets: Some(targets),
         } => targets.current(choice.addr).await,
         _ => choice.addr,
-    };
-    http.pool.connect(addr, &http.stats).await.map_err(|e| {
-        http.stats.connect_failures.fetch_add(1, Ordering::Relaxed);
-        choice.failed();
-        if addr == choice.addr {
-            format!("{addr}: {e}")
-        } else {
-            format!("{addr} (where {} moved): {e}", choice.addr)
-        }
-    })
+    }
+}
+
+/// Counts and reports a failed dial of `choice` (to `addr`), and says why.
+pub(crate) fn dial_failed(
+    choice: &Choice,
+    http: &HttpUpstream,
+    addr: SocketAddr,
+    e: &DialError,
+) -> String {
+    http.stats.connect_failures.fetch_add(1, Ordering::Relaxed);
+    choice.failed();
+    if addr == choice.addr {
+        format!("{addr}: {e}")
+    } else {
+        format!("{addr} (where {} moved): {e}", choice.addr)
+    }
 }
 
 /// Drives `driver` for this task until `answer`, hyper's answer to a request sent

@@ -24,13 +24,13 @@ use crate::serve::{Serve, WAIT, http};
 /// One HTTP backend on `ip:port`: answers every request with a JSON object of its
 /// IP, the method, the headers it received and the request body (and a request
 /// for `/hang` never).
-struct Backend {
+pub(crate) struct Backend {
     ip: Ipv4Addr,
     task: JoinHandle<()>,
 }
 
 impl Backend {
-    async fn start(ip: Ipv4Addr, port: u16) -> Self {
+    pub(crate) async fn start(ip: Ipv4Addr, port: u16) -> Self {
         let listener = TcpListener::bind((ip, port)).await.unwrap();
         Self {
             ip,
@@ -143,7 +143,7 @@ async fn answer(
 }
 
 /// A free port that every one of `ips` can bind.
-async fn common_port(ips: &[Ipv4Addr]) -> u16 {
+pub(crate) async fn common_port(ips: &[Ipv4Addr]) -> u16 {
     'retry: loop {
         let first = TcpListener::bind((ips[0], 0)).await.unwrap();
         let port = first.local_addr().unwrap().port();
@@ -156,7 +156,7 @@ async fn common_port(ips: &[Ipv4Addr]) -> u16 {
     }
 }
 
-fn ip(last: u8) -> Ipv4Addr {
+pub(crate) fn ip(last: u8) -> Ipv4Addr {
     Ipv4Addr::new(127, 0, 0, last)
 }
 
@@ -253,7 +253,10 @@ async fn wait_listening(addr: SocketAddr) {
 /// `dwara serve` with a `protocol: http` upstream (with `extra` in its block) whose
 /// DNS answer is 127.0.0.2 on `port`: its listen address, once the endpoint is
 /// published and the listener up, the DNS server and the process.
-async fn in_front_of_127_0_0_2(port: u16, extra: &str) -> (SocketAddr, TestDnsServer, Serve) {
+pub(crate) async fn in_front_of_127_0_0_2(
+    port: u16,
+    extra: &str,
+) -> (SocketAddr, TestDnsServer, Serve) {
     let dns = dns(&[ip(2)]).await;
     let proxy = test_support::free_addr();
     let serve = Serve::spawn(&upstream(proxy, port, dns.addr(), extra));
@@ -285,7 +288,7 @@ impl OneBackend {
     }
 }
 
-async fn metrics(serve: &Serve) -> String {
+pub(crate) async fn metrics(serve: &Serve) -> String {
     let (code, text) = http(serve.http, "GET", "/metrics").await;
     assert_eq!(code, 200);
     text
@@ -484,7 +487,7 @@ async fn an_h2_prior_knowledge_client_gets_the_backends_answer() {
 }
 
 /// Reads one response whose body is `Content-Length` long.
-async fn read_response(raw: &mut TcpStream) -> String {
+pub(crate) async fn read_response(raw: &mut TcpStream) -> String {
     let mut got = Vec::new();
     let mut buf = [0u8; 4096];
     loop {

@@ -15,5 +15,6 @@ mod nameserver;
 mod push;
 mod serve;
 mod store;
+mod upgrades;
 mod watch;
 mod weights;

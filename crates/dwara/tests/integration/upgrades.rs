@@ -1,0 +1,299 @@
+//! `protocol: http` upstreams and `Upgrade`: a real `dwara` process between a
+//! WebSocket client and WebSocket servers (tokio-tungstenite on both ends), and a
+//! plain HTTP backend that does not switch protocols.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::time::Duration;
+
+use futures::{SinkExt, StreamExt};
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+use tokio::task::{JoinHandle, JoinSet};
+use tokio_tungstenite::tungstenite::handshake::server::{Request, Response};
+use tokio_tungstenite::tungstenite::{Error as WsError, Message};
+use tokio_tungstenite::{WebSocketStream, client_async};
+
+use crate::http_upstreams::{
+    Backend, common_port, in_front_of_127_0_0_2, ip, metrics, read_response,
+};
+use crate::serve::{Serve, WAIT};
+
+/// A WebSocket server on `ip:port`: greets each client with `welcome from IP`
+/// right behind its handshake, echoes text as `IP: TEXT` and binary as it is.
+/// Reports the head of each handshake it accepted and each connection that ended.
+struct WsBackend {
+    heads: mpsc::UnboundedReceiver<hyper::HeaderMap>,
+    ended: mpsc::UnboundedReceiver<()>,
+    task: JoinHandle<()>,
+}
+
+impl WsBackend {
+    async fn start(ip: Ipv4Addr, port: u16) -> Self {
+        let listener = TcpListener::bind((ip, port)).await.unwrap();
+        let (heads_tx, heads) = mpsc::unbounded_channel();
+        let (ended_tx, ended) = mpsc::unbounded_channel();
+        let task = tokio::spawn(async move {
+            let mut conns = JoinSet::new();
+            loop {
+                let Ok((sock, _)) = listener.accept().await else {
+                    return;
+                };
+                let (heads_tx, ended_tx) = (heads_tx.clone(), ended_tx.clone());
+                conns.spawn(async move {
+                    // The callback's error type is tungstenite's (an HTTP response).
+                    #[allow(clippy::result_large_err)]
+                    let seen = |req: &Request, resp: Response| {
+                        let _ = heads_tx.send(req.headers().clone());
+                        Ok(resp)
+                    };
+                    if let Ok(mut ws) = tokio_tungstenite::accept_hdr_async(sock, seen).await {
+                        echo(&mut ws, ip).await;
+                    }
+                    let _ = ended_tx.send(());
+                });
+                while conns.try_join_next().is_some() {}
+            }
+        });
+        Self { heads, ended, task }
+    }
+
+    async fn head(&mut self) -> hyper::HeaderMap {
+        tokio::time::timeout(WAIT, self.heads.recv())
+            .await
+            .expect("no handshake reached the backend")
+            .unwrap()
+    }
+
+    async fn wait_ended(&mut self) {
+        tokio::time::timeout(WAIT, self.ended.recv())
+            .await
+            .expect("the backend's connection did not end")
+            .unwrap();
+    }
+}
+
+impl Drop for WsBackend {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn echo(ws: &mut WebSocketStream<TcpStream>, ip: Ipv4Addr) {
+    if ws
+        .send(Message::text(format!("welcome from {ip}")))
+        .await
+        .is_err()
+    {
+        return;
+    }
+    while let Some(Ok(msg)) = ws.next().await {
+        let reply = match msg {
+            Message::Text(t) => Message::text(format!("{ip}: {t}")),
+            Message::Binary(b) => Message::Binary(b),
+            // Pings are answered and a close is returned by tungstenite itself.
+            _ => continue,
+        };
+        if ws.send(reply).await.is_err() {
+            return;
+        }
+    }
+}
+
+type Client = WebSocketStream<TcpStream>;
+
+async fn open(proxy: SocketAddr) -> Result<Client, WsError> {
+    let stream = TcpStream::connect(proxy).await.unwrap();
+    let (ws, resp) = tokio::time::timeout(WAIT, client_async("ws://web.test/chat", stream))
+        .await
+        .expect("no answer to the handshake")?;
+    assert_eq!(resp.status(), 101);
+    assert_eq!(resp.headers()["upgrade"], "websocket");
+    Ok(ws)
+}
+
+async fn next_text(ws: &mut Client) -> String {
+    match tokio::time::timeout(WAIT, ws.next()).await {
+        Ok(Some(Ok(Message::Text(t)))) => t.to_string(),
+        other => panic!("no text message: {other:?}"),
+    }
+}
+
+/// The HTTP figures of upstream `web` in `GET /upstreams`.
+async fn figures(serve: &Serve) -> serde_json::Value {
+    serve.status().await["upstreams"][0]["http"].clone()
+}
+
+async fn wait_tunnels(serve: &Serve, want: u64) {
+    let ok =
+        test_support::wait_until(WAIT, || async { figures(serve).await["tunnels"] == want }).await;
+    assert!(ok, "tunnels never {want}: {}", figures(serve).await);
+}
+
+#[tokio::test]
+async fn a_websocket_is_tunnelled_to_an_endpoint_and_counted_on_it_until_it_closes() {
+    let port = common_port(&[ip(2)]).await;
+    let mut backend = WsBackend::start(ip(2), port).await;
+    let (proxy, _dns, serve) = in_front_of_127_0_0_2(port, "").await;
+    let mut ws = open(proxy).await.unwrap();
+
+    // The handshake went out rewritten as every request is, with the upgrade kept.
+    let head = backend.head().await;
+    assert_eq!(head["host"], "web.test");
+    assert_eq!(head["x-forwarded-for"], "127.0.0.1");
+    assert_eq!(head["upgrade"], "websocket");
+    assert!(head.contains_key("sec-websocket-key"), "{head:?}");
+
+    // What the endpoint sent right behind its 101, then messages both ways, one of
+    // them far larger than a socket buffer.
+    assert_eq!(next_text(&mut ws).await, "welcome from 127.0.0.2");
+    for i in 0..3 {
+        ws.send(Message::text(format!("hello {i}"))).await.unwrap();
+        assert_eq!(next_text(&mut ws).await, format!("127.0.0.2: hello {i}"));
+    }
+    let big: Vec<u8> = (0..4 << 20).map(|i: u32| (i % 251) as u8).collect();
+    ws.send(Message::binary(big.clone())).await.unwrap();
+    match tokio::time::timeout(WAIT, ws.next()).await {
+        Ok(Some(Ok(Message::Binary(b)))) => assert!(b[..] == big[..], "binary echo differs"),
+        other => panic!("no binary echo: {other:?}"),
+    }
+
+    // Counted while open: one upgrade, one tunnel, one request in flight on the
+    // endpoint (what least_connections reads).
+    let h = figures(&serve).await;
+    assert_eq!(h["upgrades"], 1, "{h}");
+    assert_eq!(h["tunnels"], 1, "{h}");
+    assert_eq!(h["requests"]["1xx"], 1, "{h}");
+    let status = serve.status().await;
+    assert_eq!(
+        status["upstreams"][0]["endpoints"][0]["in_flight"], 1,
+        "{status}"
+    );
+    let m = metrics(&serve).await;
+    assert!(m.contains("dwara_http_tunnels{upstream=\"web\"} 1"), "{m}");
+    assert!(
+        m.contains("dwara_http_upgrades_total{upstream=\"web\"} 1"),
+        "{m}"
+    );
+
+    // The client closes: the endpoint sees its connection end, and the tunnel is
+    // no longer counted anywhere.
+    ws.close(None).await.unwrap();
+    while let Ok(Some(Ok(_))) = tokio::time::timeout(WAIT, ws.next()).await {}
+    drop(ws);
+    backend.wait_ended().await;
+    wait_tunnels(&serve, 0).await;
+    let status = serve.status().await;
+    assert_eq!(
+        status["upstreams"][0]["endpoints"][0]["in_flight"], 0,
+        "{status}"
+    );
+    assert_eq!(
+        status["upstreams"][0]["http"]["client_connections"], 0,
+        "{status}"
+    );
+}
+
+#[tokio::test]
+async fn an_upgrade_the_endpoint_declines_is_answered_as_usual_and_the_connection_stays_http() {
+    // A plain HTTP backend: it answers the upgrade request with 200 and what it
+    // received.
+    let port = common_port(&[ip(2)]).await;
+    let _backend = Backend::start(ip(2), port).await;
+    let (proxy, _dns, serve) = in_front_of_127_0_0_2(port, "").await;
+    let mut raw = TcpStream::connect(proxy).await.unwrap();
+    raw.write_all(
+        b"GET /first HTTP/1.1\r\nHost: web.test\r\nConnection: keep-alive, Upgrade, X-Hop\r\n\
+          X-Hop: 1\r\nUpgrade: websocket\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let first = read_response(&mut raw).await;
+    assert!(first.starts_with("HTTP/1.1 200"), "{first}");
+    let body: serde_json::Value =
+        serde_json::from_str(&first[first.find("\r\n\r\n").unwrap() + 4..]).unwrap();
+    let headers = &body["headers"];
+    assert_eq!(headers["upgrade"], "websocket", "{body}");
+    assert_eq!(headers["connection"], "upgrade", "{body}");
+    // The other headers `Connection` named are still removed.
+    assert!(headers.get("x-hop").is_none(), "{body}");
+    assert!(
+        !first.to_ascii_lowercase().contains("keep-alive: "),
+        "{first}"
+    );
+
+    // The same connection goes on as HTTP/1.1.
+    raw.write_all(b"GET /second HTTP/1.1\r\nHost: web.test\r\n\r\n")
+        .await
+        .unwrap();
+    let second = read_response(&mut raw).await;
+    assert!(second.starts_with("HTTP/1.1 200"), "{second}");
+    assert!(second.contains("\"uri\":\"/second\""), "{second}");
+
+    // An h2c upgrade (`curl --http2`) is not offered: the request goes on the
+    // pooled path as HTTP/1.1, without the upgrade.
+    let before = figures(&serve).await["reused"].as_u64().unwrap();
+    raw.write_all(
+        b"GET /third HTTP/1.1\r\nHost: web.test\r\nConnection: Upgrade, HTTP2-Settings\r\n\
+          Upgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQCAAAAAAIAAAAA\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let third = read_response(&mut raw).await;
+    assert!(third.starts_with("HTTP/1.1 200"), "{third}");
+    let body: serde_json::Value =
+        serde_json::from_str(&third[third.find("\r\n\r\n").unwrap() + 4..]).unwrap();
+    for hop in ["upgrade", "connection", "http2-settings"] {
+        assert!(body["headers"].get(hop).is_none(), "{hop}: {body}");
+    }
+    let h = figures(&serve).await;
+    assert_eq!(h["reused"], before + 1, "{h}");
+    assert_eq!(h["upgrades"], 0, "{h}");
+    assert_eq!(h["tunnels"], 0, "{h}");
+    assert_eq!(h["requests"]["2xx"], 3, "{h}");
+}
+
+#[tokio::test]
+async fn an_idle_tunnel_is_closed_and_an_upgrade_with_nothing_to_route_to_gets_503() {
+    let port = common_port(&[ip(2)]).await;
+    let mut backend = WsBackend::start(ip(2), port).await;
+    let (proxy, dns, serve) =
+        in_front_of_127_0_0_2(port, "    limits: {tunnel_idle_timeout_s: 1}\n").await;
+    let mut ws = open(proxy).await.unwrap();
+    assert_eq!(next_text(&mut ws).await, "welcome from 127.0.0.2");
+
+    // Traffic keeps it open past its idle timeout...
+    let busy_until = tokio::time::Instant::now() + Duration::from_millis(2500);
+    let mut n = 0;
+    while tokio::time::Instant::now() < busy_until {
+        ws.send(Message::text(format!("tick {n}"))).await.unwrap();
+        assert_eq!(next_text(&mut ws).await, format!("127.0.0.2: tick {n}"));
+        n += 1;
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert_eq!(figures(&serve).await["tunnels"], 1);
+
+    // ... and a second without any closes both sides.
+    match tokio::time::timeout(WAIT, ws.next()).await {
+        Ok(None | Some(Err(_))) => {}
+        other => panic!("the idle tunnel was not closed: {other:?}"),
+    }
+    backend.wait_ended().await;
+    wait_tunnels(&serve, 0).await;
+
+    // Nothing to route to: 503, as for any request.
+    dns.set_a("web.test", &[], 1);
+    serve.wait_endpoints(&[]).await;
+    match open(proxy).await {
+        Err(WsError::Http(resp)) => {
+            assert_eq!(resp.status(), 503);
+            let body = resp.body().clone().unwrap_or_default();
+            assert_eq!(
+                String::from_utf8_lossy(&body),
+                "no endpoints for upstream web\n"
+            );
+        }
+        other => panic!("not a 503: {:?}", other.map(|_| "switched")),
+    }
+    assert_eq!(figures(&serve).await["upgrades"], 1);
+}

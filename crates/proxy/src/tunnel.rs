@@ -1,0 +1,457 @@
+//! Upgrades: a client connection switched to another protocol (WebSocket's
+//! handshake, or any other `Upgrade:` of HTTP/1.1) and tunnelled to an endpoint.
+//!
+//! A request that asks for an upgrade (HTTP/1.1, `Upgrade:` and `Connection:
+//! upgrade`; hyper marks it with its upgrade handle) is not sent over a pooled
+//! connection: the connection it goes out on may become a tunnel, and a tunnel
+//! never goes back to a pool. It gets a new connection of its own to the endpoint
+//! the load balancer picks, and goes out with its headers rewritten as every
+//! request's are ([`crate::headers`]) but with `Upgrade` (as the client sent it)
+//! and `Connection: upgrade` put back. It is tried again as other requests are: on
+//! another endpoint when the dial fails, and (a GET without a body) when the
+//! connection closes before the response head, within `max_tries` and the retry
+//! budget.
+//!
+//! - The endpoint answers `101 Switching Protocols`: the client gets that answer
+//!   (the endpoint's headers, hop-by-hop ones removed, with its `Upgrade` and
+//!   `Connection: upgrade` put back), and once hyper has written it, both
+//!   connections leave HTTP: [`Tunnel::run`] copies bytes both ways (bytes that
+//!   either side sent right behind its head included) until both sides have closed,
+//!   either fails, or nothing passed either way for `limits.tunnel_idle_timeout_s`.
+//!   The tunnel runs in the task that served the client connection, after hyper
+//!   hands its socket back ([`crate::reverse::serve`]): it keeps the connection's
+//!   permit of `max_connections`, and at shutdown it is drained as an L4
+//!   connection is (closed at the drain deadline). It also keeps its pick guard:
+//!   the load balancer counts it in flight on its endpoint (`least_connections`
+//!   sees tunnels) until it ends.
+//! - Any other answer goes to the client as usual (its body streamed) and the
+//!   client connection stays HTTP/1.1; the connection to the endpoint closes after
+//!   the answer.
+//!
+//! Upgrades over HTTP/2 (extended `CONNECT`, RFC 8441) are not offered, and
+//! `CONNECT` is not an upgrade here.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use dwara_lb::PickGuard;
+use http::header::{self, HeaderMap, HeaderValue};
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::BodyExt;
+use hyper::body::{Body, Frame, Incoming, SizeHint};
+use hyper::upgrade::{OnUpgrade, Upgraded};
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::task::JoinHandle;
+use tracing::debug;
+
+use crate::forward::Target;
+use crate::headers;
+use crate::http_stats::{HttpStats, Made};
+use crate::pool::ReqBody;
+use crate::reverse::{
+    Choice, Client, HttpUpstream, RespBody, Stream, Template, Unanswered, choose, dial_addr,
+    dial_failed, empty_resp, hash_key, made, outgoing,
+};
+
+/// The tunnel a client connection's upgrade request opened, waiting for hyper to
+/// hand the connection's socket back (one per HTTP/1.1 connection: nothing is read
+/// from it as HTTP after a `101`).
+pub(crate) type Slot = parking_lot::Mutex<Option<Tunnel>>;
+
+/// Whether `req` asks to switch its connection to another protocol: HTTP/1.1
+/// with `Upgrade:` (hyper gives such a request its upgrade handle; it gives one to
+/// `CONNECT` too, which is not an upgrade here). `Upgrade: h2c` alone is not
+/// either: HTTP/2 is offered to clients by prior knowledge, and a client asking
+/// for h2c (`curl --http2`) goes on with HTTP/1.1 when the answer is not a `101`,
+/// so such a request takes the pooled path with `Upgrade` removed, as before. For
+/// any other request this reads one empty extension map.
+pub(crate) fn wants(req: &Request<Incoming>) -> bool {
+    req.extensions().get::<OnUpgrade>().is_some()
+        && req.method() != Method::CONNECT
+        && req
+            .headers()
+            .get_all(header::UPGRADE)
+            .iter()
+            .any(|p| !p.as_bytes().eq_ignore_ascii_case(b"h2c"))
+}
+
+/// One upgrade request through the upstream, answered whatever happens; after a
+/// `101`, the tunnel waits in `slot` for the client connection to end as HTTP.
+pub(crate) async fn upgrade(
+    mut req: Request<Incoming>,
+    client: Client,
+    target: Arc<Target>,
+    open: Stream,
+    slot: Arc<Slot>,
+) -> Result<Response<RespBody>, Infallible> {
+    let Some(http) = target.http.as_deref() else {
+        return Ok(Response::new(empty_resp()));
+    };
+    let started = Instant::now();
+    http.stats.budget.request(started);
+    let on_client = hyper::upgrade::on(&mut req);
+    let key = hash_key(&target, http, &req, &client);
+    let protocols: Vec<HeaderValue> = req
+        .headers()
+        .get_all(header::UPGRADE)
+        .iter()
+        .cloned()
+        .collect();
+    let (mut out, retry_safe) = outgoing(req, &client.forwarded_for);
+    put_back(out.headers_mut(), protocols);
+    let template = retry_safe.is_some().then(|| Template::of(&out));
+    let mut unanswered = Unanswered {
+        upstream: &target.name,
+        stats: &http.stats,
+        armed: true,
+    };
+    let tried = tries(&target, http, key.as_deref(), out, template.as_ref()).await;
+    unanswered.armed = false;
+    let resp = match tried {
+        Tried::Switched {
+            resp,
+            endpoint,
+            conn,
+            guard,
+            addr,
+        } => {
+            http.stats.upgrades.fetch_add(1, Ordering::Relaxed);
+            debug!(upstream = %target.name, endpoint = %addr, "switching protocols: the connection becomes a tunnel");
+            *slot.lock() = Some(Tunnel {
+                client: on_client,
+                endpoint,
+                _conn: conn,
+                _guard: guard,
+                stats: http.stats.clone(),
+                idle_timeout: Duration::from_secs(http.settings.limits.tunnel_idle_timeout_s),
+                upstream: target.name.clone(),
+                addr,
+            });
+            resp
+        }
+        Tried::Answered(resp, conn, guard) => {
+            let (parts, body) = resp.into_parts();
+            let body = Held {
+                inner: body,
+                _hold: (open, guard, conn),
+            };
+            Response::from_parts(parts, body.boxed_unsync())
+        }
+        Tried::Made(resp) => resp,
+    };
+    http.stats
+        .answered(resp.status().as_u16(), started.elapsed());
+    Ok(resp)
+}
+
+/// `Upgrade` (as the client sent it) and `Connection: upgrade`, put back after
+/// the hop-by-hop headers went.
+fn put_back(headers: &mut HeaderMap, protocols: Vec<HeaderValue>) {
+    headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    for p in protocols {
+        headers.append(header::UPGRADE, p);
+    }
+}
+
+/// How an upgrade request ended.
+enum Tried {
+    /// `101`: the answer for the client, and what the tunnel needs.
+    Switched {
+        resp: Response<RespBody>,
+        endpoint: OnUpgrade,
+        conn: Task,
+        guard: Option<PickGuard>,
+        addr: SocketAddr,
+    },
+    /// Any other answer of the endpoint, with what must live until its body is
+    /// done.
+    Answered(Response<Incoming>, Task, Option<PickGuard>),
+    /// Answered here: 503, 502 or 504.
+    Made(Response<RespBody>),
+}
+
+/// The tries of an upgrade request (see the module docs).
+async fn tries(
+    target: &Target,
+    http: &HttpUpstream,
+    key: Option<&[u8]>,
+    req: Request<ReqBody>,
+    template: Option<&Template>,
+) -> Tried {
+    let mut pending = Some(req);
+    let mut tried: Vec<SocketAddr> = Vec::new();
+    let mut last_error = String::new();
+    let mut reached = false;
+    for n in 0..http.settings.max_tries {
+        let mut choice = match choose(target, http, key, &tried).await {
+            Ok(c) => c,
+            Err(why) if tried.is_empty() => {
+                return Tried::Made(made(target, http, Made::NoEndpoints, &why));
+            }
+            Err(why) => {
+                last_error = why;
+                break;
+            }
+        };
+        if n > 0 {
+            if reached && !http.stats.budget.try_retry() {
+                http.stats.budget_exhausted.fetch_add(1, Ordering::Relaxed);
+                last_error = format!("{last_error}; retry budget spent");
+                break;
+            }
+            http.stats.retries.fetch_add(1, Ordering::Relaxed);
+        }
+        let Some(req) = pending.take().or_else(|| template.map(Template::request)) else {
+            break;
+        };
+        let addr = dial_addr(&choice, http).await;
+        let stream = match http.pool.dial(addr).await {
+            Ok(s) => s,
+            Err(e) => {
+                last_error = dial_failed(&choice, http, addr, &e);
+                tried.push(choice.addr);
+                pending = Some(req);
+                continue;
+            }
+        };
+        let (mut sender, conn) = match hyper::client::conn::http1::Builder::new()
+            .handshake::<_, ReqBody>(TokioIo::new(stream))
+            .await
+        {
+            Ok(c) => c,
+            Err(e) => {
+                last_error = format!("{addr}: HTTP handshake failed: {e}");
+                tried.push(choice.addr);
+                pending = Some(req);
+                continue;
+            }
+        };
+        http.stats.connects.fetch_add(1, Ordering::Relaxed);
+        // The connection's own task: it hands the socket to the response's upgrade
+        // handle after a 101, or reads the response's body for it. Ended with
+        // whatever holds it.
+        let conn = Task(tokio::spawn(async move {
+            if let Err(e) = conn.with_upgrades().await {
+                debug!(error = %e, "connection of an upgrade request ended with an error");
+            }
+        }));
+        let sent =
+            tokio::time::timeout(http.settings.response_timeout, sender.try_send_request(req))
+                .await;
+        match sent {
+            Err(_) => {
+                choice.failed();
+                let why = format!(
+                    "{}: no response head within {:?}",
+                    choice.addr, http.settings.response_timeout
+                );
+                return Tried::Made(made(target, http, Made::Timeout, &why));
+            }
+            Ok(Ok(resp)) => {
+                if let Some(g) = &choice.guard {
+                    g.report_success();
+                }
+                return answered(resp, conn, &mut choice);
+            }
+            Ok(Err(mut e)) => {
+                choice.failed();
+                last_error = format!("{}: {}", choice.addr, e.error());
+                tried.push(choice.addr);
+                match e.take_message() {
+                    Some(req) => pending = Some(req),
+                    None if template.is_some() => reached = true,
+                    None => break,
+                }
+            }
+        }
+    }
+    Tried::Made(made(target, http, Made::BadGateway, &last_error))
+}
+
+/// The endpoint's answer to an upgrade request, sorted.
+fn answered(mut resp: Response<Incoming>, conn: Task, choice: &mut Choice) -> Tried {
+    if resp.status() != StatusCode::SWITCHING_PROTOCOLS {
+        let (mut parts, body) = resp.into_parts();
+        headers::to_client(&mut parts.headers);
+        return Tried::Answered(Response::from_parts(parts, body), conn, choice.guard.take());
+    }
+    let endpoint = hyper::upgrade::on(&mut resp);
+    let (mut parts, _) = resp.into_parts();
+    let protocols: Vec<HeaderValue> = parts
+        .headers
+        .get_all(header::UPGRADE)
+        .iter()
+        .cloned()
+        .collect();
+    headers::to_client(&mut parts.headers);
+    put_back(&mut parts.headers, protocols);
+    Tried::Switched {
+        resp: Response::from_parts(parts, empty_resp()),
+        endpoint,
+        conn,
+        guard: choice.guard.take(),
+        addr: choice.addr,
+    }
+}
+
+/// The task of a connection to an endpoint, ended when this is dropped.
+struct Task(JoinHandle<()>);
+
+impl Drop for Task {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// A response body that keeps `H` until it is dropped (hyper drops it once it has
+/// been sent, or when the client went away).
+struct Held<H> {
+    inner: Incoming,
+    _hold: H,
+}
+
+impl<H: Unpin> Body for Held<H> {
+    type Data = bytes::Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<bytes::Bytes>, hyper::Error>>> {
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// A client connection switched to another protocol and its endpoint's, to be
+/// joined once hyper has handed both sockets over.
+pub(crate) struct Tunnel {
+    client: OnUpgrade,
+    endpoint: OnUpgrade,
+    /// The endpoint connection's task, until it has handed its socket over.
+    _conn: Task,
+    /// Counts the tunnel in flight on its endpoint.
+    _guard: Option<PickGuard>,
+    stats: Arc<HttpStats>,
+    idle_timeout: Duration,
+    upstream: Arc<str>,
+    addr: SocketAddr,
+}
+
+impl Tunnel {
+    /// Copies bytes both ways until both sides have closed, either fails, or
+    /// nothing passed for the idle timeout.
+    pub(crate) async fn run(self, peer: SocketAddr) {
+        let (client, endpoint) = match (self.client.await, self.endpoint.await) {
+            (Ok(c), Ok(e)) => (c, e),
+            (Err(e), _) | (_, Err(e)) => {
+                debug!(upstream = %self.upstream, %peer, endpoint = %self.addr, error = %e, "upgrade not completed; closing");
+                return;
+            }
+        };
+        let _open = Open::new(&self.stats);
+        let base = Instant::now();
+        let last = AtomicU64::new(0);
+        let mut client = Watched::new(client, base, &last);
+        let mut endpoint = Watched::new(endpoint, base, &last);
+        let copy = tokio::io::copy_bidirectional(&mut client, &mut endpoint);
+        let idle = async {
+            loop {
+                let since = base + Duration::from_millis(last.load(Ordering::Relaxed));
+                let deadline = since + self.idle_timeout;
+                if Instant::now() >= deadline {
+                    return;
+                }
+                tokio::time::sleep_until(deadline.into()).await;
+            }
+        };
+        tokio::select! {
+            copied = copy => match copied {
+                Ok((up, down)) => debug!(upstream = %self.upstream, %peer, endpoint = %self.addr, bytes_to_endpoint = up, bytes_to_client = down, "tunnel closed"),
+                Err(e) => debug!(upstream = %self.upstream, %peer, endpoint = %self.addr, error = %e, "tunnel failed; closing both sides"),
+            },
+            () = idle => debug!(upstream = %self.upstream, %peer, endpoint = %self.addr, idle = ?self.idle_timeout, "nothing through the tunnel for its idle timeout; closing both sides"),
+        }
+    }
+}
+
+/// Counts a tunnel open while it lives.
+struct Open<'a>(&'a HttpStats);
+
+impl<'a> Open<'a> {
+    fn new(stats: &'a HttpStats) -> Self {
+        stats.tunnels.fetch_add(1, Ordering::Relaxed);
+        Self(stats)
+    }
+}
+
+impl Drop for Open<'_> {
+    fn drop(&mut self) {
+        self.0.tunnels.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// One side of a tunnel, noting when it last read a byte (milliseconds since
+/// `base`, shared by both sides).
+struct Watched<'a> {
+    io: TokioIo<Upgraded>,
+    base: Instant,
+    last: &'a AtomicU64,
+}
+
+impl<'a> Watched<'a> {
+    fn new(io: Upgraded, base: Instant, last: &'a AtomicU64) -> Self {
+        Self {
+            io: TokioIo::new(io),
+            base,
+            last,
+        }
+    }
+}
+
+impl AsyncRead for Watched<'_> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.io).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            let ms = u64::try_from(self.base.elapsed().as_millis()).unwrap_or(u64::MAX);
+            self.last.store(ms, Ordering::Relaxed);
+        }
+        polled
+    }
+}
+
+impl AsyncWrite for Watched<'_> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
