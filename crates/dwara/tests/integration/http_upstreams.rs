@@ -220,7 +220,7 @@ impl KeepAlive {
     }
 }
 
-fn upstream(proxy: SocketAddr, port: u16, ns: SocketAddr, extra: &str) -> String {
+pub(crate) fn upstream(proxy: SocketAddr, port: u16, ns: SocketAddr, extra: &str) -> String {
     format!(
         "upstreams:
   - name: web
@@ -237,14 +237,14 @@ fn upstream(proxy: SocketAddr, port: u16, ns: SocketAddr, extra: &str) -> String
     )
 }
 
-async fn dns(ips: &[Ipv4Addr]) -> TestDnsServer {
+pub(crate) async fn dns(ips: &[Ipv4Addr]) -> TestDnsServer {
     let dns = TestDnsServer::start().await.unwrap();
     dns.set_negative_ttl(1);
     dns.set_a("web.test", ips, 1);
     dns
 }
 
-async fn wait_listening(addr: SocketAddr) {
+pub(crate) async fn wait_listening(addr: SocketAddr) {
     let ok =
         test_support::wait_until(WAIT, || async { TcpStream::connect(addr).await.is_ok() }).await;
     assert!(ok, "nothing listens on {addr}");

@@ -15,7 +15,8 @@ use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 use tokio_tungstenite::{WebSocketStream, client_async};
 
 use crate::http_upstreams::{
-    Backend, common_port, in_front_of_127_0_0_2, ip, metrics, read_response,
+    Backend, common_port, dns, in_front_of_127_0_0_2, ip, metrics, read_response, upstream,
+    wait_listening,
 };
 use crate::serve::{Serve, WAIT};
 
@@ -296,4 +297,33 @@ async fn an_idle_tunnel_is_closed_and_an_upgrade_with_nothing_to_route_to_gets_5
         other => panic!("not a 503: {:?}", other.map(|_| "switched")),
     }
     assert_eq!(figures(&serve).await["upgrades"], 1);
+}
+
+#[tokio::test]
+async fn a_tunnel_is_drained_at_shutdown_and_closed_at_the_drain_deadline() {
+    let port = common_port(&[ip(2)]).await;
+    let mut backend = WsBackend::start(ip(2), port).await;
+    let dns = dns(&[ip(2)]).await;
+    let proxy = test_support::free_addr();
+    // The tests' dwara drains for at most 5 s.
+    let serve = Serve::spawn(&upstream(proxy, port, dns.addr(), ""));
+    serve.wait_endpoints(&[format!("127.0.0.2:{port}")]).await;
+    wait_listening(proxy).await;
+    let mut ws = open(proxy).await.unwrap();
+    assert_eq!(next_text(&mut ws).await, "welcome from 127.0.0.2");
+
+    serve.signal("TERM");
+    // No new connection is accepted, but the open tunnel still carries messages
+    // while dwara drains...
+    let stopped =
+        test_support::wait_until(WAIT, || async { TcpStream::connect(proxy).await.is_err() }).await;
+    assert!(stopped, "still accepting after SIGTERM");
+    ws.send(Message::text("still there")).await.unwrap();
+    assert_eq!(next_text(&mut ws).await, "127.0.0.2: still there");
+    // ... and is closed at the drain deadline, on both sides.
+    match tokio::time::timeout(WAIT, ws.next()).await {
+        Ok(None | Some(Err(_))) => {}
+        other => panic!("the tunnel outlived the drain deadline: {other:?}"),
+    }
+    backend.wait_ended().await;
 }
