@@ -36,6 +36,9 @@
 //!   request picking it such a retry); a pooled connection found closed before
 //!   anything was written costs no try either (the pool is finite). Every failure of an
 //!   endpoint is reported to the load balancer's passive ejection;
+//! - the endpoint answers `101 Switching Protocols` to a request that asked for no
+//!   upgrade (one that did goes by [`crate::tunnel`]): hyper has ended that
+//!   connection, and the try failed as if it had closed before the answer;
 //! - every try failed: `502`; no response head within `response_timeout_ms`: `504`.
 //!
 //! Each 5xx dwara makes is counted and logged at debug with its reason.
@@ -998,6 +1001,16 @@ fn outcome(
         None => {
             choice.failed();
             Sent::TimedOut
+        }
+        // A switch of protocols nobody asked for (a request that did is not sent
+        // on a pooled connection, see `crate::tunnel`): hyper has ended the
+        // connection, and the client could make nothing of it.
+        Some(Ok(resp)) if resp.status() == StatusCode::SWITCHING_PROTOCOLS => {
+            choice.failed();
+            Sent::Lost(format!(
+                "{}: 101 Switching Protocols to a request that asked for no upgrade",
+                choice.addr
+            ))
         }
         Some(Ok(resp)) => {
             if let Some(g) = &choice.guard {

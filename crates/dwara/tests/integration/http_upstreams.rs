@@ -107,6 +107,13 @@ async fn answer(
         // Never answers (the response-timeout test).
         std::future::pending::<()>().await;
     }
+    if parts.uri.path() == "/switch" {
+        // Switches protocols though the request asked for no upgrade (hyper then
+        // closes the connection).
+        let mut resp = Response::new(http_body_util::Either::Left(Full::default()));
+        *resp.status_mut() = hyper::StatusCode::SWITCHING_PROTOCOLS;
+        return Ok(resp);
+    }
     if parts.uri.path() == "/stream" {
         // Chunked: each piece is sent as the task makes it.
         let (tx, rx) = tokio::sync::mpsc::channel(1);

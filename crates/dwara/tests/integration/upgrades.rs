@@ -196,7 +196,7 @@ async fn a_websocket_is_tunnelled_to_an_endpoint_and_counted_on_it_until_it_clos
 }
 
 #[tokio::test]
-async fn an_upgrade_the_endpoint_declines_is_answered_as_usual_and_the_connection_stays_http() {
+async fn a_declined_upgrade_and_h2c_stay_http_and_a_switch_nobody_asked_for_is_a_502() {
     // A plain HTTP backend: it answers the upgrade request with 200 and what it
     // received.
     let port = common_port(&[ip(2)]).await;
@@ -249,9 +249,19 @@ async fn an_upgrade_the_endpoint_declines_is_answered_as_usual_and_the_connectio
     }
     let h = figures(&serve).await;
     assert_eq!(h["reused"], before + 1, "{h}");
+
+    // An endpoint that switches protocols though no upgrade was asked for: the
+    // client gets a 502, not a 101 it did not ask for.
+    raw.write_all(b"GET /switch HTTP/1.1\r\nHost: web.test\r\n\r\n")
+        .await
+        .unwrap();
+    let fourth = read_response(&mut raw).await;
+    assert!(fourth.starts_with("HTTP/1.1 502"), "{fourth}");
+    let h = figures(&serve).await;
     assert_eq!(h["upgrades"], 0, "{h}");
     assert_eq!(h["tunnels"], 0, "{h}");
     assert_eq!(h["requests"]["2xx"], 3, "{h}");
+    assert_eq!(h["bad_gateway_502"], 1, "{h}");
 }
 
 #[tokio::test]
