@@ -97,6 +97,7 @@ pub(crate) async fn handle(client: TcpStream, peer: SocketAddr, target: Arc<Targ
         from: &client,
         to: &server,
         bytes: &stats.bytes_to_upstream,
+        also: None,
         ended: &client_ended,
         to_ended: &server_ended,
     };
@@ -104,6 +105,7 @@ pub(crate) async fn handle(client: TcpStream, peer: SocketAddr, target: Arc<Targ
         from: &server,
         to: &client,
         bytes: &stats.bytes_to_client,
+        also: None,
         ended: &server_ended,
         to_ended: &client_ended,
     };

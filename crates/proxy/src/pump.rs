@@ -53,6 +53,9 @@ pub(crate) struct Direction<'a> {
     pub(crate) from: &'a TcpStream,
     pub(crate) to: &'a TcpStream,
     pub(crate) bytes: &'a AtomicU64,
+    /// Also counts the bytes written, when given (a tunnel's own count, which its
+    /// idle timeout watches).
+    pub(crate) also: Option<&'a AtomicU64>,
     /// Set when `from` has reached end of stream.
     pub(crate) ended: &'a AtomicBool,
     /// The other direction's `ended`: `to` has reached end of stream.
@@ -133,6 +136,13 @@ impl Direction<'_> {
         Ok(total)
     }
 
+    fn count(&self, n: usize) {
+        self.bytes.fetch_add(n as u64, Ordering::Relaxed);
+        if let Some(also) = self.also {
+            also.fetch_add(n as u64, Ordering::Relaxed);
+        }
+    }
+
     /// One read through the scratch buffer and writing all of it; 0 at end of
     /// stream.
     async fn copy_once(&self) -> io::Result<usize> {
@@ -161,7 +171,7 @@ impl Direction<'_> {
             match self.to.try_write(&buf[written..n]) {
                 Ok(m) => {
                     written += m;
-                    self.bytes.fetch_add(m as u64, Ordering::Relaxed);
+                    self.count(m);
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) => return Err(e),
@@ -203,7 +213,7 @@ impl Direction<'_> {
             match self.to.try_write(&data[written..]) {
                 Ok(m) => {
                     written += m;
-                    self.bytes.fetch_add(m as u64, Ordering::Relaxed);
+                    self.count(m);
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
                 Err(e) => return Err(e),
@@ -244,7 +254,7 @@ impl Direction<'_> {
             match r {
                 Ok(m) => {
                     left -= m;
-                    self.bytes.fetch_add(m as u64, Ordering::Relaxed);
+                    self.count(m);
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
                 Err(e)
@@ -327,6 +337,7 @@ mod tests {
             from: &from,
             to: &to,
             bytes: &bytes,
+            also: None,
             ended: &ended,
             to_ended: &to_ended,
         };

@@ -419,9 +419,10 @@ async fn sniff(socket: &mut TcpStream) -> std::io::Result<(Bytes, bool)> {
 const SNIFF_BUF: usize = 4096;
 
 /// A client socket with the bytes [`sniff`] read put back in front of it.
-struct Replay {
-    head: Bytes,
-    io: TcpStream,
+pub(crate) struct Replay {
+    /// What is left of those bytes.
+    pub(crate) head: Bytes,
+    pub(crate) io: TcpStream,
 }
 
 impl AsyncRead for Replay {

@@ -15,9 +15,13 @@
 //! - The endpoint answers `101 Switching Protocols`: the client gets that answer
 //!   (the endpoint's headers, hop-by-hop ones removed, with its `Upgrade` and
 //!   `Connection: upgrade` put back), and once hyper has written it, both
-//!   connections leave HTTP: [`Tunnel::run`] copies bytes both ways (bytes that
-//!   either side sent right behind its head included) until both sides have closed,
-//!   either fails, or nothing passed either way for `limits.tunnel_idle_timeout_s`.
+//!   connections leave HTTP: [`Tunnel::run`] takes both sockets back from hyper and
+//!   moves bytes between them as an L4 connection does ([`crate::pump`]: copies
+//!   through a per-thread buffer, `splice(2)` for long transfers, no buffer of its
+//!   own while idle), first the bytes either side sent right behind its head, until
+//!   both sides have closed, either fails, or nothing moved either way for
+//!   `limits.tunnel_idle_timeout_s`. Its bytes count in the upstream's
+//!   `connections.bytes_to_upstream` and `bytes_to_client`.
 //!   The tunnel runs in the task that served the client connection, after hyper
 //!   hands its socket back ([`crate::reverse::serve`]): it keeps the connection's
 //!   permit of `max_connections`, and at shutdown it is drained as an L4
@@ -35,7 +39,7 @@ use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -44,19 +48,21 @@ use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use hyper::body::{Body, Frame, Incoming, SizeHint};
-use hyper::upgrade::{OnUpgrade, Upgraded};
+use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
 use tokio::task::JoinHandle;
 use tracing::debug;
 
-use crate::forward::Target;
+use crate::forward::{ConnStats, Target};
 use crate::headers;
 use crate::http_stats::{HttpStats, Made};
 use crate::pool::ReqBody;
+use crate::pump;
 use crate::reverse::{
-    Choice, Client, HttpUpstream, RespBody, Stream, Template, Unanswered, choose, dial_addr,
-    dial_failed, empty_resp, hash_key, made, outgoing,
+    Choice, Client, HttpUpstream, Replay, RespBody, Stream, Template, Unanswered, choose,
+    dial_addr, dial_failed, empty_resp, hash_key, made, outgoing,
 };
 
 /// The tunnel a client connection's upgrade request opened, waiting for hyper to
@@ -129,6 +135,7 @@ pub(crate) async fn upgrade(
                 _conn: conn,
                 _guard: guard,
                 stats: http.stats.clone(),
+                bytes: target.stats.clone(),
                 idle_timeout: Duration::from_secs(http.settings.limits.tunnel_idle_timeout_s),
                 upstream: target.name.clone(),
                 addr,
@@ -346,14 +353,18 @@ pub(crate) struct Tunnel {
     /// Counts the tunnel in flight on its endpoint.
     _guard: Option<PickGuard>,
     stats: Arc<HttpStats>,
+    /// The upstream's byte counters (`connections.bytes_*`).
+    bytes: Arc<ConnStats>,
     idle_timeout: Duration,
     upstream: Arc<str>,
     addr: SocketAddr,
 }
 
 impl Tunnel {
-    /// Copies bytes both ways until both sides have closed, either fails, or
-    /// nothing passed for the idle timeout.
+    /// Takes both sockets back from hyper and moves bytes between them as an L4
+    /// connection does ([`crate::pump`]: copies, then `splice(2)` for long
+    /// transfers), first what hyper had read past each side's head, until both
+    /// sides have closed, either fails, or nothing moved for the idle timeout.
     pub(crate) async fn run(self, peer: SocketAddr) {
         let (client, endpoint) = match (self.client.await, self.endpoint.await) {
             (Ok(c), Ok(e)) => (c, e),
@@ -362,28 +373,84 @@ impl Tunnel {
                 return;
             }
         };
+        // The sockets hyper was given: the client's behind what `sniff` read, and
+        // the endpoint's.
+        let (Ok(client), Ok(endpoint)) = (
+            client.downcast::<TokioIo<Replay>>(),
+            endpoint.downcast::<TokioIo<TcpStream>>(),
+        ) else {
+            debug!(upstream = %self.upstream, %peer, "an upgraded connection of another kind; closing");
+            return;
+        };
+        let Replay {
+            head: unread,
+            io: mut client_socket,
+        } = client.io.into_inner();
+        let mut endpoint_socket = endpoint.io.into_inner();
+        // In the order they came: what hyper read past the head, then what it had
+        // not read yet of the bytes `sniff` read.
+        let (to_endpoint, to_client) = ([client.read_buf, unread], [endpoint.read_buf]);
         let _open = Open::new(&self.stats);
-        let base = Instant::now();
-        let last = AtomicU64::new(0);
-        let mut client = Watched::new(client, base, &last);
-        let mut endpoint = Watched::new(endpoint, base, &last);
-        let copy = tokio::io::copy_bidirectional(&mut client, &mut endpoint);
-        let idle = async {
-            loop {
-                let since = base + Duration::from_millis(last.load(Ordering::Relaxed));
-                let deadline = since + self.idle_timeout;
-                if Instant::now() >= deadline {
-                    return;
-                }
-                tokio::time::sleep_until(deadline.into()).await;
+        let moved = AtomicU64::new(0);
+        let run = async {
+            for b in to_endpoint.iter().filter(|b| !b.is_empty()) {
+                endpoint_socket.write_all(b).await?;
+                count(&self.bytes.bytes_to_upstream, &moved, b.len());
             }
+            for b in to_client.iter().filter(|b| !b.is_empty()) {
+                client_socket.write_all(b).await?;
+                count(&self.bytes.bytes_to_client, &moved, b.len());
+            }
+            let (client_ended, endpoint_ended) = (AtomicBool::new(false), AtomicBool::new(false));
+            let up = pump::Direction {
+                from: &client_socket,
+                to: &endpoint_socket,
+                bytes: &self.bytes.bytes_to_upstream,
+                also: Some(&moved),
+                ended: &client_ended,
+                to_ended: &endpoint_ended,
+            };
+            let down = pump::Direction {
+                from: &endpoint_socket,
+                to: &client_socket,
+                bytes: &self.bytes.bytes_to_client,
+                also: Some(&moved),
+                ended: &endpoint_ended,
+                to_ended: &client_ended,
+            };
+            tokio::try_join!(up.run(), down.run())
         };
         tokio::select! {
-            copied = copy => match copied {
-                Ok((up, down)) => debug!(upstream = %self.upstream, %peer, endpoint = %self.addr, bytes_to_endpoint = up, bytes_to_client = down, "tunnel closed"),
+            ran = run => match ran {
+                Ok((up, down)) => debug!(upstream = %self.upstream, %peer, endpoint = %self.addr, up, down, "tunnel closed"),
                 Err(e) => debug!(upstream = %self.upstream, %peer, endpoint = %self.addr, error = %e, "tunnel failed; closing both sides"),
             },
-            () = idle => debug!(upstream = %self.upstream, %peer, endpoint = %self.addr, idle = ?self.idle_timeout, "nothing through the tunnel for its idle timeout; closing both sides"),
+            () = idle(&moved, self.idle_timeout) => debug!(upstream = %self.upstream, %peer, endpoint = %self.addr, idle = ?self.idle_timeout, "nothing through the tunnel for its idle timeout; closing both sides"),
+        }
+    }
+}
+
+/// Counts `n` bytes in the upstream's counter and the tunnel's own.
+fn count(upstream: &AtomicU64, moved: &AtomicU64, n: usize) {
+    upstream.fetch_add(n as u64, Ordering::Relaxed);
+    moved.fetch_add(n as u64, Ordering::Relaxed);
+}
+
+/// Ends once `moved` (bytes moved either way) has not changed for `timeout`,
+/// looked at eight times per timeout (at most once a minute, at least every 100 ms
+/// apart): an idle tunnel costs a timer, not a buffer.
+async fn idle(moved: &AtomicU64, timeout: Duration) {
+    let tick = (timeout / 8).clamp(Duration::from_millis(100), Duration::from_secs(60));
+    let mut seen = moved.load(Ordering::Relaxed);
+    let mut since = tokio::time::Instant::now();
+    loop {
+        tokio::time::sleep(tick).await;
+        let now = moved.load(Ordering::Relaxed);
+        if now != seen {
+            seen = now;
+            since = tokio::time::Instant::now();
+        } else if since.elapsed() >= timeout {
+            return;
         }
     }
 }
@@ -401,57 +468,5 @@ impl<'a> Open<'a> {
 impl Drop for Open<'_> {
     fn drop(&mut self) {
         self.0.tunnels.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
-/// One side of a tunnel, noting when it last read a byte (milliseconds since
-/// `base`, shared by both sides).
-struct Watched<'a> {
-    io: TokioIo<Upgraded>,
-    base: Instant,
-    last: &'a AtomicU64,
-}
-
-impl<'a> Watched<'a> {
-    fn new(io: Upgraded, base: Instant, last: &'a AtomicU64) -> Self {
-        Self {
-            io: TokioIo::new(io),
-            base,
-            last,
-        }
-    }
-}
-
-impl AsyncRead for Watched<'_> {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        let before = buf.filled().len();
-        let polled = Pin::new(&mut self.io).poll_read(cx, buf);
-        if buf.filled().len() > before {
-            let ms = u64::try_from(self.base.elapsed().as_millis()).unwrap_or(u64::MAX);
-            self.last.store(ms, Ordering::Relaxed);
-        }
-        polled
-    }
-}
-
-impl AsyncWrite for Watched<'_> {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write(cx, buf)
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.io).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.io).poll_shutdown(cx)
     }
 }

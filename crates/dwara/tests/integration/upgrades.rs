@@ -11,6 +11,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 use tokio::task::{JoinHandle, JoinSet};
 use tokio_tungstenite::tungstenite::handshake::server::{Request, Response};
+use tokio_tungstenite::tungstenite::protocol::Role;
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 use tokio_tungstenite::{WebSocketStream, client_async};
 
@@ -159,6 +160,18 @@ async fn a_websocket_is_tunnelled_to_an_endpoint_and_counted_on_it_until_it_clos
         other => panic!("no binary echo: {other:?}"),
     }
 
+    // Its bytes count as the upstream's, live.
+    let status = serve.status().await;
+    let bytes = &status["upstreams"][0]["connections"];
+    assert!(
+        bytes["bytes_to_upstream"].as_u64().unwrap() > 4 << 20,
+        "{bytes}"
+    );
+    assert!(
+        bytes["bytes_to_client"].as_u64().unwrap() > 4 << 20,
+        "{bytes}"
+    );
+
     // Counted while open: one upgrade, one tunnel, one request in flight on the
     // endpoint (what least_connections reads).
     let h = figures(&serve).await;
@@ -193,6 +206,56 @@ async fn a_websocket_is_tunnelled_to_an_endpoint_and_counted_on_it_until_it_clos
         status["upstreams"][0]["http"]["client_connections"], 0,
         "{status}"
     );
+}
+
+#[tokio::test]
+async fn bytes_sent_right_behind_either_side_s_head_go_through_first() {
+    let port = common_port(&[ip(2)]).await;
+    let _backend = WsBackend::start(ip(2), port).await;
+    let (proxy, _dns, _serve) = in_front_of_127_0_0_2(port, "").await;
+    // The handshake and a first message in one write, before any answer: hyper
+    // reads the message with the head.
+    let mut raw = TcpStream::connect(proxy).await.unwrap();
+    let mut first = b"GET /chat HTTP/1.1\r\nHost: web.test\r\nConnection: Upgrade\r\n\
+        Upgrade: websocket\r\nSec-WebSocket-Version: 13\r\n\
+        Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"
+        .to_vec();
+    first.extend(masked_text_frame(b"early"));
+    raw.write_all(&first).await.unwrap();
+    // The 101, and whatever came right behind it (the backend's welcome, sent with
+    // its own 101).
+    let mut got = Vec::new();
+    let end = loop {
+        let mut buf = [0u8; 4096];
+        let n = tokio::time::timeout(WAIT, tokio::io::AsyncReadExt::read(&mut raw, &mut buf))
+            .await
+            .expect("no answer")
+            .unwrap();
+        assert!(n > 0, "closed: {}", String::from_utf8_lossy(&got));
+        got.extend_from_slice(&buf[..n]);
+        if let Some(i) = got.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i + 4;
+        }
+    };
+    let head = String::from_utf8_lossy(&got[..end]).to_ascii_lowercase();
+    assert!(head.starts_with("http/1.1 101"), "{head}");
+    assert!(
+        head.contains("sec-websocket-accept: s3pplmbitxaq9kygzzhzrbk+xoo="),
+        "{head}"
+    );
+    let rest = got[end..].to_vec();
+    let mut ws = WebSocketStream::from_partially_read(raw, rest, Role::Client, None).await;
+    assert_eq!(next_text(&mut ws).await, "welcome from 127.0.0.2");
+    assert_eq!(next_text(&mut ws).await, "127.0.0.2: early");
+}
+
+/// A client's text frame: final, masked (RFC 6455 §5.3), shorter than 126 bytes.
+fn masked_text_frame(text: &[u8]) -> Vec<u8> {
+    let key = [0x37, 0xfa, 0x21, 0x3d];
+    let mut frame = vec![0x81, 0x80 | u8::try_from(text.len()).unwrap()];
+    frame.extend(key);
+    frame.extend(text.iter().enumerate().map(|(i, b)| b ^ key[i % 4]));
+    frame
 }
 
 #[tokio::test]
