@@ -27,6 +27,10 @@
 //! - `cargo xtask perf http [--rounds R] [--seconds S]` compares dwara's HTTP upstreams
 //!   with HAProxy `mode http`, nginx `proxy_pass` and Caddy `reverse_proxy` under wrk,
 //!   and the latency of the 503 with nothing to route to with HAProxy's.
+//! - `cargo xtask perf tunnel [--rounds R] [--seconds S]` compares dwara's HTTP/1.1
+//!   upgrade tunnels with HAProxy's, nginx's and Caddy's: ping-pong messages and bulk
+//!   echo through each to an upgrade-echo backend (`cargo xtask perf tunnel-backend
+//!   --listen ADDR`, this xtask as a process of its own).
 //! - `cargo xtask perf http-instructions [--seconds S] [--before PATH] [--haproxy]
 //!   [--cache]` counts the instructions per proxied keep-alive request under
 //!   callgrind (steady where the rates of `perf http` are not), HAProxy's too with
@@ -69,6 +73,7 @@ mod perf_l4;
 mod perf_push;
 mod perf_rolling;
 mod perf_store;
+mod perf_tunnel;
 mod perf_util;
 mod pgo;
 mod tidy;
@@ -93,6 +98,8 @@ commands:
   perf cluster [--sizes 3,5,10] [--sync 10000,50000] | --faults | --simulate 100,1000
   perf l4 [--rounds R] [--seconds S] [--proxies ...]
   perf http [--rounds R] [--seconds S]
+  perf tunnel [--rounds R] [--seconds S] [--threads T] [--dwara PATH]
+  perf tunnel-backend --listen ADDR  the upgrade-echo server perf tunnel runs
   perf http-instructions [--seconds S] [--dwara PATH] [--before PATH] [--haproxy] [--cache]
   perf rolling [--replacements N] [--rate R] [--keep-logs DIR]
   perf push [--rounds R] [--docker]
@@ -102,13 +109,15 @@ commands:
   help                 this text";
 
 /// What `cargo xtask perf` runs.
-const PERF_COMMANDS: [&str; 10] = [
+const PERF_COMMANDS: [&str; 12] = [
     "dns",
     "store",
     "cluster",
     "l4",
     "http",
     "http-instructions",
+    "tunnel",
+    "tunnel-backend",
     "rolling",
     "push",
     "guard",
@@ -186,6 +195,8 @@ fn main() -> anyhow::Result<()> {
             Some((what, rest)) if what == "l4" => perf_l4::run(rest),
             Some((what, rest)) if what == "http" => perf_http::run(rest),
             Some((what, rest)) if what == "http-instructions" => perf_http_instructions::run(rest),
+            Some((what, rest)) if what == "tunnel" => perf_tunnel::run(rest),
+            Some((what, rest)) if what == "tunnel-backend" => perf_tunnel::backend_main(rest),
             Some((what, rest)) if what == "rolling" => perf_rolling::run(rest),
             Some((what, rest)) if what == "push" => perf_push::run(rest),
             Some((what, rest)) if what == "guard" => {

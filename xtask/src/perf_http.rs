@@ -164,16 +164,28 @@ fn start_nginx(dir: &Path, backend: u16) -> anyhow::Result<Proxy> {
 
 fn start_caddy(dir: &Path, backend: u16) -> anyhow::Result<Proxy> {
     let port = free_port(Ipv4Addr::LOCALHOST)?;
+    let mut proc = spawn_caddy(dir, &format!("http://127.0.0.1:{port}"), backend)?;
+    proc.wait_http(port)?;
+    Ok(Proxy {
+        proc,
+        port,
+        empty: None,
+    })
+}
+
+/// Caddy 2.6 serving `site` (e.g. `http://127.0.0.1:PORT`) on 127.0.0.1 as a
+/// `reverse_proxy` to `backend`, without its admin endpoint or automatic HTTPS.
+pub(crate) fn spawn_caddy(dir: &Path, site: &str, backend: u16) -> anyhow::Result<Proc> {
     let conf = dir.join("Caddyfile");
     std::fs::write(
         &conf,
         format!(
             "{{\n  admin off\n  auto_https off\n}}\n\
-             http://127.0.0.1:{port} {{\n  bind 127.0.0.1\n  reverse_proxy {backend}\n}}\n",
+             {site} {{\n  bind 127.0.0.1\n  reverse_proxy {backend}\n}}\n",
             backend = local(backend),
         ),
     )?;
-    let mut proc = Proc::spawn(
+    Proc::spawn(
         "caddy",
         dir,
         Command::new("caddy")
@@ -182,13 +194,7 @@ fn start_caddy(dir: &Path, backend: u16) -> anyhow::Result<Proxy> {
             .env("HOME", dir)
             .env("XDG_DATA_HOME", dir)
             .env("XDG_CONFIG_HOME", dir),
-    )?;
-    proc.wait_http(port)?;
-    Ok(Proxy {
-        proc,
-        port,
-        empty: None,
-    })
+    )
 }
 
 /// Runs the comparison.

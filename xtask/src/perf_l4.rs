@@ -392,6 +392,18 @@ pub(crate) fn start_dwara_under(
     }
     let mut proc = Proc::spawn(name, dir, &mut cmd)?;
     // The upstream's only endpoint comes from dwara's own name server.
+    register_backend(&mut proc, name, http)?;
+    proc.wait_http(port)?;
+    if let Some(empty) = empty {
+        proc.wait_answer(empty, "HTTP/1.1 503")?;
+    }
+    Ok(Proxy { proc, port, empty })
+}
+
+/// Registers `backend.perf.local` at 127.0.0.1 in the name server of `proc`, a
+/// `dwara serve` starting up with its HTTP API on `http`, once that API answers
+/// (within 60 s).
+pub(crate) fn register_backend(proc: &mut Proc, name: &str, http: u16) -> anyhow::Result<()> {
     let client = reqwest::blocking::Client::builder()
         .timeout(Duration::from_secs(5))
         .no_proxy()
@@ -407,17 +419,12 @@ pub(crate) fn start_dwara_under(
             .body("fqdn=backend.perf.local")
             .send();
         match put {
-            Ok(r) if r.status().as_u16() == 204 => break,
+            Ok(r) if r.status().as_u16() == 204 => return Ok(()),
             Ok(r) => bail!("registering backend.perf.local failed: {}", r.status()),
             Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
             Err(e) => return Err(e).with_context(|| format!("{name}'s HTTP API did not answer")),
         }
     }
-    proc.wait_http(port)?;
-    if let Some(empty) = empty {
-        proc.wait_answer(empty, "HTTP/1.1 503")?;
-    }
-    Ok(Proxy { proc, port, empty })
 }
 
 fn start_haproxy(dir: &Path, backend: u16, dns: u16, threads: u32) -> anyhow::Result<Proxy> {
