@@ -63,10 +63,16 @@ pub struct UpstreamConfig {
     /// system resolver).
     #[serde(default)]
     pub nameservers: Option<Vec<SocketAddr>>,
-    /// HTTP only: how long the response head may take after the request was sent
-    /// (default 30000), else 504.
+    /// HTTP only: how long the response head may take once the request has been
+    /// sent whole, its body included (default 30000), else 504.
     #[serde(default)]
     pub response_timeout_ms: Option<u64>,
+    /// HTTP only: how long a body may bring no byte (default 60000). A request body
+    /// the client stops sending gets 408; one the endpoint stops taking, 504; a
+    /// response body the endpoint stops sending is cut off (the client connection is
+    /// closed, so the client cannot take it for whole).
+    #[serde(default)]
+    pub body_timeout_ms: Option<u64>,
     /// HTTP only, `consistent_hash` only: the request header whose value is the hash
     /// key (default: the client's IP address).
     #[serde(default)]
@@ -181,6 +187,8 @@ impl Default for HttpLimitsSection {
 pub struct HttpSettings {
     /// See [`UpstreamConfig::response_timeout_ms`].
     pub response_timeout: Duration,
+    /// See [`UpstreamConfig::body_timeout_ms`].
+    pub body_timeout: Duration,
     /// See [`UpstreamConfig::hash_header`] (lower case).
     pub hash_header: Option<http::HeaderName>,
     /// See [`UpstreamConfig::max_tries`] (1 to 10).
@@ -199,6 +207,7 @@ impl UpstreamConfig {
         }
         Some(HttpSettings {
             response_timeout: Duration::from_millis(self.response_timeout_ms.unwrap_or(30_000)),
+            body_timeout: Duration::from_millis(self.body_timeout_ms.unwrap_or(60_000)),
             hash_header: self
                 .hash_header
                 .as_deref()
@@ -403,6 +412,7 @@ fn validate_http(up: &UpstreamConfig, at: &str) -> Result<(), Error> {
             ("address", up.address.is_some()),
             ("nameservers", up.nameservers.is_some()),
             ("response_timeout_ms", up.response_timeout_ms.is_some()),
+            ("body_timeout_ms", up.body_timeout_ms.is_some()),
             ("hash_header", up.hash_header.is_some()),
             ("max_tries", up.max_tries.is_some()),
             ("pool", up.pool.is_some()),
@@ -425,13 +435,15 @@ fn validate_http(up: &UpstreamConfig, at: &str) -> Result<(), Error> {
             "only with address: (a discovery block has its own nameservers)",
         ));
     }
-    if let Some(ms) = up.response_timeout_ms
-        && (ms == 0 || ms > 3_600_000)
-    {
-        return Err(invalid(
-            key("response_timeout_ms"),
-            format!("must be 1..=3600000, got {ms}"),
-        ));
+    for (k, value) in [
+        ("response_timeout_ms", up.response_timeout_ms),
+        ("body_timeout_ms", up.body_timeout_ms),
+    ] {
+        if let Some(ms) = value
+            && (ms == 0 || ms > 3_600_000)
+        {
+            return Err(invalid(key(k), format!("must be 1..=3600000, got {ms}")));
+        }
     }
     if let Some(h) = &up.hash_header {
         if http::HeaderName::from_bytes(h.as_bytes()).is_err() {
@@ -556,6 +568,14 @@ mod tests {
             (
                 "protocol: http, address: a:1, response_timeout_ms: 0}",
                 "upstreams[0].response_timeout_ms: must be 1..=3600000, got 0",
+            ),
+            (
+                "body_timeout_ms: 5, dns_discovery: {hostname: a.b, port: 1}}",
+                "upstreams[0].body_timeout_ms: only for protocol: http",
+            ),
+            (
+                "protocol: http, address: a:1, body_timeout_ms: 3600001}",
+                "upstreams[0].body_timeout_ms: must be 1..=3600000, got 3600001",
             ),
             (
                 "protocol: http, address: a:1, hash_header: x-user}",

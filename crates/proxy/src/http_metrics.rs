@@ -1,6 +1,6 @@
 //! The metrics of HTTP upstreams, encoded with the dataplane's collector
 //! ([`crate::metrics`]): requests by status class, retries, 5xx made by dwara by
-//! reason, requests cancelled because their client went away, upgrades and the
+//! reason (and 408s), response bodies cut off, requests cancelled because their client went away, upgrades and the
 //! tunnels open, pool sizes per endpoint, the DNS cache of an `address:` upstream
 //! and a latency histogram.
 
@@ -16,7 +16,7 @@ use crate::reverse::HttpUpstream;
 
 type Read = fn(&HttpStats) -> u64;
 
-const COUNTERS: [(&str, &str, Read); 11] = [
+const COUNTERS: [(&str, &str, Read); 12] = [
     ("dwara_http_retries", "Tries after a request's first", |s| {
         s.retries.load(Ordering::Relaxed)
     }),
@@ -29,6 +29,11 @@ const COUNTERS: [(&str, &str, Read); 11] = [
         "dwara_http_cancelled",
         "Requests given up before their answer because the client went away",
         |s| s.cancelled.load(Ordering::Relaxed),
+    ),
+    (
+        "dwara_http_response_body_timeouts",
+        "Response bodies cut off because the endpoint sent nothing for the body timeout",
+        |s| s.body_timeouts.load(Ordering::Relaxed),
     ),
     (
         "dwara_http_upgrades",
@@ -110,7 +115,7 @@ pub(crate) fn encode(
     }
     let mut family = encoder.encode_descriptor(
         "dwara_http_generated",
-        "Responses dwara made itself, by upstream and status (503: nothing to route to, 502: no endpoint answered, 504: response timeout)",
+        "Responses dwara made itself, by upstream and status (503: nothing to route to, 502: no endpoint answered, 504: response timeout or request body not taken, 408: request body not sent, 400: request body failed)",
         None,
         MetricType::Counter,
     )?;
@@ -120,6 +125,8 @@ pub(crate) fn encode(
             ("503", &s.no_endpoints),
             ("502", &s.bad_gateway),
             ("504", &s.timeouts),
+            ("408", &s.client_timeouts),
+            ("400", &s.bad_requests),
         ] {
             let labels = [("upstream", up), ("status", status)];
             encode_value(

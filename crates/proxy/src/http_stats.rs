@@ -20,15 +20,21 @@ pub(crate) const LATENCY_BOUNDS: [f64; 14] = [
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 ];
 
-/// Why dwara itself answered with a 5xx (counted, and logged at debug).
+/// Why dwara itself answered a request (counted, and logged at debug).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Made {
     /// 503: nothing to route to.
     NoEndpoints,
     /// 502: every try failed to connect or the connection failed.
     BadGateway,
-    /// 504: no response head within the response timeout.
+    /// 504: no response head within the response timeout, or the endpoint took
+    /// no byte of the request body for the body timeout.
     Timeout,
+    /// 408: the client sent no byte of its request body for the body timeout.
+    ClientTimeout,
+    /// 400: the client's request body failed (a malformed chunk, or its
+    /// connection or stream failed while sending it).
+    BadRequest,
 }
 
 /// The counters of one HTTP upstream.
@@ -46,6 +52,13 @@ pub(crate) struct HttpStats {
     pub(crate) bad_gateway: AtomicU64,
     /// 504s made by dwara.
     pub(crate) timeouts: AtomicU64,
+    /// 408s made by dwara: request bodies the client stopped sending.
+    pub(crate) client_timeouts: AtomicU64,
+    /// 400s made by dwara: request bodies that failed on the client's side.
+    pub(crate) bad_requests: AtomicU64,
+    /// Response bodies cut off because the endpoint sent no byte of them for the
+    /// body timeout.
+    pub(crate) body_timeouts: AtomicU64,
     /// Requests given up before their answer because their client went away (it
     /// closed its connection or reset its HTTP/2 stream, or the connection was
     /// closed at shutdown): the request to the endpoint ends with them.
@@ -88,12 +101,14 @@ impl HttpStats {
         self.latency_sum_us.fetch_add(us, Ordering::Relaxed);
     }
 
-    /// Counts a 5xx that dwara made.
+    /// Counts an answer that dwara made.
     pub(crate) fn made(&self, why: Made) {
         let c = match why {
             Made::NoEndpoints => &self.no_endpoints,
             Made::BadGateway => &self.bad_gateway,
             Made::Timeout => &self.timeouts,
+            Made::ClientTimeout => &self.client_timeouts,
+            Made::BadRequest => &self.bad_requests,
         };
         c.fetch_add(1, Ordering::Relaxed);
     }

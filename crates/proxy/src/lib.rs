@@ -17,6 +17,7 @@ mod pool;
 mod pump;
 mod reverse;
 mod tunnel;
+mod upload;
 mod workers;
 
 use std::sync::Arc;

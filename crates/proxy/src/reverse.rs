@@ -39,7 +39,14 @@
 //! - the endpoint answers `101 Switching Protocols` to a request that asked for no
 //!   upgrade (one that did goes by [`crate::tunnel`]): hyper has ended that
 //!   connection, and the try failed as if it had closed before the answer;
-//! - every try failed: `502`; no response head within `response_timeout_ms`: `504`.
+//! - every try failed: `502`; no response head within `response_timeout_ms` of the
+//!   request sent whole: `504`;
+//! - a request body that moves no byte for `body_timeout_ms` ([`crate::upload`]):
+//!   `408` when the client stopped sending it, `504` when the endpoint stopped taking
+//!   it; one the client breaks: `400`. Only the `504` counts against the endpoint;
+//! - a response body the endpoint sends no byte of for `body_timeout_ms`
+//!   ([`PooledBody`]): cut off, so that hyper closes the client connection short of
+//!   the body's end.
 //!
 //! Each 5xx dwara makes is counted and logged at debug with its reason.
 
@@ -75,9 +82,13 @@ use crate::headers;
 use crate::http_stats::{HttpStats, Made};
 use crate::pool::{Conn, DialError, Driver, Pool, ReqBody};
 use crate::tunnel;
+use crate::upload::{Sending, Stand, Upload};
 
 /// The body of responses to clients.
-pub(crate) type RespBody = UnsyncBoxBody<Bytes, hyper::Error>;
+pub(crate) type RespBody = UnsyncBoxBody<Bytes, BoxError>;
+
+/// The error of a response body: hyper's, or dwara's own (a body cut off).
+pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// Where the endpoints of an HTTP upstream come from.
 #[derive(Debug)]
@@ -515,7 +526,7 @@ fn empty() -> ReqBody {
 pub(crate) fn outgoing(
     req: Request<Incoming>,
     client: &HeaderValue,
-) -> (Request<ReqBody>, Option<Template>) {
+) -> (Request<ReqBody>, Option<Template>, Option<Arc<Upload>>) {
     let (mut parts, body) = req.into_parts();
     let authority = parts.uri.authority().map(|a| a.as_str().to_owned());
     headers::rewrite_request(&mut parts.headers, client, authority.as_deref());
@@ -531,12 +542,15 @@ pub(crate) fn outgoing(
         uri: parts.uri.clone(),
         headers: parts.headers.clone(),
     });
-    let body = if body.is_end_stream() {
-        empty()
-    } else {
-        body.boxed_unsync()
-    };
-    (Request::from_parts(parts, body), template)
+    if body.is_end_stream() {
+        return (Request::from_parts(parts, empty()), template, None);
+    }
+    let (body, upload) = Sending::new(body);
+    (
+        Request::from_parts(parts, body.boxed_unsync()),
+        template,
+        Some(upload),
+    )
 }
 
 /// An endpoint to try: its address and, from the load balancer, the pick guard
@@ -630,7 +644,8 @@ async fn from_cache(
     Ok(Choice { addr, guard: None })
 }
 
-/// A 5xx made here: counted, logged at debug with why, one line of body.
+/// An answer made here (a 5xx, or a 408 or 400 for a request body that did not
+/// come): counted, logged at debug with why, one line of body.
 pub(crate) fn made(
     target: &Target,
     http: &HttpUpstream,
@@ -651,6 +666,14 @@ pub(crate) fn made(
             StatusCode::GATEWAY_TIMEOUT,
             format!("upstream {} did not answer in time\n", target.name),
         ),
+        Made::ClientTimeout => (
+            StatusCode::REQUEST_TIMEOUT,
+            "the request body did not come in time\n".to_owned(),
+        ),
+        Made::BadRequest => (
+            StatusCode::BAD_REQUEST,
+            "the request body could not be read\n".to_owned(),
+        ),
     };
     debug!(upstream = %target.name, status = status.as_u16(), why = detail, "answered by dwara");
     let mut resp = Response::new(
@@ -664,8 +687,16 @@ pub(crate) fn made(
         header::CONTENT_TYPE,
         HeaderValue::from_static("text/plain; charset=utf-8"),
     );
-    if why == Made::NoEndpoints {
-        h.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    match why {
+        Made::NoEndpoints => {
+            h.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        // The rest of the request body is not read: where the next request would
+        // begin is unknown, and the connection closes after this answer.
+        Made::ClientTimeout | Made::BadRequest => {
+            h.insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
+        Made::BadGateway | Made::Timeout => {}
     }
     resp
 }
@@ -694,17 +725,18 @@ pub(crate) fn forward(
     let mut prepared = target.http.as_deref().map(|http| {
         http.stats.budget.request(started);
         let key = hash_key(&target, http, &req, &client);
-        let (req, template) = outgoing(req, &client.forwarded_for);
+        let (req, template, upload) = outgoing(req, &client.forwarded_for);
         Prepared {
             key,
             has_host: req.headers().contains_key(header::HOST),
             pending: Some(req),
             template,
+            upload,
             open: Some(open),
         }
     });
     async move {
-        let (Some(http), Some(prepared)) = (target.http.as_deref(), prepared.as_mut()) else {
+        let (Some(http), Some(prepared)) = (target.http.as_ref(), prepared.as_mut()) else {
             return Ok(Response::new(empty_resp()));
         };
         let mut unanswered = Unanswered {
@@ -751,6 +783,8 @@ struct Prepared {
     pending: Option<Request<ReqBody>>,
     /// Its head, to send it again when that is safe.
     template: Option<Template>,
+    /// How its body is getting on, when it has one.
+    upload: Option<Arc<Upload>>,
     /// Counts it open on its client connection: handed to the response body from
     /// the endpoint, else dropped with the answer made here.
     open: Option<Stream>,
@@ -774,7 +808,7 @@ impl Prepared {
 }
 
 /// The tries of one request.
-async fn tries(target: &Target, http: &HttpUpstream, p: &mut Prepared) -> Response<RespBody> {
+async fn tries(target: &Target, http: &Arc<HttpUpstream>, p: &mut Prepared) -> Response<RespBody> {
     // Endpoints whose try failed (a list only once one has).
     let mut tried = Vec::new();
     let mut last_error = String::new();
@@ -830,9 +864,13 @@ async fn tries(target: &Target, http: &HttpUpstream, p: &mut Prepared) -> Respon
         // Sent with no task to wake: this task drives the connection next.
         conn.driver.detach();
         let answer = conn.sender.try_send_request(req);
-        let timeout = http.settings.response_timeout;
-        let sent = exchange(&mut conn.driver, answer, timeout).await;
-        match outcome(sent, conn, &mut choice, target, http, &mut p.open) {
+        let timers = Timers {
+            response: http.settings.response_timeout,
+            body: http.settings.body_timeout,
+        };
+        let sent = exchange(&mut conn.driver, answer, timers, p.upload.as_deref()).await;
+        let upload = p.upload.as_deref().map(Upload::stand);
+        match outcome(sent, conn, &mut choice, target, http, &mut p.open, upload) {
             Sent::Answered(resp) => return resp,
             Sent::Unsent {
                 req,
@@ -864,6 +902,21 @@ async fn tries(target: &Target, http: &HttpUpstream, p: &mut Prepared) -> Respon
                 );
                 return made(target, http, Made::Timeout, &why);
             }
+            Sent::NotTaken => {
+                let why = format!(
+                    "{}: took no byte of the request body for {:?}",
+                    choice.addr, http.settings.body_timeout
+                );
+                return made(target, http, Made::Timeout, &why);
+            }
+            Sent::ClientStalled => {
+                let why = format!(
+                    "the client sent no byte of its request body for {:?}",
+                    http.settings.body_timeout
+                );
+                return made(target, http, Made::ClientTimeout, &why);
+            }
+            Sent::ClientFailed(why) => return made(target, http, Made::BadRequest, &why),
         }
     }
     made(target, http, Made::BadGateway, &last_error)
@@ -910,6 +963,13 @@ enum Sent {
     Lost(String),
     /// No response head within the response timeout.
     TimedOut,
+    /// The endpoint took no byte of the request body for the body timeout.
+    NotTaken,
+    /// The client sent no byte of its request body for the body timeout.
+    ClientStalled,
+    /// The client's side failed while its request body was being sent: not the
+    /// endpoint's doing, and not to try again.
+    ClientFailed(String),
 }
 
 /// A connection to `choice`: a pooled one that is ready, or a new one (to where
@@ -962,9 +1022,31 @@ pub(crate) fn dial_failed(
     }
 }
 
+/// The timeouts of a try.
+#[derive(Debug, Clone, Copy)]
+struct Timers {
+    /// From the request sent whole to the response head.
+    response: Duration,
+    /// For a request body that moves no byte.
+    body: Duration,
+}
+
+/// How an exchange ended.
+enum Exchanged<T> {
+    /// hyper's answer.
+    Answered(T),
+    /// No response head within the response timeout of the request sent whole.
+    TimedOut,
+    /// The request body moved no byte for the body timeout: `Waiting` for the
+    /// client, or `Moving` (the endpoint's connection took none).
+    BodyStalled(Stand),
+}
+
 /// Drives `driver` for this task until `answer`, hyper's answer to a request sent
-/// on its connection, is ready (`None`: not within `timeout`, the connection's
-/// response timer).
+/// on its connection, is ready, or the connection's timer fires: armed with the
+/// response timeout once the request has been sent whole (at once for a request
+/// without a body), and before that with the body timeout, again each time the
+/// body (`upload`) moves.
 ///
 /// Only the driver completes the answer, in this task's polls: the answer is
 /// polled with no waker (the task wakes for the connection's socket) and outside
@@ -972,48 +1054,88 @@ pub(crate) fn dial_failed(
 async fn exchange<F: Future>(
     driver: &mut Driver,
     answer: F,
-    timeout: Duration,
-) -> Option<F::Output> {
+    timers: Timers,
+    upload: Option<&Upload>,
+) -> Exchanged<F::Output> {
     let mut answer = std::pin::pin!(tokio::task::unconstrained(answer));
-    driver.arm(timeout);
+    // The body's progress as last seen, while it is being sent.
+    let mut sending = upload.filter(|u| u.stand() != Stand::Ended).map(|u| {
+        driver.arm(timers.body);
+        (u, u.frames())
+    });
+    if sending.is_none() {
+        driver.arm(timers.response);
+    }
     std::future::poll_fn(|cx| {
         // Ready once the connection ended: hyper has then answered with an error.
         let _ = driver.poll(cx);
         let quiet = &mut Context::from_waker(Waker::noop());
         if let Poll::Ready(answered) = answer.as_mut().poll(quiet) {
-            return Poll::Ready(Some(answered));
+            return Poll::Ready(Exchanged::Answered(answered));
         }
-        driver.expired(cx).map(|()| None)
+        if let Some((upload, seen)) = &mut sending {
+            match upload.stand() {
+                Stand::Ended => {
+                    sending = None;
+                    driver.arm(timers.response);
+                }
+                // Failed: the connection ends, and hyper answers with an error.
+                stand => {
+                    let frames = upload.frames();
+                    if frames != *seen {
+                        *seen = frames;
+                        driver.arm(timers.body);
+                    }
+                    return driver.expired(cx).map(|()| Exchanged::BodyStalled(stand));
+                }
+            }
+        }
+        driver.expired(cx).map(|()| Exchanged::TimedOut)
     })
     .await
 }
 
-/// How the try of a request on `conn` ended (`sent`: hyper's answer, or `None`
-/// after the response timeout).
+/// How the try of a request on `conn` ended (`sent`: how its exchange did;
+/// `upload`: where its body stands, when it has one).
 fn outcome(
-    sent: Option<Result<Response<Incoming>, hyper::client::conn::TrySendError<Request<ReqBody>>>>,
+    sent: Exchanged<
+        Result<Response<Incoming>, hyper::client::conn::TrySendError<Request<ReqBody>>>,
+    >,
     conn: Conn,
     choice: &mut Choice,
     target: &Target,
-    http: &HttpUpstream,
+    http: &Arc<HttpUpstream>,
     open: &mut Option<Stream>,
+    upload: Option<Stand>,
 ) -> Sent {
-    match sent {
-        None => {
+    let sent = match sent {
+        Exchanged::Answered(sent) => sent,
+        Exchanged::TimedOut => {
             choice.failed();
-            Sent::TimedOut
+            return Sent::TimedOut;
         }
+        // The connection is dropped: with a request half sent, it is of no use.
+        Exchanged::BodyStalled(Stand::Waiting) => return Sent::ClientStalled,
+        Exchanged::BodyStalled(Stand::Failed) => {
+            return Sent::ClientFailed("the request body from the client failed".to_owned());
+        }
+        Exchanged::BodyStalled(_) => {
+            choice.failed();
+            return Sent::NotTaken;
+        }
+    };
+    match sent {
         // A switch of protocols nobody asked for (a request that did is not sent
         // on a pooled connection, see `crate::tunnel`): hyper has ended the
         // connection, and the client could make nothing of it.
-        Some(Ok(resp)) if resp.status() == StatusCode::SWITCHING_PROTOCOLS => {
+        Ok(resp) if resp.status() == StatusCode::SWITCHING_PROTOCOLS => {
             choice.failed();
             Sent::Lost(format!(
                 "{}: 101 Switching Protocols to a request that asked for no upgrade",
                 choice.addr
             ))
         }
-        Some(Ok(resp)) => {
+        Ok(resp) => {
             if let Some(g) = &choice.guard {
                 g.report_success();
             }
@@ -1026,15 +1148,20 @@ fn outcome(
             let body = PooledBody::new(
                 body,
                 conn,
-                http.pool.clone(),
+                http.clone(),
                 keep,
                 choice.guard.take(),
                 open.take(),
             );
             Sent::Answered(Response::from_parts(parts, body.boxed_unsync()))
         }
-        Some(Err(mut e)) => {
+        Err(mut e) => {
             let why = format!("{}: {}", choice.addr, e.error());
+            if upload == Some(Stand::Failed) {
+                return Sent::ClientFailed(format!(
+                    "the request body from the client failed ({why})"
+                ));
+            }
             match e.take_message() {
                 Some(req) => {
                     if !conn.reused {
@@ -1074,12 +1201,18 @@ impl Keep {
 }
 
 /// A response body from an endpoint that drives its connection while it is read
-/// and puts it back into the pool when it has been read to its end.
+/// and puts it back into the pool when it has been read to its end; cut off (an
+/// error, which makes hyper close the client connection) when the endpoint sends no
+/// byte of it for the body timeout.
 struct PooledBody {
     inner: Incoming,
     conn: Option<Conn>,
-    pool: Arc<Pool>,
+    up: Arc<HttpUpstream>,
     keep: Keep,
+    /// Whether the connection's timer runs for the body timeout: armed when a poll
+    /// finds nothing after one that found a frame (or the first), so that the time
+    /// the client takes to read is not counted.
+    armed: bool,
     /// Counts the request in flight on its endpoint until the body is done.
     guard: Option<PickGuard>,
     /// Counts the request open on its client connection until the body is done.
@@ -1090,7 +1223,7 @@ impl PooledBody {
     fn new(
         inner: Incoming,
         conn: Conn,
-        pool: Arc<Pool>,
+        up: Arc<HttpUpstream>,
         keep: Keep,
         guard: Option<PickGuard>,
         open: Option<Stream>,
@@ -1098,8 +1231,9 @@ impl PooledBody {
         let mut body = Self {
             inner,
             conn: Some(conn),
-            pool,
+            up,
             keep,
+            armed: false,
             guard,
             open,
         };
@@ -1109,24 +1243,51 @@ impl PooledBody {
         body
     }
 
+    /// Gives up on the body: the connection is closed (dropped, not pooled), the
+    /// cut counted and logged.
+    fn cut_off(&mut self) -> BoxError {
+        let timeout = self.up.settings.body_timeout;
+        if let Some(conn) = self.conn.take() {
+            debug!(endpoint = %conn.addr, ?timeout, "response body cut off: the endpoint sent nothing for the body timeout");
+        }
+        self.up.stats.body_timeouts.fetch_add(1, Ordering::Relaxed);
+        Box::new(BodyTimedOut(timeout))
+    }
+
     fn release(&mut self) {
         self.guard = None;
         self.open = None;
         if let Some(conn) = self.conn.take() {
             let keep = self.keep.keep(conn.addr);
-            self.pool.checkin(conn, keep);
+            self.up.pool.checkin(conn, keep);
         }
     }
 }
 
+/// A response body cut off: the endpoint sent no byte of it for the body timeout.
+#[derive(Debug)]
+struct BodyTimedOut(Duration);
+
+impl std::fmt::Display for BodyTimedOut {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "the endpoint sent no byte of the response body for {:?}",
+            self.0
+        )
+    }
+}
+
+impl std::error::Error for BodyTimedOut {}
+
 impl Body for PooledBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BoxError;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         // Only the driver, polled here, fills the body: it is polled with no waker
         // (the task wakes for the connection's socket), before and after the
         // driver.
@@ -1144,8 +1305,19 @@ impl Body for PooledBody {
                 Some(conn) => {
                     // Ready once the connection ended: the body then ends or fails.
                     let _ = conn.driver.poll(cx);
-                    conn.driver
-                        .quietly(|| Pin::new(&mut this.inner).poll_frame(&mut quiet))
+                    let again = conn
+                        .driver
+                        .quietly(|| Pin::new(&mut this.inner).poll_frame(&mut quiet));
+                    if again.is_pending() {
+                        if !this.armed {
+                            this.armed = true;
+                            conn.driver.arm(this.up.settings.body_timeout);
+                        }
+                        if conn.driver.expired(cx).is_ready() {
+                            return Poll::Ready(Some(Err(this.cut_off())));
+                        }
+                    }
+                    again
                 }
                 // Not driven here any more (it is not once the body has ended or
                 // failed): waits with the task's own waker.
@@ -1155,11 +1327,12 @@ impl Body for PooledBody {
         match &polled {
             Poll::Ready(None) => self.release(),
             Poll::Ready(Some(Ok(_))) if self.inner.is_end_stream() => self.release(),
+            Poll::Ready(Some(Ok(_))) => self.armed = false,
             // A failed body leaves the connection in no state to reuse.
             Poll::Ready(Some(Err(_))) => self.conn = None,
-            _ => {}
+            Poll::Pending => {}
         }
-        polled
+        polled.map_err(BoxError::from)
     }
 
     fn is_end_stream(&self) -> bool {

@@ -61,7 +61,7 @@ use crate::http_stats::{HttpStats, Made};
 use crate::pool::ReqBody;
 use crate::pump;
 use crate::reverse::{
-    Choice, Client, HttpUpstream, Replay, RespBody, Stream, Template, Unanswered, choose,
+    BoxError, Choice, Client, HttpUpstream, Replay, RespBody, Stream, Template, Unanswered, choose,
     dial_addr, dial_failed, empty_resp, hash_key, made, outgoing,
 };
 
@@ -109,7 +109,7 @@ pub(crate) async fn upgrade(
         .iter()
         .cloned()
         .collect();
-    let (mut out, retry_safe) = outgoing(req, &client.forwarded_for);
+    let (mut out, retry_safe, _) = outgoing(req, &client.forwarded_for);
     put_back(out.headers_mut(), protocols);
     let template = retry_safe.is_some().then(|| Template::of(&out));
     let mut unanswered = Unanswered {
@@ -325,13 +325,15 @@ struct Held<H> {
 
 impl<H: Unpin> Body for Held<H> {
     type Data = bytes::Bytes;
-    type Error = hyper::Error;
+    type Error = BoxError;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<bytes::Bytes>, hyper::Error>>> {
-        Pin::new(&mut self.inner).poll_frame(cx)
+    ) -> Poll<Option<Result<Frame<bytes::Bytes>, BoxError>>> {
+        Pin::new(&mut self.inner)
+            .poll_frame(cx)
+            .map_err(BoxError::from)
     }
 
     fn is_end_stream(&self) -> bool {

@@ -14,6 +14,7 @@ mod interop;
 mod nameserver;
 mod push;
 mod serve;
+mod slow_bodies;
 mod store;
 mod upgrades;
 mod watch;

@@ -1,0 +1,341 @@
+//! `protocol: http` upstreams and bodies that take their time or stop coming: a
+//! real `dwara` process between raw TCP clients and endpoints (plain backends, or
+//! raw listeners that stop reading or writing half way).
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+use crate::http_upstreams::{
+    Backend, common_port, dns, in_front_of_127_0_0_2, ip, metrics, read_response, upstream,
+    wait_listening,
+};
+use crate::serve::{Serve, WAIT};
+
+/// Sends `POST /upload` with a body of `pieces` (Content-Length their sum), one
+/// piece each `gap`, on a new connection to `proxy`; the connection, to read the
+/// answer from.
+async fn upload(proxy: SocketAddr, pieces: &[&[u8]], gap: Duration) -> TcpStream {
+    let len: usize = pieces.iter().map(|p| p.len()).sum();
+    let mut raw = TcpStream::connect(proxy).await.unwrap();
+    let head = format!("POST /upload HTTP/1.1\r\nHost: web\r\nContent-Length: {len}\r\n\r\n");
+    raw.write_all(head.as_bytes()).await.unwrap();
+    for (i, piece) in pieces.iter().enumerate() {
+        if i > 0 {
+            // The client's pace is what is under test.
+            tokio::time::sleep(gap).await;
+        }
+        raw.write_all(piece).await.unwrap();
+    }
+    raw
+}
+
+/// The body of a raw HTTP/1.1 response.
+fn body_of(text: &str) -> &str {
+    text.split_once("\r\n\r\n").map_or("", |(_, body)| body)
+}
+
+/// An upload that takes longer than the response timeout is answered: the
+/// response timeout counts from the request sent whole, and while the body moves
+/// the body timeout is what watches it.
+#[tokio::test]
+async fn an_upload_slower_than_the_response_timeout_is_answered() {
+    let port = common_port(&[ip(2)]).await;
+    let _backend = Backend::start(ip(2), port).await;
+    let extra = "    response_timeout_ms: 300\n    body_timeout_ms: 2000\n";
+    let (proxy, _dns, serve) = in_front_of_127_0_0_2(port, extra).await;
+
+    let started = Instant::now();
+    let pieces: [&[u8]; 4] = [b"one;", b"two;", b"three;", b"four"];
+    let mut raw = upload(proxy, &pieces, Duration::from_millis(200)).await;
+    let text = read_response(&mut raw).await;
+    assert!(started.elapsed() >= Duration::from_millis(600));
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    let json: serde_json::Value = serde_json::from_str(body_of(&text)).unwrap();
+    assert_eq!(json["body"], "one;two;three;four", "{json}");
+    assert_eq!(json["method"], "POST", "{json}");
+
+    let status = serve.status().await;
+    let h = &status["upstreams"][0]["http"];
+    assert_eq!(h["timeout_504"], 0, "{status}");
+    assert_eq!(h["requests"]["2xx"], 1, "{status}");
+}
+
+/// A request body the client stops sending gets 408 after the body timeout (the
+/// connection closed after it), one it breaks 400, and the endpoint it was going
+/// to is not blamed: with ejection after one failure, both endpoints still get
+/// requests.
+#[tokio::test]
+async fn a_request_body_the_client_stops_or_breaks_gets_408_or_400_and_blames_no_endpoint() {
+    let ips = [ip(2), ip(3)];
+    let port = common_port(&ips).await;
+    let _backends = [
+        Backend::start(ips[0], port).await,
+        Backend::start(ips[1], port).await,
+    ];
+    let dns = dns(&ips).await;
+    let proxy = test_support::free_addr();
+    let extra =
+        "    body_timeout_ms: 300\n    ejection: {consecutive_failures: 1, cool_down_s: 60}\n";
+    let serve = Serve::spawn(&upstream(proxy, port, dns.addr(), extra));
+    serve
+        .wait_endpoints(&[format!("{}:{port}", ips[0]), format!("{}:{port}", ips[1])])
+        .await;
+    wait_listening(proxy).await;
+
+    for round in 1..=2u64 {
+        let started = Instant::now();
+        let mut raw = TcpStream::connect(proxy).await.unwrap();
+        raw.write_all(
+            b"POST /upload HTTP/1.1\r\nHost: web\r\nContent-Length: 100\r\n\r\nten bytes.",
+        )
+        .await
+        .unwrap();
+        let text = read_response(&mut raw).await;
+        let took = started.elapsed();
+        assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+        assert!(
+            text.to_ascii_lowercase().contains("connection: close"),
+            "{text}"
+        );
+        assert_eq!(body_of(&text), "the request body did not come in time\n");
+        assert!(took >= Duration::from_millis(300), "408 after {took:?}");
+        // The rest of the body would be read as the next request: the connection
+        // closes.
+        let mut buf = [0u8; 64];
+        let end = tokio::time::timeout(WAIT, raw.read(&mut buf)).await;
+        assert!(matches!(end, Ok(Ok(0) | Err(_))), "{end:?}");
+        let status = serve.status().await;
+        assert_eq!(
+            status["upstreams"][0]["http"]["client_timeout_408"], round,
+            "{status}"
+        );
+    }
+
+    // A chunked body the client breaks (a chunk size that is no number): 400.
+    let mut raw = TcpStream::connect(proxy).await.unwrap();
+    raw.write_all(
+        b"POST /upload HTTP/1.1\r\nHost: web\r\nTransfer-Encoding: chunked\r\n\r\n4\r\nfine\r\nzz\r\n",
+    )
+    .await
+    .unwrap();
+    let text = read_response(&mut raw).await;
+    assert!(text.starts_with("HTTP/1.1 400"), "{text}");
+    assert_eq!(body_of(&text), "the request body could not be read\n");
+    let status = serve.status().await;
+    assert_eq!(
+        status["upstreams"][0]["http"]["bad_request_400"], 1,
+        "{status}"
+    );
+
+    // Neither endpoint was ejected: both still answer.
+    let mut seen = BTreeSet::new();
+    for _ in 0..20 {
+        let (code, body) = crate::serve::http(proxy, "GET", "/").await;
+        assert_eq!(code, 200, "{body}");
+        let json: serde_json::Value = serde_json::from_str(&body).unwrap();
+        seen.insert(json["ip"].as_str().unwrap().to_owned());
+    }
+    assert_eq!(
+        seen.len(),
+        2,
+        "an endpoint was blamed for the client's stall: {seen:?}"
+    );
+    let status = serve.status().await;
+    let h = &status["upstreams"][0]["http"];
+    assert_eq!(h["timeout_504"], 0, "{status}");
+    assert_eq!(h["bad_gateway_502"], 0, "{status}");
+    let m = metrics(&serve).await;
+    assert!(
+        m.lines()
+            .any(|l| l == "dwara_http_generated_total{upstream=\"web\",status=\"408\"} 2"),
+        "{m}"
+    );
+}
+
+/// A request body the endpoint stops taking (it reads nothing) gets 504 after the
+/// body timeout, though the client goes on sending.
+#[tokio::test]
+async fn a_request_body_the_endpoint_stops_taking_gets_504() {
+    let port = common_port(&[ip(2)]).await;
+    // The endpoint: accepts and reads nothing.
+    let listener = TcpListener::bind((ip(2), port)).await.unwrap();
+    let (proxy, _dns, serve) = in_front_of_127_0_0_2(port, "    body_timeout_ms: 300\n").await;
+
+    let raw = TcpStream::connect(proxy).await.unwrap();
+    let (mut rx, mut tx) = raw.into_split();
+    // More than every socket buffer on the way holds.
+    let len = 1u64 << 30;
+    let sending = tokio::spawn(async move {
+        let head = format!("POST /upload HTTP/1.1\r\nHost: web\r\nContent-Length: {len}\r\n\r\n");
+        tx.write_all(head.as_bytes()).await?;
+        let chunk = vec![b'x'; 64 << 10];
+        loop {
+            tx.write_all(&chunk).await?;
+        }
+        #[allow(unreachable_code)]
+        Ok::<(), std::io::Error>(())
+    });
+    let (_held, _) = tokio::time::timeout(WAIT, listener.accept())
+        .await
+        .expect("the request reached no endpoint")
+        .unwrap();
+
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    let text = loop {
+        let n = tokio::time::timeout(WAIT, rx.read(&mut buf))
+            .await
+            .expect("no answer while the endpoint took nothing")
+            .unwrap();
+        got.extend_from_slice(&buf[..n]);
+        let text = String::from_utf8_lossy(&got).into_owned();
+        if n == 0 || text.ends_with("in time\n") {
+            break text;
+        }
+    };
+    assert!(text.starts_with("HTTP/1.1 504"), "{text}");
+    assert_eq!(body_of(&text), "upstream web did not answer in time\n");
+    sending.abort();
+    let status = serve.status().await;
+    let h = &status["upstreams"][0]["http"];
+    assert_eq!(h["timeout_504"], 1, "{status}");
+    assert_eq!(h["client_timeout_408"], 0, "{status}");
+}
+
+/// The path of the request whose head is read from `sock` (`None` when it closed).
+async fn path_of_next(sock: &mut TcpStream) -> Option<String> {
+    let mut head = Vec::new();
+    let mut buf = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        match sock.read(&mut buf).await {
+            Ok(1) => head.push(buf[0]),
+            _ => return None,
+        }
+    }
+    let text = String::from_utf8_lossy(&head).into_owned();
+    text.split(' ').nth(1).map(str::to_owned)
+}
+
+/// A response body that keeps coming, however slowly, or that the client takes
+/// its time to read, goes through whole; one the endpoint stops sending is cut
+/// off after the body timeout: the client's connection closes short of the
+/// `Content-Length`, the endpoint's connection is closed, and the cut is counted.
+#[tokio::test]
+async fn a_response_body_the_endpoint_stops_sending_is_cut_off() {
+    let port = common_port(&[ip(2)]).await;
+    let listener = TcpListener::bind((ip(2), port)).await.unwrap();
+    let (ended_tx, mut ended) = tokio::sync::mpsc::unbounded_channel();
+    let endpoint = tokio::spawn(async move {
+        loop {
+            let Ok((mut sock, _)) = listener.accept().await else {
+                return;
+            };
+            let ended_tx = ended_tx.clone();
+            tokio::spawn(async move {
+                while let Some(path) = path_of_next(&mut sock).await {
+                    match path.as_str() {
+                        "/slow" => {
+                            // 4 pieces of 10 bytes, 200 ms apart (the body timeout
+                            // is 300 ms).
+                            sock.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 40\r\n\r\n")
+                                .await
+                                .unwrap();
+                            for i in 0..4 {
+                                tokio::time::sleep(Duration::from_millis(200)).await;
+                                sock.write_all(format!("piece {i}...").as_bytes())
+                                    .await
+                                    .unwrap();
+                            }
+                        }
+                        "/big" => {
+                            // 4 MiB at once, more than the socket buffers hold.
+                            sock.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 4194314\r\n\r\n")
+                                .await
+                                .unwrap();
+                            sock.write_all(&vec![b'x'; 4 << 20]).await.unwrap();
+                            sock.write_all(b"0123456789").await.unwrap();
+                        }
+                        _ => {
+                            sock.write_all(
+                                b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nten bytes.",
+                            )
+                            .await
+                            .unwrap();
+                            // Holds: the body is 90 bytes short, until dwara closes
+                            // the connection.
+                            let mut buf = [0u8; 64];
+                            let end = sock.read(&mut buf).await;
+                            let _ = ended_tx.send(end.map(|n| n == 0).unwrap_or(true));
+                            return;
+                        }
+                    }
+                }
+            });
+        }
+    });
+    let (proxy, _dns, serve) = in_front_of_127_0_0_2(port, "    body_timeout_ms: 300\n").await;
+    let mut raw = TcpStream::connect(proxy).await.unwrap();
+
+    // The slow body comes whole.
+    raw.write_all(b"GET /slow HTTP/1.1\r\nHost: web\r\n\r\n")
+        .await
+        .unwrap();
+    let text = read_response(&mut raw).await;
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    assert_eq!(body_of(&text), "piece 0...piece 1...piece 2...piece 3...");
+
+    // The big one too, though the client reads none of it for twice the body
+    // timeout while the endpoint has sent what the buffers hold.
+    raw.write_all(b"GET /big HTTP/1.1\r\nHost: web\r\n\r\n")
+        .await
+        .unwrap();
+    // The client's pace is what is under test.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        raw.read_exact(&mut byte).await.unwrap();
+        head.push(byte[0]);
+    }
+    assert!(
+        head.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&head)
+    );
+    let mut body = vec![0u8; 4194314];
+    tokio::time::timeout(WAIT, raw.read_exact(&mut body))
+        .await
+        .expect("the big body stopped")
+        .unwrap();
+    assert!(body.ends_with(b"x0123456789"));
+
+    // The one that stops: head and 10 bytes, then the connection closes.
+    let started = Instant::now();
+    raw.write_all(b"GET /stops HTTP/1.1\r\nHost: web\r\n\r\n")
+        .await
+        .unwrap();
+    let text = read_response(&mut raw).await;
+    let took = started.elapsed();
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    assert_eq!(body_of(&text), "ten bytes.", "closed short of its length");
+    assert!(took >= Duration::from_millis(300), "cut after {took:?}");
+    let closed = tokio::time::timeout(WAIT, ended.recv())
+        .await
+        .expect("the endpoint's connection stayed open");
+    assert_eq!(closed, Some(true));
+
+    let status = serve.status().await;
+    let h = &status["upstreams"][0]["http"];
+    assert_eq!(h["response_body_timeouts"], 1, "{status}");
+    let m = metrics(&serve).await;
+    assert!(
+        m.lines()
+            .any(|l| l == "dwara_http_response_body_timeouts_total{upstream=\"web\"} 1"),
+        "{m}"
+    );
+    endpoint.abort();
+}
