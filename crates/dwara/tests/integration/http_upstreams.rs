@@ -73,7 +73,7 @@ type AnswerBody = http_body_util::Either<Full<Bytes>, Pieces>;
 /// A body sent in pieces as its channel's sender hands them over, and over when
 /// the sender is dropped: a backend's `/stream` answer, and a request body held
 /// open by a test.
-struct Pieces(tokio::sync::mpsc::Receiver<Bytes>);
+pub(crate) struct Pieces(pub(crate) tokio::sync::mpsc::Receiver<Bytes>);
 
 impl hyper::body::Body for Pieces {
     type Data = Bytes;

@@ -6,11 +6,15 @@ use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
+use http_body_util::BodyExt;
+use hyper::Request;
+use hyper::body::Bytes;
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::http_upstreams::{
-    Backend, common_port, dns, in_front_of_127_0_0_2, ip, metrics, read_response, upstream,
+    Backend, Pieces, common_port, dns, in_front_of_127_0_0_2, ip, metrics, read_response, upstream,
     wait_listening,
 };
 use crate::serve::{Serve, WAIT};
@@ -338,4 +342,52 @@ async fn a_response_body_the_endpoint_stops_sending_is_cut_off() {
         "{m}"
     );
     endpoint.abort();
+}
+
+/// Over HTTP/2 a stalled request body costs its stream only: the stream gets 408,
+/// and the connection goes on carrying requests.
+#[tokio::test]
+async fn an_h2_stream_whose_body_stops_gets_408_and_its_connection_lives_on() {
+    let port = common_port(&[ip(2)]).await;
+    let _backend = Backend::start(ip(2), port).await;
+    let (proxy, _dns, serve) = in_front_of_127_0_0_2(port, "    body_timeout_ms: 300\n").await;
+
+    let stream = TcpStream::connect(proxy).await.unwrap();
+    let (mut sender, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+            .await
+            .unwrap();
+    let driving = tokio::spawn(conn);
+    // One piece of the body, then nothing (the sender is kept).
+    let (pieces, rx) = tokio::sync::mpsc::channel(1);
+    pieces.send(Bytes::from_static(b"first;")).await.unwrap();
+    let req = Request::post("http://web/upload").body(Pieces(rx)).unwrap();
+    let resp = tokio::time::timeout(WAIT, sender.send_request(req))
+        .await
+        .expect("no answer to the stalled stream")
+        .unwrap();
+    assert_eq!(resp.status(), 408);
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(&body[..], b"the request body did not come in time\n");
+
+    // The same connection, another stream.
+    let (done, rx) = tokio::sync::mpsc::channel(1);
+    done.send(Bytes::from_static(b"whole")).await.unwrap();
+    drop(done);
+    let req = Request::post("http://web/upload").body(Pieces(rx)).unwrap();
+    let resp = tokio::time::timeout(WAIT, sender.send_request(req))
+        .await
+        .expect("no answer on the same connection")
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(json["body"], "whole", "{json}");
+    assert!(!driving.is_finished(), "the HTTP/2 connection closed");
+    drop(pieces);
+
+    let status = serve.status().await;
+    let h = &status["upstreams"][0]["http"];
+    assert_eq!(h["client_timeout_408"], 1, "{status}");
+    assert_eq!(h["requests"]["2xx"], 1, "{status}");
 }
