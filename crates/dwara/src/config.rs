@@ -454,6 +454,11 @@ upstreams:
         assert_eq!(c.upstreams[0].protocol, dwara_proxy::Protocol::Http);
         let limits = c.upstreams[0].limits.unwrap();
         assert_eq!(limits.tunnel_idle_timeout_s, 3600);
+        assert_eq!(limits.send_timeout_ms, 60_000);
+        assert_eq!(
+            c.upstreams[0].http_settings().unwrap().body_timeout,
+            std::time::Duration::from_secs(60)
+        );
         assert_eq!(
             c.upstreams[1].address_parts(),
             Some(("api.weave.local".to_owned(), 8080))

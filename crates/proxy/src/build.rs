@@ -324,6 +324,7 @@ pub(crate) fn status(h: &HttpUpstream) -> serde_json::Value {
         "client_timeout_408": load(&s.client_timeouts),
         "bad_request_400": load(&s.bad_requests),
         "response_body_timeouts": load(&s.body_timeouts),
+        "client_send_timeouts": load(&s.send_timeouts),
         "cancelled": load(&s.cancelled),
         "upgrades": load(&s.upgrades),
         "tunnels": load(&s.tunnels),

@@ -153,6 +153,12 @@ pub struct HttpLimitsSection {
     /// seconds (default 3600).
     #[serde(default = "default_tunnel_idle_timeout_s")]
     pub tunnel_idle_timeout_s: u64,
+    /// A client connection whose client takes no byte of what is written to it for
+    /// this long is closed, in milliseconds (default 60000, as nginx's
+    /// `send_timeout`): a client that stops reading does not hold its connection
+    /// and the endpoint's forever.
+    #[serde(default = "default_send_timeout_ms")]
+    pub send_timeout_ms: u64,
 }
 
 fn default_header_read_timeout_ms() -> u64 {
@@ -171,6 +177,10 @@ fn default_tunnel_idle_timeout_s() -> u64 {
     3600
 }
 
+fn default_send_timeout_ms() -> u64 {
+    60_000
+}
+
 impl Default for HttpLimitsSection {
     fn default() -> Self {
         Self {
@@ -178,6 +188,7 @@ impl Default for HttpLimitsSection {
             max_header_bytes: default_max_header_bytes(),
             max_connections: default_max_connections(),
             tunnel_idle_timeout_s: default_tunnel_idle_timeout_s(),
+            send_timeout_ms: default_send_timeout_ms(),
         }
     }
 }
@@ -482,27 +493,39 @@ fn validate_http(up: &UpstreamConfig, at: &str) -> Result<(), Error> {
         }
     }
     if let Some(l) = up.limits {
-        if l.header_read_timeout_ms == 0 || l.header_read_timeout_ms > 600_000 {
-            return Err(invalid(
-                key("limits.header_read_timeout_ms"),
-                format!("must be 1..=600000, got {}", l.header_read_timeout_ms),
-            ));
-        }
-        if !(1024..=1024 * 1024).contains(&l.max_header_bytes) {
-            return Err(invalid(
-                key("limits.max_header_bytes"),
-                format!("must be 1024..=1048576, got {}", l.max_header_bytes),
-            ));
-        }
-        if l.max_connections == 0 {
-            return Err(invalid(key("limits.max_connections"), "must be at least 1"));
-        }
-        if l.tunnel_idle_timeout_s == 0 || l.tunnel_idle_timeout_s > 604_800 {
-            return Err(invalid(
-                key("limits.tunnel_idle_timeout_s"),
-                format!("must be 1..=604800, got {}", l.tunnel_idle_timeout_s),
-            ));
-        }
+        validate_limits(&l, &key)?;
+    }
+    Ok(())
+}
+
+/// `limits:` of an HTTP upstream, range-checked.
+fn validate_limits(l: &HttpLimitsSection, key: &dyn Fn(&str) -> String) -> Result<(), Error> {
+    if l.header_read_timeout_ms == 0 || l.header_read_timeout_ms > 600_000 {
+        return Err(invalid(
+            key("limits.header_read_timeout_ms"),
+            format!("must be 1..=600000, got {}", l.header_read_timeout_ms),
+        ));
+    }
+    if !(1024..=1024 * 1024).contains(&l.max_header_bytes) {
+        return Err(invalid(
+            key("limits.max_header_bytes"),
+            format!("must be 1024..=1048576, got {}", l.max_header_bytes),
+        ));
+    }
+    if l.max_connections == 0 {
+        return Err(invalid(key("limits.max_connections"), "must be at least 1"));
+    }
+    if l.send_timeout_ms == 0 || l.send_timeout_ms > 3_600_000 {
+        return Err(invalid(
+            key("limits.send_timeout_ms"),
+            format!("must be 1..=3600000, got {}", l.send_timeout_ms),
+        ));
+    }
+    if l.tunnel_idle_timeout_s == 0 || l.tunnel_idle_timeout_s > 604_800 {
+        return Err(invalid(
+            key("limits.tunnel_idle_timeout_s"),
+            format!("must be 1..=604800, got {}", l.tunnel_idle_timeout_s),
+        ));
     }
     Ok(())
 }
@@ -597,6 +620,10 @@ mod tests {
                 "protocol: http, address: a:1, limits: {tunnel_idle_timeout_s: 0}}",
                 "upstreams[0].limits.tunnel_idle_timeout_s: must be 1..=604800, got 0",
             ),
+            (
+                "protocol: http, address: a:1, limits: {send_timeout_ms: 0}}",
+                "upstreams[0].limits.send_timeout_ms: must be 1..=3600000, got 0",
+            ),
         ];
         for (tail, want) in cases {
             let got = check(&format!("{base}{tail}")).unwrap_err();
@@ -616,6 +643,8 @@ mod tests {
         assert_eq!(s.hash_header.unwrap().as_str(), "x-user");
         assert_eq!(s.pool, PoolSection::default());
         assert_eq!(s.limits.tunnel_idle_timeout_s, 3600);
+        assert_eq!(s.limits.send_timeout_ms, 60_000);
+        assert_eq!(s.body_timeout, Duration::from_secs(60));
         assert_eq!(ups[0].address_parts(), Some(("a".into(), 1)));
     }
 }

@@ -1,6 +1,6 @@
 //! The metrics of HTTP upstreams, encoded with the dataplane's collector
 //! ([`crate::metrics`]): requests by status class, retries, 5xx made by dwara by
-//! reason (and 408s), response bodies cut off, requests cancelled because their client went away, upgrades and the
+//! reason (and 408s), response bodies cut off, clients that stopped reading, requests cancelled because their client went away, upgrades and the
 //! tunnels open, pool sizes per endpoint, the DNS cache of an `address:` upstream
 //! and a latency histogram.
 
@@ -16,7 +16,7 @@ use crate::reverse::HttpUpstream;
 
 type Read = fn(&HttpStats) -> u64;
 
-const COUNTERS: [(&str, &str, Read); 12] = [
+const COUNTERS: [(&str, &str, Read); 13] = [
     ("dwara_http_retries", "Tries after a request's first", |s| {
         s.retries.load(Ordering::Relaxed)
     }),
@@ -34,6 +34,11 @@ const COUNTERS: [(&str, &str, Read); 12] = [
         "dwara_http_response_body_timeouts",
         "Response bodies cut off because the endpoint sent nothing for the body timeout",
         |s| s.body_timeouts.load(Ordering::Relaxed),
+    ),
+    (
+        "dwara_http_client_send_timeouts",
+        "Client connections closed because the client took no byte for the send timeout",
+        |s| s.send_timeouts.load(Ordering::Relaxed),
     ),
     (
         "dwara_http_upgrades",

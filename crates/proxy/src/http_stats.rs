@@ -59,6 +59,9 @@ pub(crate) struct HttpStats {
     /// Response bodies cut off because the endpoint sent no byte of them for the
     /// body timeout.
     pub(crate) body_timeouts: AtomicU64,
+    /// Client connections closed because their client took no byte for the send
+    /// timeout.
+    pub(crate) send_timeouts: AtomicU64,
     /// Requests given up before their answer because their client went away (it
     /// closed its connection or reset its HTTP/2 stream, or the connection was
     /// closed at shutdown): the request to the endpoint ends with them.

@@ -47,6 +47,8 @@
 //! - a response body the endpoint sends no byte of for `body_timeout_ms`
 //!   ([`PooledBody`]): cut off, so that hyper closes the client connection short of
 //!   the body's end.
+//! - a client that takes no byte written to it for `limits.send_timeout_ms`
+//!   ([`Unsent`]): its connection is closed (hyper ends it on the failed write).
 //!
 //! Each 5xx dwara makes is counted and logged at debug with its reason.
 
@@ -196,7 +198,12 @@ pub(crate) async fn serve(
         // failed: the connection closes.
         Err(_) | Ok(Err(_)) => return http.stats.client_connections_done(),
     };
-    let io = TokioIo::new(Replay { head, io: socket });
+    let send_timeout = Duration::from_millis(limits.send_timeout_ms);
+    let io = TokioIo::new(Replay {
+        head,
+        io: socket,
+        unsent: Unsent::new(send_timeout, http.stats.clone()),
+    });
     let idle = streams.idle(header_timeout);
     let result = match h2 {
         true => {
@@ -429,11 +436,71 @@ async fn sniff(socket: &mut TcpStream) -> std::io::Result<(Bytes, bool)> {
 /// The size of the first read of a client connection.
 const SNIFF_BUF: usize = 4096;
 
-/// A client socket with the bytes [`sniff`] read put back in front of it.
+/// A client socket with the bytes [`sniff`] read put back in front of it, whose
+/// writes fail once the client has taken no byte for the send timeout.
 pub(crate) struct Replay {
     /// What is left of those bytes.
     pub(crate) head: Bytes,
     pub(crate) io: TcpStream,
+    pub(crate) unsent: Unsent,
+}
+
+/// The send timeout of a client connection: a timer armed when a write finds the
+/// socket full after one that did not (a write that goes through costs nothing
+/// here), and an error for the write still waiting when it fires. hyper then ends
+/// the connection.
+pub(crate) struct Unsent {
+    timeout: Duration,
+    /// Made on the first write that waits.
+    timer: Option<Pin<Box<tokio::time::Sleep>>>,
+    armed: bool,
+    stats: Arc<HttpStats>,
+}
+
+impl Unsent {
+    fn new(timeout: Duration, stats: Arc<HttpStats>) -> Self {
+        Self {
+            timeout,
+            timer: None,
+            armed: false,
+            stats,
+        }
+    }
+
+    /// What a write that found the socket full returns: still pending, or the
+    /// error once the client has taken nothing for the timeout.
+    fn waiting<T>(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<T>> {
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        let timer = self
+            .timer
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+        if !self.armed {
+            self.armed = true;
+            timer.as_mut().reset(deadline);
+        }
+        if timer.as_mut().poll(cx).is_pending() {
+            return Poll::Pending;
+        }
+        self.stats.send_timeouts.fetch_add(1, Ordering::Relaxed);
+        debug!(timeout = ?self.timeout, "the client took no byte for the send timeout; closing its connection");
+        Poll::Ready(Err(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("the client took no byte for {:?}", self.timeout),
+        )))
+    }
+
+    /// Passes a write's outcome on: pending (timed), or done (the timer stops).
+    fn written<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        polled: Poll<std::io::Result<T>>,
+    ) -> Poll<std::io::Result<T>> {
+        if polled.is_pending() {
+            return self.waiting(cx);
+        }
+        self.armed = false;
+        polled
+    }
 }
 
 impl AsyncRead for Replay {
@@ -457,7 +524,9 @@ impl AsyncWrite for Replay {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write(cx, buf)
+        let this = &mut *self;
+        let polled = Pin::new(&mut this.io).poll_write(cx, buf);
+        this.unsent.written(cx, polled)
     }
 
     fn poll_write_vectored(
@@ -465,7 +534,9 @@ impl AsyncWrite for Replay {
         cx: &mut Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+        let this = &mut *self;
+        let polled = Pin::new(&mut this.io).poll_write_vectored(cx, bufs);
+        this.unsent.written(cx, polled)
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -895,28 +966,7 @@ async fn tries(target: &Target, http: &Arc<HttpUpstream>, p: &mut Prepared) -> R
                     break;
                 }
             }
-            Sent::TimedOut => {
-                let why = format!(
-                    "{}: no response head within {:?}",
-                    choice.addr, http.settings.response_timeout
-                );
-                return made(target, http, Made::Timeout, &why);
-            }
-            Sent::NotTaken => {
-                let why = format!(
-                    "{}: took no byte of the request body for {:?}",
-                    choice.addr, http.settings.body_timeout
-                );
-                return made(target, http, Made::Timeout, &why);
-            }
-            Sent::ClientStalled => {
-                let why = format!(
-                    "the client sent no byte of its request body for {:?}",
-                    http.settings.body_timeout
-                );
-                return made(target, http, Made::ClientTimeout, &why);
-            }
-            Sent::ClientFailed(why) => return made(target, http, Made::BadRequest, &why),
+            Sent::Stopped(stop) => return stopped(target, http, choice.addr, stop),
         }
     }
     made(target, http, Made::BadGateway, &last_error)
@@ -961,6 +1011,12 @@ enum Sent {
     },
     /// The request went (at least partly) and no response head came.
     Lost(String),
+    /// The request is answered here, with no other try.
+    Stopped(Stop),
+}
+
+/// Why a request gets no other try, and is answered here.
+enum Stop {
     /// No response head within the response timeout.
     TimedOut,
     /// The endpoint took no byte of the request body for the body timeout.
@@ -970,6 +1026,40 @@ enum Sent {
     /// The client's side failed while its request body was being sent: not the
     /// endpoint's doing, and not to try again.
     ClientFailed(String),
+}
+
+/// The answer made here to a request stopped on its try of `addr`.
+fn stopped(
+    target: &Target,
+    http: &HttpUpstream,
+    addr: SocketAddr,
+    stop: Stop,
+) -> Response<RespBody> {
+    let timeouts = &http.settings;
+    match stop {
+        Stop::TimedOut => {
+            let why = format!(
+                "{addr}: no response head within {:?}",
+                timeouts.response_timeout
+            );
+            made(target, http, Made::Timeout, &why)
+        }
+        Stop::NotTaken => {
+            let why = format!(
+                "{addr}: took no byte of the request body for {:?}",
+                timeouts.body_timeout
+            );
+            made(target, http, Made::Timeout, &why)
+        }
+        Stop::ClientStalled => {
+            let why = format!(
+                "the client sent no byte of its request body for {:?}",
+                timeouts.body_timeout
+            );
+            made(target, http, Made::ClientTimeout, &why)
+        }
+        Stop::ClientFailed(why) => made(target, http, Made::BadRequest, &why),
+    }
 }
 
 /// A connection to `choice`: a pooled one that is ready, or a new one (to where
@@ -1112,16 +1202,18 @@ fn outcome(
         Exchanged::Answered(sent) => sent,
         Exchanged::TimedOut => {
             choice.failed();
-            return Sent::TimedOut;
+            return Sent::Stopped(Stop::TimedOut);
         }
         // The connection is dropped: with a request half sent, it is of no use.
-        Exchanged::BodyStalled(Stand::Waiting) => return Sent::ClientStalled,
+        Exchanged::BodyStalled(Stand::Waiting) => return Sent::Stopped(Stop::ClientStalled),
         Exchanged::BodyStalled(Stand::Failed) => {
-            return Sent::ClientFailed("the request body from the client failed".to_owned());
+            return Sent::Stopped(Stop::ClientFailed(
+                "the request body from the client failed".to_owned(),
+            ));
         }
         Exchanged::BodyStalled(_) => {
             choice.failed();
-            return Sent::NotTaken;
+            return Sent::Stopped(Stop::NotTaken);
         }
     };
     match sent {
@@ -1158,9 +1250,9 @@ fn outcome(
         Err(mut e) => {
             let why = format!("{}: {}", choice.addr, e.error());
             if upload == Some(Stand::Failed) {
-                return Sent::ClientFailed(format!(
+                return Sent::Stopped(Stop::ClientFailed(format!(
                     "the request body from the client failed ({why})"
-                ));
+                )));
             }
             match e.take_message() {
                 Some(req) => {

@@ -387,6 +387,7 @@ impl Tunnel {
         let Replay {
             head: unread,
             io: mut client_socket,
+            ..
         } = client.io.into_inner();
         let mut endpoint_socket = endpoint.io.into_inner();
         // In the order they came: what hyper read past the head, then what it had

@@ -391,3 +391,118 @@ async fn an_h2_stream_whose_body_stops_gets_408_and_its_connection_lives_on() {
     assert_eq!(h["client_timeout_408"], 1, "{status}");
     assert_eq!(h["requests"]["2xx"], 1, "{status}");
 }
+
+/// The length of the response body a slow reader takes: more than the socket
+/// buffers on the way hold.
+const BIG: usize = 16 << 20;
+
+/// A client that stops reading is closed after the send timeout (with the
+/// connection to the endpoint its response came on), while one that reads slowly
+/// but keeps reading gets its whole response.
+#[tokio::test]
+async fn a_client_that_stops_reading_is_closed_after_the_send_timeout() {
+    let port = common_port(&[ip(2)]).await;
+    let listener = TcpListener::bind((ip(2), port)).await.unwrap();
+    let (ended_tx, mut ended) = tokio::sync::mpsc::unbounded_channel();
+    let endpoint = tokio::spawn(async move {
+        loop {
+            let Ok((mut sock, _)) = listener.accept().await else {
+                return;
+            };
+            let ended_tx = ended_tx.clone();
+            tokio::spawn(async move {
+                while let Some(path) = path_of_next(&mut sock).await {
+                    let chunk = vec![b'x'; 64 << 10];
+                    if path == "/big" {
+                        let head = format!("HTTP/1.1 200 OK\r\nContent-Length: {BIG}\r\n\r\n");
+                        sock.write_all(head.as_bytes()).await.unwrap();
+                        for _ in 0..BIG / chunk.len() {
+                            sock.write_all(&chunk).await.unwrap();
+                        }
+                        continue;
+                    }
+                    // Endless, until dwara closes the connection.
+                    sock.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 1073741824\r\n\r\n")
+                        .await
+                        .unwrap();
+                    while sock.write_all(&chunk).await.is_ok() {}
+                    let _ = ended_tx.send(());
+                    return;
+                }
+            });
+        }
+    });
+    let extra = "    limits: {send_timeout_ms: 300}\n";
+    let (proxy, _dns, serve) = in_front_of_127_0_0_2(port, extra).await;
+
+    // Slow but steady: 1 MiB each 100 ms, through a small receive buffer, so that
+    // dwara's writes wait on the client between reads.
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(64 << 10).unwrap();
+    let mut raw = socket.connect(proxy).await.unwrap();
+    raw.write_all(b"GET /big HTTP/1.1\r\nHost: web\r\n\r\n")
+        .await
+        .unwrap();
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        raw.read_exact(&mut byte).await.unwrap();
+        head.push(byte[0]);
+    }
+    assert!(
+        head.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&head)
+    );
+    let mut left = BIG;
+    let mut buf = vec![0u8; 1 << 20];
+    while left > 0 {
+        // The client's pace is what is under test.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let n = left.min(buf.len());
+        tokio::time::timeout(WAIT, raw.read_exact(&mut buf[..n]))
+            .await
+            .expect("the slow reader's response stopped")
+            .unwrap_or_else(|e| panic!("closed on a slow reader with {left} bytes left: {e}"));
+        left -= n;
+    }
+
+    // Stops reading: closed after the timeout, and the endpoint's connection too.
+    let mut stuck = TcpStream::connect(proxy).await.unwrap();
+    stuck
+        .write_all(b"GET /endless HTTP/1.1\r\nHost: web\r\n\r\n")
+        .await
+        .unwrap();
+    tokio::time::timeout(WAIT, ended.recv())
+        .await
+        .expect("the endpoint's connection stayed open")
+        .unwrap();
+    let counted = test_support::wait_until(WAIT, || async {
+        serve.status().await["upstreams"][0]["http"]["client_send_timeouts"] == 1
+    })
+    .await;
+    assert!(counted, "{}", serve.status().await);
+    // What the client can still read ends: its connection was closed.
+    let drained = tokio::time::timeout(WAIT, async {
+        let mut buf = vec![0u8; 1 << 20];
+        loop {
+            match stuck.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    })
+    .await;
+    assert!(drained.is_ok(), "the stuck client's connection stayed open");
+
+    let status = serve.status().await;
+    let h = &status["upstreams"][0]["http"];
+    assert_eq!(h["response_body_timeouts"], 0, "{status}");
+    let m = metrics(&serve).await;
+    assert!(
+        m.lines()
+            .any(|l| l == "dwara_http_client_send_timeouts_total{upstream=\"web\"} 1"),
+        "{m}"
+    );
+    endpoint.abort();
+}
