@@ -54,13 +54,13 @@ use std::path::Path;
 use std::process::Command;
 
 use crate::perf_l4::{
-    Load, Options, Proc, Proxy, Run, local, nginx_head, rounds, spawn_nginx, start_backend,
-    start_dwara_with,
+    Load, Options, Pinning, Proc, Proxy, Run, local, nginx_head, rounds, spawn_nginx,
+    start_backend, start_dwara_with,
 };
 use crate::perf_util::{free_port, median, parse_flags, release_dwara};
 
 const USAGE: &str = "usage: cargo xtask perf http [--rounds R] [--seconds S] [--threads T] \
-                     [--dwara PATH] [--before PATH]";
+                     [--dwara PATH] [--before PATH] [--pin]";
 const PROXIES: [&str; 5] = ["dwara-1t", "dwara", "haproxy-1t", "nginx", "caddy"];
 
 /// The loads of `perf http`: those of `perf l4` and the 503 without endpoints.
@@ -72,8 +72,10 @@ const LOADS: [Load; 4] = [
 ];
 
 fn parse_args(args: &[String]) -> anyhow::Result<Options> {
+    let pin = args.iter().any(|a| a == "--pin");
+    let args: Vec<String> = args.iter().filter(|a| *a != "--pin").cloned().collect();
     let f = parse_flags(
-        args,
+        &args,
         &["--rounds", "--seconds", "--threads", "--dwara", "--before"],
         USAGE,
     )?;
@@ -85,6 +87,7 @@ fn parse_args(args: &[String]) -> anyhow::Result<Options> {
         proxies: Vec::new(),
         before: f.path("--before"),
         dwara: f.path("--dwara"),
+        pin: if pin { Some(Pinning::new()?) } else { None },
     })
 }
 
@@ -224,10 +227,17 @@ fn run_in(dir: &Path, opts: &Options) -> anyhow::Result<()> {
     let load_avg = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     println!(
         "perf http: wrk --latency -t {} -d {}s through each proxy to nginx, {} interleaved \
-         rounds; load average at start: {}",
+         rounds{}; load average at start: {}",
         opts.threads,
         opts.seconds,
         opts.rounds,
+        match &opts.pin {
+            Some(p) => format!(
+                "; each proxy pinned to CPU {}, wrk and the backend to CPU {}",
+                p.proxy, p.rest
+            ),
+            None => String::new(),
+        },
         load_avg
             .split_whitespace()
             .take(3)
@@ -250,6 +260,12 @@ fn run_in(dir: &Path, opts: &Options) -> anyhow::Result<()> {
             true,
             true,
         )?);
+    }
+    if let Some(pin) = &opts.pin {
+        backend_proc.pin(&pin.rest)?;
+        for p in &proxies {
+            p.proc.pin(&pin.proxy)?;
+        }
     }
     let runs = rounds(&proxies, &backend_proc, &LOADS, opts)?;
     report(&proxies, &runs, opts);
@@ -326,5 +342,26 @@ fn report(proxies: &[Proxy], runs: &[Vec<Vec<Run>>], opts: &Options) {
                 med(rs, &|r| r.preempted),
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pin_is_a_switch_beside_the_flags_with_values() {
+        let args = |a: &[&str]| a.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+        let o = parse_args(&args(&["--rounds", "3", "--pin", "--seconds", "2"])).unwrap();
+        assert_eq!((o.rounds, o.seconds), (3, 2));
+        let pin = o.pin.expect("--pin pins");
+        assert_eq!(pin.proxy, "0");
+        assert!(pin.rest.starts_with('1'), "{}", pin.rest);
+        assert!(parse_args(&args(&["--rounds", "3"])).unwrap().pin.is_none());
+        let Err(e) = parse_args(&args(&["--pin", "--rounds"])) else {
+            panic!("a flag without its value is refused");
+        };
+        assert!(e.to_string().contains("--rounds needs a value"), "{e}");
+        assert!(parse_args(&args(&["--pinned"])).is_err());
     }
 }

@@ -209,6 +209,7 @@ fn count(
             proxies: Vec::new(),
             before: None,
             dwara: None,
+            pin: None,
         };
         wrk(&proxy, backend_proc, Load::Counted, &opts, clock_ticks())
     };

@@ -65,6 +65,40 @@ pub(crate) struct Options {
     pub(crate) proxies: Vec<String>,
     pub(crate) before: Option<PathBuf>,
     pub(crate) dwara: Option<PathBuf>,
+    /// The proxy under test on CPU 0, wrk and the backend on the others
+    /// ([`Pinning`]); `None`: wherever the scheduler puts them.
+    pub(crate) pin: Option<Pinning>,
+}
+
+/// Where `--pin` puts the processes of a run: each proxy on a core of its own, the
+/// client and the backend on the rest, so no round depends on where the scheduler
+/// happened to place the three (which moves the rate by ±10% from round to round on
+/// two cores, a proxy sharing a core with wrk or the backend being preempted by them).
+#[derive(Debug, Clone)]
+pub(crate) struct Pinning {
+    /// `taskset -c` list for the proxies.
+    pub(crate) proxy: String,
+    /// `taskset -c` list for wrk and the backend.
+    pub(crate) rest: String,
+}
+
+impl Pinning {
+    /// CPU 0 for the proxy and 1..n for the rest; an error on a machine with one CPU.
+    pub(crate) fn new() -> anyhow::Result<Self> {
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        if cpus < 2 {
+            bail!("--pin needs at least 2 CPUs, this machine lets us use {cpus}");
+        }
+        let rest = if cpus == 2 {
+            "1".to_owned()
+        } else {
+            format!("1-{}", cpus - 1)
+        };
+        Ok(Self {
+            proxy: "0".to_owned(),
+            rest,
+        })
+    }
 }
 
 fn parse_args(args: &[String]) -> anyhow::Result<Options> {
@@ -99,6 +133,7 @@ fn parse_args(args: &[String]) -> anyhow::Result<Options> {
         proxies,
         before: f.path("--before"),
         dwara: f.path("--dwara"),
+        pin: None,
     })
 }
 
@@ -184,6 +219,25 @@ impl Proc {
             .filter_map(|pid| stat_fields(*pid))
             .map(|f| f.utime + f.stime)
             .sum()
+    }
+
+    /// Puts every thread of the process and of its children on the CPUs `cpus`
+    /// (a `taskset -c` list).
+    pub(crate) fn pin(&self, cpus: &str) -> anyhow::Result<()> {
+        for pid in tree(self.child.id()) {
+            let out = Command::new("taskset")
+                .args(["-a", "-p", "-c", cpus, &pid.to_string()])
+                .output()
+                .context("cannot run taskset (util-linux)")?;
+            if !out.status.success() {
+                bail!(
+                    "taskset -a -p -c {cpus} {pid} ({}) failed: {}",
+                    self.name,
+                    String::from_utf8_lossy(&out.stderr).trim()
+                );
+            }
+        }
+        Ok(())
     }
 
     /// Involuntary context switches of the process and its children (every thread).
@@ -626,7 +680,15 @@ pub(crate) fn wrk(
     let backend_before = backend.cpu_ticks();
     let client_before = children_ticks();
     let machine_before = machine_ticks();
-    let out = Command::new("wrk")
+    let mut cmd = match &opts.pin {
+        Some(pin) => {
+            let mut c = Command::new("taskset");
+            c.args(["-c", &pin.rest, "wrk"]);
+            c
+        }
+        None => Command::new("wrk"),
+    };
+    let out = cmd
         .args(["--latency", "-t", &opts.threads.to_string()])
         .args(["-d", &format!("{}s", opts.seconds)])
         .args(&args)
