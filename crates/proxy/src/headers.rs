@@ -10,8 +10,10 @@
 //! answered by this hop (hyper sends `100 Continue` when the body is first read),
 //! so it is dropped from the request too. Towards the endpoint the client's address
 //! is appended to `X-Forwarded-For` and `X-Forwarded-Proto` says `http`; `Host` is
-//! passed on as the client sent it (taken from the URI's authority when the request
-//! line was in absolute form).
+//! passed on as the client sent it, except when the request target carries a host
+//! (an HTTP/1.1 request line in absolute form, HTTP/2's `:authority`): then `Host`
+//! is that host and port, whatever the client sent beside it (RFC 9112 §3.2.2), so
+//! the endpoint never routes by a different host than the one the request named.
 
 use std::net::IpAddr;
 
@@ -119,7 +121,7 @@ pub fn forwarded_for(client: IpAddr) -> HeaderValue {
 
 /// Rewrites a request's headers for the endpoint: hop-by-hop and `Expect` removed,
 /// `X-Forwarded-For` appended with `client`, `X-Forwarded-Proto: http`, and `Host`
-/// set from `authority` when the request had none.
+/// set to `authority` (the request target's host and port, when it has one).
 pub fn to_upstream(headers: &mut HeaderMap, client: IpAddr, authority: Option<&str>) {
     rewrite_request(headers, &forwarded_for(client), authority);
 }
@@ -148,7 +150,6 @@ pub fn rewrite_request(headers: &mut HeaderMap, client: &HeaderValue, authority:
     }
     headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static("http"));
     if let Some(a) = authority
-        && !headers.contains_key(header::HOST)
         && let Ok(v) = HeaderValue::from_str(a)
     {
         headers.insert(header::HOST, v);
@@ -253,6 +254,14 @@ mod tests {
         );
         assert_eq!(h["x-forwarded-for"], "1.1.1.1, 2.2.2.2, 10.0.0.9");
         assert_eq!(h["host"], "web.local:8080");
+        // The request target's host wins over the one the client sent beside it.
+        let mut h = map(&[("host", "other.local"), ("host", "third.local")]);
+        to_upstream(&mut h, "10.0.0.9".parse().unwrap(), Some("web.local"));
+        assert_eq!(h.get_all("host").iter().collect::<Vec<_>>(), ["web.local"]);
+        // Without one, the client's stays.
+        let mut h = map(&[("host", "other.local")]);
+        to_upstream(&mut h, "10.0.0.9".parse().unwrap(), None);
+        assert_eq!(h["host"], "other.local");
         let mut r = map(&[("connection", "keep-alive"), ("content-length", "3")]);
         to_client(&mut r);
         assert_eq!(r.len(), 1);

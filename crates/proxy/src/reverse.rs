@@ -599,7 +599,11 @@ pub(crate) fn outgoing(
     client: &HeaderValue,
 ) -> (Request<ReqBody>, Option<Template>, Option<Arc<Upload>>) {
     let (mut parts, body) = req.into_parts();
-    let authority = parts.uri.authority().map(|a| a.as_str().to_owned());
+    // Host and port only: `Host` carries no user information.
+    let authority = parts.uri.host().map(|host| match parts.uri.port() {
+        Some(port) => format!("{host}:{port}"),
+        None => host.to_owned(),
+    });
     headers::rewrite_request(&mut parts.headers, client, authority.as_deref());
     if let Some(pq) = parts.uri.path_and_query()
         && parts.uri.scheme().is_some()

@@ -408,6 +408,21 @@ async fn headers_are_rewritten_and_bodies_stream_both_ways() {
     assert!(text.starts_with("HTTP/1.1 200"), "{text}");
     assert!(text.contains("\"body\":\"hello world\""), "{text}");
     assert!(!text.contains("\"expect\""), "{text}");
+
+    // A request line in absolute form: the endpoint gets the origin form and the
+    // target's host and port as `Host` (no user information), not the `Host` the
+    // client sent beside it (RFC 9112 §3.2.2).
+    let mut raw = TcpStream::connect(proxy).await.unwrap();
+    raw.write_all(
+        b"GET http://user:pw@shop.example:8080/echo?y=2 HTTP/1.1\r\nHost: other.example\r\nConnection: close\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let text = read_response(&mut raw).await;
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    assert!(text.contains("\"uri\":\"/echo?y=2\""), "{text}");
+    assert!(text.contains("\"host\":\"shop.example:8080\""), "{text}");
+    assert!(!text.contains("other.example"), "{text}");
 }
 
 /// A response body the endpoint sends in pieces (small ones apart in time, one
