@@ -323,6 +323,7 @@ pub(crate) fn status(h: &HttpUpstream) -> serde_json::Value {
         "timeout_504": load(&s.timeouts),
         "client_timeout_408": load(&s.client_timeouts),
         "bad_request_400": load(&s.bad_requests),
+        "not_implemented_501": load(&s.not_implemented),
         "response_body_timeouts": load(&s.body_timeouts),
         "client_send_timeouts": load(&s.send_timeouts),
         "cancelled": load(&s.cancelled),

@@ -132,6 +132,7 @@ pub(crate) fn encode(
             ("504", &s.timeouts),
             ("408", &s.client_timeouts),
             ("400", &s.bad_requests),
+            ("501", &s.not_implemented),
         ] {
             let labels = [("upstream", up), ("status", status)];
             encode_value(

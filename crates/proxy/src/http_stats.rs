@@ -35,6 +35,8 @@ pub(crate) enum Made {
     /// 400: the client's request body failed (a malformed chunk, or its
     /// connection or stream failed while sending it).
     BadRequest,
+    /// 501: a `CONNECT`, which asks for a tunnel this gateway does not open.
+    NotImplemented,
 }
 
 /// The counters of one HTTP upstream.
@@ -56,6 +58,8 @@ pub(crate) struct HttpStats {
     pub(crate) client_timeouts: AtomicU64,
     /// 400s made by dwara: request bodies that failed on the client's side.
     pub(crate) bad_requests: AtomicU64,
+    /// 501s made by dwara: `CONNECT` requests.
+    pub(crate) not_implemented: AtomicU64,
     /// Response bodies cut off because the endpoint sent no byte of them for the
     /// body timeout.
     pub(crate) body_timeouts: AtomicU64,
@@ -112,6 +116,7 @@ impl HttpStats {
             Made::Timeout => &self.timeouts,
             Made::ClientTimeout => &self.client_timeouts,
             Made::BadRequest => &self.bad_requests,
+            Made::NotImplemented => &self.not_implemented,
         };
         c.fetch_add(1, Ordering::Relaxed);
     }

@@ -749,6 +749,13 @@ pub(crate) fn made(
             StatusCode::BAD_REQUEST,
             "the request body could not be read\n".to_owned(),
         ),
+        Made::NotImplemented => (
+            StatusCode::NOT_IMPLEMENTED,
+            format!(
+                "CONNECT is not proxied by upstream {} (a tcp upstream forwards a proxy's connections)\n",
+                target.name
+            ),
+        ),
     };
     debug!(upstream = %target.name, status = status.as_u16(), why = detail, "answered by dwara");
     let mut resp = Response::new(
@@ -771,7 +778,7 @@ pub(crate) fn made(
         Made::ClientTimeout | Made::BadRequest => {
             h.insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
-        Made::BadGateway | Made::Timeout => {}
+        Made::BadGateway | Made::Timeout | Made::NotImplemented => {}
     }
     resp
 }

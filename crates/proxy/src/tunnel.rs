@@ -32,8 +32,10 @@
 //!   client connection stays HTTP/1.1; the connection to the endpoint closes after
 //!   the answer.
 //!
-//! Upgrades over HTTP/2 (extended `CONNECT`, RFC 8441) are not offered, and
-//! `CONNECT` is not an upgrade here.
+//! Upgrades over HTTP/2 (extended `CONNECT`, RFC 8441) are not offered. A
+//! `CONNECT` (over either version) is answered here with `501 Not Implemented`
+//! and goes to no endpoint: a gateway opens no tunnel to the authority it names,
+//! and an endpoint's `2xx` to it would leave a connection neither side can use.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -70,16 +72,18 @@ use crate::reverse::{
 /// from it as HTTP after a `101`).
 pub(crate) type Slot = parking_lot::Mutex<Option<Tunnel>>;
 
-/// Whether `req` asks to switch its connection to another protocol: HTTP/1.1
-/// with `Upgrade:` (hyper gives such a request its upgrade handle; it gives one to
-/// `CONNECT` too, which is not an upgrade here). `Upgrade: h2c` alone is not
-/// either: HTTP/2 is offered to clients by prior knowledge, and a client asking
-/// for h2c (`curl --http2`) goes on with HTTP/1.1 when the answer is not a `101`,
-/// so such a request takes the pooled path with `Upgrade` removed, as before. For
-/// any other request this reads one empty extension map.
+/// Whether `req` asks for a tunnel: HTTP/1.1 with `Upgrade:` (hyper gives such a
+/// request its upgrade handle), or a `CONNECT` over either version, which
+/// [`upgrade`] answers with a `501`. `Upgrade: h2c` alone is not one: HTTP/2 is
+/// offered to clients by prior knowledge, and a client asking for h2c (`curl
+/// --http2`) goes on with HTTP/1.1 when the answer is not a `101`, so such a
+/// request takes the pooled path with `Upgrade` removed, as before. For any other
+/// request this reads its method and one empty extension map.
 pub(crate) fn wants(req: &Request<Incoming>) -> bool {
+    if req.method() == Method::CONNECT {
+        return true;
+    }
     req.extensions().get::<OnUpgrade>().is_some()
-        && req.method() != Method::CONNECT
         && req
             .headers()
             .get_all(header::UPGRADE)
@@ -100,6 +104,20 @@ pub(crate) async fn upgrade(
         return Ok(Response::new(empty_resp()));
     };
     let started = Instant::now();
+    if req.method() == Method::CONNECT {
+        // A tunnel to the authority CONNECT names is a forward proxy's job; sent to
+        // an endpoint, a 2xx would turn the connection into a tunnel that nothing
+        // here would carry.
+        let resp = made(
+            &target,
+            http,
+            Made::NotImplemented,
+            "CONNECT is not proxied",
+        );
+        http.stats
+            .answered(resp.status().as_u16(), started.elapsed());
+        return Ok(resp);
+    }
     http.stats.budget.request(started);
     let on_client = hyper::upgrade::on(&mut req);
     let key = hash_key(&target, http, &req, &client);

@@ -325,6 +325,40 @@ async fn a_declined_upgrade_and_h2c_stay_http_and_a_switch_nobody_asked_for_is_a
     assert_eq!(h["tunnels"], 0, "{h}");
     assert_eq!(h["requests"]["2xx"], 3, "{h}");
     assert_eq!(h["bad_gateway_502"], 1, "{h}");
+
+    // A CONNECT gets a 501 made here and reaches no endpoint (this backend would
+    // have said 200 to it, which hyper turns into a tunnel nothing carries), and
+    // the connection goes on as HTTP/1.1.
+    let tries =
+        |h: &serde_json::Value| h["connects"].as_u64().unwrap() + h["reused"].as_u64().unwrap();
+    let before = tries(&h);
+    raw.write_all(b"CONNECT web.test:443 HTTP/1.1\r\nHost: web.test:443\r\n\r\n")
+        .await
+        .unwrap();
+    let fifth = read_response(&mut raw).await;
+    assert!(fifth.starts_with("HTTP/1.1 501"), "{fifth}");
+    assert!(
+        fifth.contains("CONNECT is not proxied by upstream web"),
+        "{fifth}"
+    );
+    raw.write_all(b"GET /sixth HTTP/1.1\r\nHost: web.test\r\n\r\n")
+        .await
+        .unwrap();
+    let sixth = read_response(&mut raw).await;
+    assert!(sixth.starts_with("HTTP/1.1 200"), "{sixth}");
+    let h = figures(&serve).await;
+    assert_eq!(
+        tries(&h),
+        before + 1,
+        "only /sixth went to the endpoint: {h}"
+    );
+    assert_eq!(h["not_implemented_501"], 1, "{h}");
+    assert_eq!(h["requests"]["5xx"], 2, "{h}");
+    let m = metrics(&serve).await;
+    assert!(
+        m.contains("dwara_http_generated_total{upstream=\"web\",status=\"501\"} 1"),
+        "{m}"
+    );
 }
 
 #[tokio::test]
