@@ -24,7 +24,7 @@
 //! | `config_yaml`, `resolv_conf`, `http_form` | text | no panic, bounded results |
 //! | `allow_list` | text as a DNS allow list | entries print back to themselves, one per word; errors are one line |
 //! | `http_auth` | bytes as a token file and an `Authorization` value | an accepted token matches itself and survives its header |
-//! | `http_headers` | header lines through the HTTP upstreams' rewriting, the first line as `address:` | no hop-by-hop or `Connection`-named header left, the others kept, `X-Forwarded-*` set |
+//! | `http_headers` | header lines through the HTTP upstreams' rewriting, the first line as `address:` | no hop-by-hop or `Connection`-named header left, nor a `Content-Length` beside `Transfer-Encoding`, the others kept, `X-Forwarded-*` set |
 //!
 //! ```
 //! // A query for web.weave.local A, checked against the model zone.

@@ -24,8 +24,9 @@ const HOP: [&str; 10] = [
 /// Parses `data` as `name: value` lines (lines that are not valid headers are
 /// skipped), rewrites them as a request and as a response, and checks: no
 /// hop-by-hop header and nothing `Connection` named is left (but `Host` and the
-/// `X-Forwarded-*` pair, which the rewrite sets itself), every other header is
-/// kept, `X-Forwarded-For` ends with the client and `X-Forwarded-Proto` is `http`.
+/// `X-Forwarded-*` pair, which the rewrite sets itself), nor a `Content-Length`
+/// beside `Transfer-Encoding`; every other header is kept, `X-Forwarded-For` ends
+/// with the client and `X-Forwarded-Proto` is `http`.
 /// A successful `split_address` gives a port that is not 0 and a host without `:`
 /// unless it is an IPv6 literal.
 pub fn http_headers(data: &[u8]) {
@@ -55,7 +56,11 @@ pub fn http_headers(data: &[u8]) {
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(',').map(|t| t.trim().to_ascii_lowercase()))
         .collect();
-    let gone = |name: &str| HOP.contains(&name) || named.contains(name);
+    // A length beside Transfer-Encoding goes with it (RFC 9112 §6.3).
+    let chunked = headers.contains_key("transfer-encoding");
+    let gone = |name: &str| {
+        HOP.contains(&name) || named.contains(name) || (chunked && name == "content-length")
+    };
     let client = IpAddr::V4(Ipv4Addr::new(192, 0, 2, 7));
 
     let mut request = headers.clone();
@@ -97,5 +102,15 @@ pub fn http_headers(data: &[u8]) {
     for name in response.keys() {
         let n = name.as_str();
         assert!(n == "expect" || !gone(n), "{n} passed on");
+    }
+    for name in headers.keys() {
+        let n = name.as_str();
+        if !gone(n) && n != "expect" {
+            assert_eq!(
+                response.get_all(name).iter().count(),
+                headers.get_all(name).iter().count(),
+                "{n} lost from a response"
+            );
+        }
     }
 }

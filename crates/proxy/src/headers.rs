@@ -6,7 +6,9 @@
 //! `Connection` names, and the classic list (`Keep-Alive`, `Proxy-Connection`, `TE`,
 //! `Trailer`, `Transfer-Encoding`, `Upgrade`, `Proxy-Authenticate`,
 //! `Proxy-Authorization`). hyper frames each side's body itself (chunked or
-//! `Content-Length`), so dropping `Transfer-Encoding` loses nothing. `Expect` is
+//! `Content-Length`), so dropping `Transfer-Encoding` loses nothing; a
+//! `Content-Length` beside it goes too (RFC 9112 §6.3: the chunks decided where
+//! the body ended, not the length). `Expect` is
 //! answered by this hop (hyper sends `100 Continue` when the body is first read),
 //! so it is dropped from the request too. Towards the endpoint the client's address
 //! is appended to `X-Forwarded-For` and `X-Forwarded-Proto` says `http`; `Host` is
@@ -76,6 +78,12 @@ fn remove_listed(headers: &mut HeaderMap, listed: fn(&HeaderName) -> bool) {
     }
     while let Some(name) = headers.keys().find(|n| listed(n)).cloned() {
         headers.remove(&name);
+        // Transfer-Encoding overrides Content-Length, and an intermediary removes
+        // the length before it passes the message on (RFC 9112 §6.3): hyper read
+        // the body by its chunks, so the length was never checked against it.
+        if name == header::TRANSFER_ENCODING {
+            headers.remove(header::CONTENT_LENGTH);
+        }
     }
 }
 
@@ -265,5 +273,13 @@ mod tests {
         let mut r = map(&[("connection", "keep-alive"), ("content-length", "3")]);
         to_client(&mut r);
         assert_eq!(r.len(), 1);
+        // A length beside chunks is not passed on.
+        let mut r = map(&[
+            ("content-length", "5"),
+            ("transfer-encoding", "chunked"),
+            ("x-kept", "1"),
+        ]);
+        to_client(&mut r);
+        assert_eq!(r.keys().map(|k| k.as_str()).collect::<Vec<_>>(), ["x-kept"]);
     }
 }

@@ -1465,3 +1465,46 @@ async fn a_connection_answered_before_its_request_body_was_sent_is_not_pooled() 
     assert_eq!(backend.accepted.load(Ordering::SeqCst), 2);
     drop(raw);
 }
+
+/// An endpoint's response with both `Content-Length` and `Transfer-Encoding`: the
+/// chunks decide where its body ends (RFC 9112 §6.3), and the length is not passed
+/// on with them. (Passed on, it promised the client 5 bytes of a 3-byte body: the
+/// client got no answer at all, its connection closed.)
+#[tokio::test]
+async fn a_length_beside_chunks_from_the_endpoint_is_not_passed_on() {
+    let port = common_port(&[ip(2)]).await;
+    let listener = TcpListener::bind((ip(2), port)).await.unwrap();
+    let (proxy, _dns, _serve) = in_front_of_127_0_0_2(port, "").await;
+    let endpoint = tokio::spawn(async move {
+        let (mut conn, _) = listener.accept().await.unwrap();
+        let mut head = Vec::new();
+        let mut buf = [0u8; 1024];
+        while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+            let n = conn.read(&mut buf).await.unwrap();
+            assert!(n > 0, "the connection closed before the head");
+            head.extend_from_slice(&buf[..n]);
+        }
+        conn.write_all(
+            b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n\
+              3\r\nabc\r\n0\r\n\r\n",
+        )
+        .await
+        .unwrap();
+        conn
+    });
+    let mut raw = TcpStream::connect(proxy).await.unwrap();
+    raw.write_all(b"GET /both HTTP/1.1\r\nHost: web.test\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut got = Vec::new();
+    tokio::time::timeout(WAIT, raw.read_to_end(&mut got))
+        .await
+        .expect("the answer did not end")
+        .unwrap();
+    let text = String::from_utf8_lossy(&got).to_ascii_lowercase();
+    assert!(text.starts_with("http/1.1 200"), "{text}");
+    assert!(!text.contains("content-length"), "{text}");
+    assert!(text.contains("transfer-encoding: chunked"), "{text}");
+    assert!(text.ends_with("\r\n\r\n3\r\nabc\r\n0\r\n\r\n"), "{text}");
+    drop(endpoint.await.unwrap());
+}
