@@ -97,6 +97,15 @@ pub fn http_headers(data: &[u8]) {
     assert_eq!(request["x-forwarded-proto"], "http");
     assert!(request.contains_key("host"));
 
+    // More than one Host is refused, none is not, and a target that names its
+    // host makes the Host lines moot.
+    let hosts = headers.get_all("host").iter().count();
+    let problem = dwara_proxy::headers::host_problem(&headers, false);
+    if hosts != 1 {
+        assert_eq!(problem.is_some(), hosts > 1, "{hosts} Host lines");
+    }
+    assert!(dwara_proxy::headers::host_problem(&headers, true).is_none());
+
     let mut response = headers.clone();
     dwara_proxy::headers::to_client(&mut response);
     for name in response.keys() {

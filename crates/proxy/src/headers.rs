@@ -16,6 +16,8 @@
 //! (an HTTP/1.1 request line in absolute form, HTTP/2's `:authority`): then `Host`
 //! is that host and port, whatever the client sent beside it (RFC 9112 §3.2.2), so
 //! the endpoint never routes by a different host than the one the request named.
+//! A request with more than one `Host`, or one that is not a host and port, is
+//! refused ([`host_problem`]).
 
 use std::net::IpAddr;
 
@@ -164,6 +166,50 @@ pub fn rewrite_request(headers: &mut HeaderMap, client: &HeaderValue, authority:
     }
 }
 
+/// Why a request's `Host` lines make it one to refuse with a `400` (RFC 9112
+/// §3.2): more than one, or a value that is not a host and port. `None` when
+/// there is none (the endpoint's address is sent then), or one that is fine; and
+/// whatever they are when the request target names its host (`target_has_host`:
+/// an absolute-form request line, HTTP/2's `:authority`), which replaces them.
+pub fn host_problem(headers: &HeaderMap, target_has_host: bool) -> Option<&'static str> {
+    if target_has_host {
+        return None;
+    }
+    let mut hosts = headers.get_all(header::HOST).iter();
+    let first = hosts.next()?;
+    if hosts.next().is_some() {
+        return Some("more than one Host header");
+    }
+    // reg-name, IP literal or IPv4 address, and a port: unreserved characters,
+    // percent-encoding, sub-delimiters, ':' and the brackets of an IPv6 literal.
+    // (Empty is allowed: the target had no authority.)
+    let fine = first.as_bytes().iter().all(|&b| {
+        b.is_ascii_alphanumeric()
+            || matches!(
+                b,
+                b'-' | b'.'
+                    | b'_'
+                    | b'~'
+                    | b'%'
+                    | b'!'
+                    | b'$'
+                    | b'&'
+                    | b'\''
+                    | b'('
+                    | b')'
+                    | b'*'
+                    | b'+'
+                    | b','
+                    | b';'
+                    | b'='
+                    | b':'
+                    | b'['
+                    | b']'
+            )
+    });
+    (!fine).then_some("a Host header that is not a host and port")
+}
+
 /// Rewrites a response's headers for the client: hop-by-hop removed.
 pub fn to_client(headers: &mut HeaderMap) {
     remove_hop_by_hop(headers);
@@ -247,6 +293,24 @@ mod tests {
             r.keys().map(HeaderName::as_str).collect::<Vec<_>>(),
             ["x-app"]
         );
+    }
+
+    #[test]
+    fn a_doubled_or_malformed_host_is_a_problem_unless_the_target_names_one() {
+        let one = map(&[("host", "web.local:8080")]);
+        assert_eq!(host_problem(&one, false), None);
+        assert_eq!(host_problem(&map(&[("host", "[::1]:80")]), false), None);
+        assert_eq!(host_problem(&map(&[("host", "")]), false), None);
+        assert_eq!(host_problem(&HeaderMap::new(), false), None);
+        let two = map(&[("host", "a"), ("host", "b")]);
+        assert_eq!(host_problem(&two, false), Some("more than one Host header"));
+        assert_eq!(host_problem(&two, true), None);
+        for bad in ["a b", "a/b", "user@a", "a?b", "a#b", "a\\b"] {
+            assert!(
+                host_problem(&map(&[("host", bad)]), false).is_some(),
+                "{bad}"
+            );
+        }
     }
 
     #[test]

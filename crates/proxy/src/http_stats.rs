@@ -37,6 +37,8 @@ pub(crate) enum Made {
     BadRequest,
     /// 501: a `CONNECT`, which asks for a tunnel this gateway does not open.
     NotImplemented,
+    /// 400: more than one `Host`, or one that is not a host and port.
+    BadHost,
 }
 
 /// The counters of one HTTP upstream.
@@ -56,7 +58,8 @@ pub(crate) struct HttpStats {
     pub(crate) timeouts: AtomicU64,
     /// 408s made by dwara: request bodies the client stopped sending.
     pub(crate) client_timeouts: AtomicU64,
-    /// 400s made by dwara: request bodies that failed on the client's side.
+    /// 400s made by dwara: request bodies that failed on the client's side, and
+    /// requests with more than one `Host` or a malformed one.
     pub(crate) bad_requests: AtomicU64,
     /// 501s made by dwara: `CONNECT` requests.
     pub(crate) not_implemented: AtomicU64,
@@ -115,7 +118,7 @@ impl HttpStats {
             Made::BadGateway => &self.bad_gateway,
             Made::Timeout => &self.timeouts,
             Made::ClientTimeout => &self.client_timeouts,
-            Made::BadRequest => &self.bad_requests,
+            Made::BadRequest | Made::BadHost => &self.bad_requests,
             Made::NotImplemented => &self.not_implemented,
         };
         c.fetch_add(1, Ordering::Relaxed);

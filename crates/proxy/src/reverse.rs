@@ -749,6 +749,7 @@ pub(crate) fn made(
             StatusCode::BAD_REQUEST,
             "the request body could not be read\n".to_owned(),
         ),
+        Made::BadHost => (StatusCode::BAD_REQUEST, format!("{detail}\n")),
         Made::NotImplemented => (
             StatusCode::NOT_IMPLEMENTED,
             format!(
@@ -775,7 +776,7 @@ pub(crate) fn made(
         }
         // The rest of the request body is not read: where the next request would
         // begin is unknown, and the connection closes after this answer.
-        Made::ClientTimeout | Made::BadRequest => {
+        Made::ClientTimeout | Made::BadRequest | Made::BadHost => {
             h.insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
         Made::BadGateway | Made::Timeout | Made::NotImplemented => {}
@@ -804,6 +805,7 @@ pub(crate) fn forward(
     open: Stream,
 ) -> impl Future<Output = Result<Response<RespBody>, Infallible>> + Send {
     let started = Instant::now();
+    let bad_host = headers::host_problem(req.headers(), req.uri().host().is_some());
     let mut prepared = target.http.as_deref().map(|http| {
         http.stats.budget.request(started);
         let key = hash_key(&target, http, &req, &client);
@@ -821,6 +823,12 @@ pub(crate) fn forward(
         let (Some(http), Some(prepared)) = (target.http.as_ref(), prepared.as_mut()) else {
             return Ok(Response::new(empty_resp()));
         };
+        if let Some(why) = bad_host {
+            let resp = made(&target, http, Made::BadHost, why);
+            http.stats
+                .answered(resp.status().as_u16(), started.elapsed());
+            return Ok(resp);
+        }
         let mut unanswered = Unanswered {
             upstream: &target.name,
             stats: &http.stats,

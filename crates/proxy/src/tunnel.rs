@@ -104,6 +104,12 @@ pub(crate) async fn upgrade(
         return Ok(Response::new(empty_resp()));
     };
     let started = Instant::now();
+    if let Some(why) = headers::host_problem(req.headers(), req.uri().host().is_some()) {
+        let resp = made(&target, http, Made::BadHost, why);
+        http.stats
+            .answered(resp.status().as_u16(), started.elapsed());
+        return Ok(resp);
+    }
     if req.method() == Method::CONNECT {
         // A tunnel to the authority CONNECT names is a forward proxy's job; sent to
         // an endpoint, a 2xx would turn the connection into a tunnel that nothing

@@ -423,6 +423,32 @@ async fn headers_are_rewritten_and_bodies_stream_both_ways() {
     assert!(text.contains("\"uri\":\"/echo?y=2\""), "{text}");
     assert!(text.contains("\"host\":\"shop.example:8080\""), "{text}");
     assert!(!text.contains("other.example"), "{text}");
+
+    // Two Host lines, or one that is not a host, get a 400 made here (RFC 9112
+    // §3.2) and reach no endpoint: it could route by another host than dwara saw.
+    let figures = || async { one.serve.status().await["upstreams"][0]["http"].clone() };
+    let tries =
+        |h: &serde_json::Value| h["connects"].as_u64().unwrap() + h["reused"].as_u64().unwrap();
+    let before = figures().await;
+    for (head, why) in [
+        (
+            &b"GET /a HTTP/1.1\r\nHost: shop.example\r\nHost: admin.internal\r\n\r\n"[..],
+            "more than one Host header",
+        ),
+        (
+            &b"GET /b HTTP/1.1\r\nHost: shop.example/admin\r\n\r\n"[..],
+            "a Host header that is not a host and port",
+        ),
+    ] {
+        let mut raw = TcpStream::connect(proxy).await.unwrap();
+        raw.write_all(head).await.unwrap();
+        let text = read_response(&mut raw).await;
+        assert!(text.starts_with("HTTP/1.1 400"), "{text}");
+        assert!(text.ends_with(&format!("\r\n\r\n{why}\n")), "{text}");
+    }
+    let after = figures().await;
+    assert_eq!(tries(&after), tries(&before), "{after}");
+    assert_eq!(after["bad_request_400"], 2, "{after}");
 }
 
 /// A response body the endpoint sends in pieces (small ones apart in time, one
