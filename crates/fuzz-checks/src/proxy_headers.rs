@@ -63,8 +63,18 @@ pub fn http_headers(data: &[u8]) {
     };
     let client = IpAddr::V4(Ipv4Addr::new(192, 0, 2, 7));
 
+    // Refused (but rewritten all the same) exactly when a Transfer-Encoding names a
+    // coding other than chunked.
+    let other_coding = headers.get_all("transfer-encoding").iter().any(|v| {
+        v.to_str().map_or(true, |t| {
+            t.split(',')
+                .map(str::trim)
+                .any(|c| !c.is_empty() && !c.eq_ignore_ascii_case("chunked"))
+        })
+    });
     let mut request = headers.clone();
-    dwara_proxy::headers::to_upstream(&mut request, client, Some("example.test:80"));
+    let coding = dwara_proxy::headers::to_upstream(&mut request, client, Some("example.test:80"));
+    assert_eq!(coding.is_err(), other_coding);
     // The rewrite sets these itself, after taking away what `Connection` named:
     // Host from the authority (whatever the client sent), the `X-Forwarded-*` pair.
     let set_here = |n: &str| n == "host" || n.starts_with("x-forwarded-");
@@ -107,7 +117,10 @@ pub fn http_headers(data: &[u8]) {
     assert!(dwara_proxy::headers::host_problem(&headers, true).is_none());
 
     let mut response = headers.clone();
-    dwara_proxy::headers::to_client(&mut response);
+    assert_eq!(
+        dwara_proxy::headers::to_client(&mut response).is_err(),
+        other_coding
+    );
     for name in response.keys() {
         let n = name.as_str();
         assert!(n == "expect" || !gone(n), "{n} passed on");

@@ -8,7 +8,9 @@
 //! `Proxy-Authorization`). hyper frames each side's body itself (chunked or
 //! `Content-Length`), so dropping `Transfer-Encoding` loses nothing; a
 //! `Content-Length` beside it goes too (RFC 9112 §6.3: the chunks decided where
-//! the body ended, not the length). `Expect` is
+//! the body ended, not the length). hyper undoes only the chunked coding: a
+//! message whose `Transfer-Encoding` names another ([`UnknownCoding`]) is
+//! reported, for the caller to refuse. `Expect` is
 //! answered by this hop (hyper sends `100 Continue` when the body is first read),
 //! so it is dropped from the request too. Towards the endpoint the client's address
 //! is appended to `X-Forwarded-For` and `X-Forwarded-Proto` says `http`; `Host` is
@@ -19,6 +21,7 @@
 //! A request with more than one `Host`, or one that is not a host and port, is
 //! refused ([`host_problem`]).
 
+use std::fmt;
 use std::net::IpAddr;
 
 use http::header::{self, Entry, HeaderMap, HeaderName, HeaderValue};
@@ -47,15 +50,44 @@ fn is_hop_by_hop(name: &HeaderName) -> bool {
     STANDARD_HOP_BY_HOP.contains(name) || OTHER_HOP_BY_HOP.contains(&name.as_str())
 }
 
+/// A message whose `Transfer-Encoding` names a coding other than `chunked`
+/// (`gzip, chunked`, say): hyper undoes only the chunks, so passed on without its
+/// `Transfer-Encoding` the body would still carry the other coding, unannounced.
+/// The rewrite is done all the same; the caller refuses the message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UnknownCoding;
+
+impl fmt::Display for UnknownCoding {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a transfer coding other than chunked")
+    }
+}
+
+impl std::error::Error for UnknownCoding {}
+
 /// Removes the hop-by-hop headers: those named in `Connection` (every value, comma
 /// separated, names that are not header names skipped) and the fixed list.
-pub fn remove_hop_by_hop(headers: &mut HeaderMap) {
-    remove_listed(headers, is_hop_by_hop);
+pub fn remove_hop_by_hop(headers: &mut HeaderMap) -> Result<(), UnknownCoding> {
+    remove_listed(headers, is_hop_by_hop)
+}
+
+/// Whether a `Transfer-Encoding` value names a coding other than `chunked`.
+fn other_coding(value: &HeaderValue) -> bool {
+    let Ok(text) = value.to_str() else {
+        return true;
+    };
+    text.split(',')
+        .map(str::trim)
+        .any(|c| !c.is_empty() && !c.eq_ignore_ascii_case("chunked"))
 }
 
 /// Removes the headers `Connection` names and every header for which `listed` is
-/// true (`Connection` itself must be listed).
-fn remove_listed(headers: &mut HeaderMap, listed: fn(&HeaderName) -> bool) {
+/// true (`Connection` itself must be listed); [`UnknownCoding`] when a
+/// `Transfer-Encoding` so removed named a coding other than `chunked`.
+fn remove_listed(
+    headers: &mut HeaderMap,
+    listed: fn(&HeaderName) -> bool,
+) -> Result<(), UnknownCoding> {
     // Most messages carry none of them, or only `Connection` (a response's
     // `keep-alive`): one pass over the names finds out, where a removal of each
     // listed name would hash every one of them.
@@ -65,7 +97,7 @@ fn remove_listed(headers: &mut HeaderMap, listed: fn(&HeaderName) -> bool) {
         only_connection &= name == header::CONNECTION;
     }
     if !any {
-        return;
+        return Ok(());
     }
     // `Connection` goes first, its values read as they are taken out (one lookup).
     let named = match headers.entry(header::CONNECTION) {
@@ -76,9 +108,13 @@ fn remove_listed(headers: &mut HeaderMap, listed: fn(&HeaderName) -> bool) {
         headers.remove(&name);
     }
     if only_connection {
-        return;
+        return Ok(());
     }
+    let mut coding = Ok(());
     while let Some(name) = headers.keys().find(|n| listed(n)).cloned() {
+        if name == header::TRANSFER_ENCODING && headers.get_all(&name).iter().any(other_coding) {
+            coding = Err(UnknownCoding);
+        }
         headers.remove(&name);
         // Transfer-Encoding overrides Content-Length, and an intermediary removes
         // the length before it passes the message on (RFC 9112 §6.3): hyper read
@@ -87,6 +123,7 @@ fn remove_listed(headers: &mut HeaderMap, listed: fn(&HeaderName) -> bool) {
             headers.remove(header::CONTENT_LENGTH);
         }
     }
+    coding
 }
 
 /// The header names `Connection`'s values list, beside those of the fixed list
@@ -132,14 +169,24 @@ pub fn forwarded_for(client: IpAddr) -> HeaderValue {
 /// Rewrites a request's headers for the endpoint: hop-by-hop and `Expect` removed,
 /// `X-Forwarded-For` appended with `client`, `X-Forwarded-Proto: http`, and `Host`
 /// set to `authority` (the request target's host and port, when it has one).
-pub fn to_upstream(headers: &mut HeaderMap, client: IpAddr, authority: Option<&str>) {
-    rewrite_request(headers, &forwarded_for(client), authority);
+/// [`UnknownCoding`]: the request is to be refused (the rewrite is done all the
+/// same).
+pub fn to_upstream(
+    headers: &mut HeaderMap,
+    client: IpAddr,
+    authority: Option<&str>,
+) -> Result<(), UnknownCoding> {
+    rewrite_request(headers, &forwarded_for(client), authority)
 }
 
 /// [`to_upstream`] with the client's `X-Forwarded-For` value made already (see
 /// [`forwarded_for`]).
-pub fn rewrite_request(headers: &mut HeaderMap, client: &HeaderValue, authority: Option<&str>) {
-    remove_listed(headers, is_dropped_from_requests);
+pub fn rewrite_request(
+    headers: &mut HeaderMap,
+    client: &HeaderValue,
+    authority: Option<&str>,
+) -> Result<(), UnknownCoding> {
+    let coding = remove_listed(headers, is_dropped_from_requests);
     // Appended to the last value, as HAProxy's and nginx's $proxy_add_x_forwarded_for
     // do; several header lines are joined into one, which means the same.
     match headers.entry(&X_FORWARDED_FOR) {
@@ -164,6 +211,7 @@ pub fn rewrite_request(headers: &mut HeaderMap, client: &HeaderValue, authority:
     {
         headers.insert(header::HOST, v);
     }
+    coding
 }
 
 /// Why a request's `Host` lines make it one to refuse with a `400` (RFC 9112
@@ -211,8 +259,10 @@ pub fn host_problem(headers: &HeaderMap, target_has_host: bool) -> Option<&'stat
 }
 
 /// Rewrites a response's headers for the client: hop-by-hop removed.
-pub fn to_client(headers: &mut HeaderMap) {
-    remove_hop_by_hop(headers);
+/// [`UnknownCoding`]: the response is not to be passed on (the rewrite is done
+/// all the same).
+pub fn to_client(headers: &mut HeaderMap) -> Result<(), UnknownCoding> {
+    remove_hop_by_hop(headers)
 }
 
 #[cfg(test)]
@@ -246,7 +296,7 @@ mod tests {
             ("x-kept", "3"),
             ("host", "web.local"),
         ]);
-        to_upstream(&mut h, "10.1.2.3".parse().unwrap(), None);
+        to_upstream(&mut h, "10.1.2.3".parse().unwrap(), None).unwrap();
         let mut left: Vec<&str> = h.keys().map(HeaderName::as_str).collect();
         left.sort_unstable();
         assert_eq!(
@@ -267,7 +317,7 @@ mod tests {
             ("content-type", "text/plain"),
             ("x-app", "1"),
         ]);
-        to_client(&mut r);
+        to_client(&mut r).unwrap();
         let mut left: Vec<&str> = r.keys().map(HeaderName::as_str).collect();
         left.sort_unstable();
         assert_eq!(left, ["content-type", "date", "x-app"]);
@@ -283,16 +333,42 @@ mod tests {
             ("proxy-connection", "keep-alive"),
             ("content-length", "3"),
         ]);
-        to_client(&mut r);
+        to_client(&mut r).unwrap();
         let left: Vec<&str> = r.keys().map(HeaderName::as_str).collect();
         assert_eq!(left, ["content-length"]);
         // Without `Connection`, only the fixed list goes.
         let mut r = map(&[("te", "trailers"), ("x-app", "1")]);
-        to_client(&mut r);
+        to_client(&mut r).unwrap();
         assert_eq!(
             r.keys().map(HeaderName::as_str).collect::<Vec<_>>(),
             ["x-app"]
         );
+    }
+
+    #[test]
+    fn a_transfer_coding_other_than_chunked_is_reported_and_its_length_goes() {
+        for te in ["gzip, chunked", "chunked, gzip", "x-custom", "chunked\u{0}"] {
+            let Ok(v) = HeaderValue::from_str(te) else {
+                continue;
+            };
+            let mut h = HeaderMap::new();
+            h.insert(header::TRANSFER_ENCODING, v);
+            h.insert(header::CONTENT_LENGTH, HeaderValue::from_static("3"));
+            assert_eq!(to_client(&mut h.clone()), Err(UnknownCoding), "{te}");
+            assert_eq!(
+                to_upstream(&mut h, "10.0.0.1".parse().unwrap(), None),
+                Err(UnknownCoding)
+            );
+            // Rewritten all the same.
+            assert!(
+                h.get(header::TRANSFER_ENCODING).is_none()
+                    && h.get(header::CONTENT_LENGTH).is_none()
+            );
+        }
+        for te in ["chunked", "Chunked", " chunked ,", "chunked, chunked"] {
+            let mut h = map(&[("transfer-encoding", te)]);
+            assert_eq!(to_client(&mut h), Ok(()), "{te}");
+        }
     }
 
     #[test]
@@ -323,19 +399,20 @@ mod tests {
             &mut h,
             "::ffff:10.0.0.9".parse().unwrap(),
             Some("web.local:8080"),
-        );
+        )
+        .unwrap();
         assert_eq!(h["x-forwarded-for"], "1.1.1.1, 2.2.2.2, 10.0.0.9");
         assert_eq!(h["host"], "web.local:8080");
         // The request target's host wins over the one the client sent beside it.
         let mut h = map(&[("host", "other.local"), ("host", "third.local")]);
-        to_upstream(&mut h, "10.0.0.9".parse().unwrap(), Some("web.local"));
+        to_upstream(&mut h, "10.0.0.9".parse().unwrap(), Some("web.local")).unwrap();
         assert_eq!(h.get_all("host").iter().collect::<Vec<_>>(), ["web.local"]);
         // Without one, the client's stays.
         let mut h = map(&[("host", "other.local")]);
-        to_upstream(&mut h, "10.0.0.9".parse().unwrap(), None);
+        to_upstream(&mut h, "10.0.0.9".parse().unwrap(), None).unwrap();
         assert_eq!(h["host"], "other.local");
         let mut r = map(&[("connection", "keep-alive"), ("content-length", "3")]);
-        to_client(&mut r);
+        to_client(&mut r).unwrap();
         assert_eq!(r.len(), 1);
         // A length beside chunks is not passed on.
         let mut r = map(&[
@@ -343,7 +420,7 @@ mod tests {
             ("transfer-encoding", "chunked"),
             ("x-kept", "1"),
         ]);
-        to_client(&mut r);
+        to_client(&mut r).unwrap();
         assert_eq!(r.keys().map(|k| k.as_str()).collect::<Vec<_>>(), ["x-kept"]);
     }
 }

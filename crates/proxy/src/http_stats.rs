@@ -39,6 +39,8 @@ pub(crate) enum Made {
     NotImplemented,
     /// 400: more than one `Host`, or one that is not a host and port.
     BadHost,
+    /// 501: a request body in a transfer coding other than chunked.
+    UnknownCoding,
 }
 
 /// The counters of one HTTP upstream.
@@ -61,7 +63,8 @@ pub(crate) struct HttpStats {
     /// 400s made by dwara: request bodies that failed on the client's side, and
     /// requests with more than one `Host` or a malformed one.
     pub(crate) bad_requests: AtomicU64,
-    /// 501s made by dwara: `CONNECT` requests.
+    /// 501s made by dwara: `CONNECT` requests, and request bodies in a transfer
+    /// coding other than chunked.
     pub(crate) not_implemented: AtomicU64,
     /// Response bodies cut off because the endpoint sent no byte of them for the
     /// body timeout.
@@ -119,7 +122,7 @@ impl HttpStats {
             Made::Timeout => &self.timeouts,
             Made::ClientTimeout => &self.client_timeouts,
             Made::BadRequest | Made::BadHost => &self.bad_requests,
-            Made::NotImplemented => &self.not_implemented,
+            Made::NotImplemented | Made::UnknownCoding => &self.not_implemented,
         };
         c.fetch_add(1, Ordering::Relaxed);
     }

@@ -592,19 +592,24 @@ fn empty() -> ReqBody {
         .boxed_unsync()
 }
 
+/// A request as it goes to an endpoint, a template to send it again when that is
+/// safe, and the watch on its body when it has one.
+pub(crate) type Outgoing = (Request<ReqBody>, Option<Template>, Option<Arc<Upload>>);
+
 /// The request as it goes to an endpoint: origin-form URI, HTTP/1.1, headers
-/// rewritten; and a template to send it again when that is safe.
+/// rewritten; and a template to send it again when that is safe. [`headers::UnknownCoding`]
+/// for a body in a transfer coding other than chunked, which is not sent.
 pub(crate) fn outgoing(
     req: Request<Incoming>,
     client: &HeaderValue,
-) -> (Request<ReqBody>, Option<Template>, Option<Arc<Upload>>) {
+) -> Result<Outgoing, headers::UnknownCoding> {
     let (mut parts, body) = req.into_parts();
     // Host and port only: `Host` carries no user information.
     let authority = parts.uri.host().map(|host| match parts.uri.port() {
         Some(port) => format!("{host}:{port}"),
         None => host.to_owned(),
     });
-    headers::rewrite_request(&mut parts.headers, client, authority.as_deref());
+    headers::rewrite_request(&mut parts.headers, client, authority.as_deref())?;
     if let Some(pq) = parts.uri.path_and_query()
         && parts.uri.scheme().is_some()
         && let Ok(uri) = Uri::try_from(pq.as_str())
@@ -618,14 +623,14 @@ pub(crate) fn outgoing(
         headers: parts.headers.clone(),
     });
     if body.is_end_stream() {
-        return (Request::from_parts(parts, empty()), template, None);
+        return Ok((Request::from_parts(parts, empty()), template, None));
     }
     let (body, upload) = Sending::new(body);
-    (
+    Ok((
         Request::from_parts(parts, body.boxed_unsync()),
         template,
         Some(upload),
-    )
+    ))
 }
 
 /// An endpoint to try: its address and, from the load balancer, the pick guard
@@ -750,6 +755,10 @@ pub(crate) fn made(
             "the request body could not be read\n".to_owned(),
         ),
         Made::BadHost => (StatusCode::BAD_REQUEST, format!("{detail}\n")),
+        Made::UnknownCoding => (
+            StatusCode::NOT_IMPLEMENTED,
+            format!("the request body is in {detail}\n"),
+        ),
         Made::NotImplemented => (
             StatusCode::NOT_IMPLEMENTED,
             format!(
@@ -776,7 +785,7 @@ pub(crate) fn made(
         }
         // The rest of the request body is not read: where the next request would
         // begin is unknown, and the connection closes after this answer.
-        Made::ClientTimeout | Made::BadRequest | Made::BadHost => {
+        Made::ClientTimeout | Made::BadRequest | Made::BadHost | Made::UnknownCoding => {
             h.insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
         Made::BadGateway | Made::Timeout | Made::NotImplemented => {}
@@ -805,30 +814,37 @@ pub(crate) fn forward(
     open: Stream,
 ) -> impl Future<Output = Result<Response<RespBody>, Infallible>> + Send {
     let started = Instant::now();
-    let bad_host = headers::host_problem(req.headers(), req.uri().host().is_some());
+    // Refused here (the answer made, and why): the request goes to no endpoint.
     let mut prepared = target.http.as_deref().map(|http| {
+        if let Some(why) = headers::host_problem(req.headers(), req.uri().host().is_some()) {
+            return Err((Made::BadHost, why));
+        }
         http.stats.budget.request(started);
         let key = hash_key(&target, http, &req, &client);
-        let (req, template, upload) = outgoing(req, &client.forwarded_for);
-        Prepared {
+        let (req, template, upload) = outgoing(req, &client.forwarded_for)
+            .map_err(|_| (Made::UnknownCoding, "a transfer coding other than chunked"))?;
+        Ok(Prepared {
             key,
             has_host: req.headers().contains_key(header::HOST),
             pending: Some(req),
             template,
             upload,
             open: Some(open),
-        }
+        })
     });
     async move {
         let (Some(http), Some(prepared)) = (target.http.as_ref(), prepared.as_mut()) else {
             return Ok(Response::new(empty_resp()));
         };
-        if let Some(why) = bad_host {
-            let resp = made(&target, http, Made::BadHost, why);
-            http.stats
-                .answered(resp.status().as_u16(), started.elapsed());
-            return Ok(resp);
-        }
+        let prepared = match prepared {
+            Ok(p) => p,
+            Err((why, detail)) => {
+                let resp = made(&target, http, *why, detail);
+                http.stats
+                    .answered(resp.status().as_u16(), started.elapsed());
+                return Ok(resp);
+            }
+        };
         let mut unanswered = Unanswered {
             upstream: &target.name,
             stats: &http.stats,
@@ -1255,7 +1271,11 @@ fn outcome(
                 Dial::Address { .. } => Keep::Always,
             };
             let (mut parts, body) = resp.into_parts();
-            headers::to_client(&mut parts.headers);
+            if let Err(coding) = headers::to_client(&mut parts.headers) {
+                // Dropped with its connection: the body is not read.
+                choice.failed();
+                return Sent::Lost(format!("{}: the answer is in {coding}", choice.addr));
+            }
             let body = PooledBody::new(
                 body,
                 conn,

@@ -133,7 +133,13 @@ pub(crate) async fn upgrade(
         .iter()
         .cloned()
         .collect();
-    let (mut out, retry_safe, _) = outgoing(req, &client.forwarded_for);
+    let Ok((mut out, retry_safe, _)) = outgoing(req, &client.forwarded_for) else {
+        let why = "a transfer coding other than chunked";
+        let resp = made(&target, http, Made::UnknownCoding, why);
+        http.stats
+            .answered(resp.status().as_u16(), started.elapsed());
+        return Ok(resp);
+    };
     put_back(out.headers_mut(), protocols);
     let template = retry_safe.is_some().then(|| Template::of(&out));
     let mut unanswered = Unanswered {
@@ -288,7 +294,7 @@ async fn tries(
                 if let Some(g) = &choice.guard {
                     g.report_success();
                 }
-                return answered(resp, conn, &mut choice);
+                return answered(resp, conn, &mut choice, (target, http));
             }
             Ok(Err(mut e)) => {
                 choice.failed();
@@ -306,10 +312,18 @@ async fn tries(
 }
 
 /// The endpoint's answer to an upgrade request, sorted.
-fn answered(mut resp: Response<Incoming>, conn: Task, choice: &mut Choice) -> Tried {
+fn answered(
+    mut resp: Response<Incoming>,
+    conn: Task,
+    choice: &mut Choice,
+    (target, http): (&Target, &HttpUpstream),
+) -> Tried {
     if resp.status() != StatusCode::SWITCHING_PROTOCOLS {
         let (mut parts, body) = resp.into_parts();
-        headers::to_client(&mut parts.headers);
+        if let Err(coding) = headers::to_client(&mut parts.headers) {
+            let why = format!("{}: the answer is in {coding}", choice.addr);
+            return Tried::Made(made(target, http, Made::BadGateway, &why));
+        }
         return Tried::Answered(Response::from_parts(parts, body), conn, choice.guard.take());
     }
     let endpoint = hyper::upgrade::on(&mut resp);
@@ -320,7 +334,8 @@ fn answered(mut resp: Response<Incoming>, conn: Task, choice: &mut Choice) -> Tr
         .iter()
         .cloned()
         .collect();
-    headers::to_client(&mut parts.headers);
+    // A 101 has no body: whatever its Transfer-Encoding said, nothing is lost.
+    let _ = headers::to_client(&mut parts.headers);
     put_back(&mut parts.headers, protocols);
     Tried::Switched {
         resp: Response::from_parts(parts, empty_resp()),

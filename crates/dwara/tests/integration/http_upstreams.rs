@@ -1534,3 +1534,64 @@ async fn a_length_beside_chunks_from_the_endpoint_is_not_passed_on() {
     assert!(text.ends_with("\r\n\r\n3\r\nabc\r\n0\r\n\r\n"), "{text}");
     drop(endpoint.await.unwrap());
 }
+
+/// A transfer coding other than chunked (`gzip, chunked`): hyper undoes only the
+/// chunks, so passed on without its `Transfer-Encoding` the body would still be
+/// gzip, unannounced. A request so sent gets a 501 made here and reaches no
+/// endpoint; an endpoint's answer so sent is a 502 (the client never gets the
+/// mislabelled body).
+#[tokio::test]
+async fn a_transfer_coding_other_than_chunked_is_refused_both_ways() {
+    let port = common_port(&[ip(2)]).await;
+    let listener = TcpListener::bind((ip(2), port)).await.unwrap();
+    let (proxy, _dns, serve) = in_front_of_127_0_0_2(port, "    max_tries: 1\n").await;
+
+    let mut raw = TcpStream::connect(proxy).await.unwrap();
+    raw.write_all(
+        b"POST /up HTTP/1.1\r\nHost: web.test\r\nTransfer-Encoding: gzip, chunked\r\n\r\n\
+          3\r\nabc\r\n0\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let text = read_response(&mut raw).await;
+    assert!(text.starts_with("HTTP/1.1 501"), "{text}");
+    assert!(
+        text.to_ascii_lowercase().contains("connection: close"),
+        "{text}"
+    );
+    assert!(
+        text.ends_with("the request body is in a transfer coding other than chunked\n"),
+        "{text}"
+    );
+    let http = serve.status().await["upstreams"][0]["http"].clone();
+    assert_eq!(
+        http["connects"], 0,
+        "the request reached an endpoint: {http}"
+    );
+    assert_eq!(http["not_implemented_501"], 1, "{http}");
+
+    let endpoint = tokio::spawn(async move {
+        let (mut conn, _) = listener.accept().await.unwrap();
+        let mut head = Vec::new();
+        let mut buf = [0u8; 1024];
+        while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+            let n = conn.read(&mut buf).await.unwrap();
+            assert!(n > 0, "the connection closed before the head");
+            head.extend_from_slice(&buf[..n]);
+        }
+        conn.write_all(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
+        )
+        .await
+        .unwrap();
+        conn
+    });
+    let mut raw = TcpStream::connect(proxy).await.unwrap();
+    raw.write_all(b"GET /gz HTTP/1.1\r\nHost: web.test\r\n\r\n")
+        .await
+        .unwrap();
+    let text = read_response(&mut raw).await;
+    assert!(text.starts_with("HTTP/1.1 502"), "{text}");
+    assert!(!text.contains("abc"), "{text}");
+    drop(endpoint.await.unwrap());
+}
