@@ -19,7 +19,7 @@
 //! is that host and port, whatever the client sent beside it (RFC 9112 §3.2.2), so
 //! the endpoint never routes by a different host than the one the request named.
 //! A request with more than one `Host`, or one that is not a host and port, is
-//! refused ([`host_problem`]).
+//! refused ([`check_host`]). `Connection` cannot take `Host` away.
 
 use std::fmt;
 use std::net::IpAddr;
@@ -136,9 +136,13 @@ fn connection_tokens(values: impl Iterator<Item = HeaderValue>) -> Vec<HeaderNam
         let Ok(text) = value.to_str() else { continue };
         for token in text.split(',') {
             let token = token.trim();
+            // `Host` is the request's, not the connection's: a `Connection` that
+            // names it does not take it away (nor can the answer to
+            // [`check_host`] then change).
             if token.is_empty()
                 || token.eq_ignore_ascii_case("keep-alive")
                 || token.eq_ignore_ascii_case("close")
+                || token.eq_ignore_ascii_case("host")
             {
                 continue;
             }
@@ -214,48 +218,52 @@ pub fn rewrite_request(
     coding
 }
 
-/// Why a request's `Host` lines make it one to refuse with a `400` (RFC 9112
-/// §3.2): more than one, or a value that is not a host and port. `None` when
-/// there is none (the endpoint's address is sent then), or one that is fine; and
+/// The bytes a `Host` value may hold: a reg-name, an IP literal or IPv4 address,
+/// and a port (unreserved characters, percent-encoding, sub-delimiters, `:` and
+/// the brackets of an IPv6 literal). A table: one load per byte of every request's
+/// `Host`.
+static IN_HOST: [bool; 256] = {
+    let mut t = [false; 256];
+    let extra = b"-._~%!$&'()*+,;=:[]";
+    let mut i = 0;
+    while i < extra.len() {
+        t[extra[i] as usize] = true;
+        i += 1;
+    }
+    let mut b = 0;
+    while b < 128 {
+        if (b as u8).is_ascii_alphanumeric() {
+            t[b] = true;
+        }
+        b += 1;
+    }
+    t
+};
+
+/// Whether the request goes on with a `Host` (after [`rewrite_request`]), or why
+/// its `Host` lines make it one to refuse with a `400` (RFC 9112 §3.2): more than
+/// one, or a value that is not a host and port. `Ok(false)` when there is none
+/// (the endpoint's address is sent then); `Ok(true)` for one that is fine, and
 /// whatever they are when the request target names its host (`target_has_host`:
 /// an absolute-form request line, HTTP/2's `:authority`), which replaces them.
-pub fn host_problem(headers: &HeaderMap, target_has_host: bool) -> Option<&'static str> {
+pub fn check_host(headers: &HeaderMap, target_has_host: bool) -> Result<bool, &'static str> {
     if target_has_host {
-        return None;
+        return Ok(true);
     }
     let mut hosts = headers.get_all(header::HOST).iter();
-    let first = hosts.next()?;
+    let Some(first) = hosts.next() else {
+        return Ok(false);
+    };
     if hosts.next().is_some() {
-        return Some("more than one Host header");
+        return Err("more than one Host header");
     }
-    // reg-name, IP literal or IPv4 address, and a port: unreserved characters,
-    // percent-encoding, sub-delimiters, ':' and the brackets of an IPv6 literal.
     // (Empty is allowed: the target had no authority.)
-    let fine = first.as_bytes().iter().all(|&b| {
-        b.is_ascii_alphanumeric()
-            || matches!(
-                b,
-                b'-' | b'.'
-                    | b'_'
-                    | b'~'
-                    | b'%'
-                    | b'!'
-                    | b'$'
-                    | b'&'
-                    | b'\''
-                    | b'('
-                    | b')'
-                    | b'*'
-                    | b'+'
-                    | b','
-                    | b';'
-                    | b'='
-                    | b':'
-                    | b'['
-                    | b']'
-            )
-    });
-    (!fine).then_some("a Host header that is not a host and port")
+    let fine = first.as_bytes().iter().all(|&b| IN_HOST[usize::from(b)]);
+    if fine {
+        Ok(true)
+    } else {
+        Err("a Host header that is not a host and port")
+    }
 }
 
 /// Rewrites a response's headers for the client: hop-by-hop removed.
@@ -374,18 +382,21 @@ mod tests {
     #[test]
     fn a_doubled_or_malformed_host_is_a_problem_unless_the_target_names_one() {
         let one = map(&[("host", "web.local:8080")]);
-        assert_eq!(host_problem(&one, false), None);
-        assert_eq!(host_problem(&map(&[("host", "[::1]:80")]), false), None);
-        assert_eq!(host_problem(&map(&[("host", "")]), false), None);
-        assert_eq!(host_problem(&HeaderMap::new(), false), None);
+        assert_eq!(check_host(&one, false), Ok(true));
+        assert_eq!(check_host(&map(&[("host", "[::1]:80")]), false), Ok(true));
+        assert_eq!(check_host(&map(&[("host", "")]), false), Ok(true));
+        assert_eq!(check_host(&HeaderMap::new(), false), Ok(false));
+        assert_eq!(check_host(&HeaderMap::new(), true), Ok(true));
+        // Named in Connection, Host stays.
+        let mut h = map(&[("connection", "host, x-a"), ("host", "web"), ("x-a", "1")]);
+        to_upstream(&mut h, "10.0.0.1".parse().unwrap(), None).unwrap();
+        assert_eq!(h["host"], "web");
+        assert!(h.get("x-a").is_none());
         let two = map(&[("host", "a"), ("host", "b")]);
-        assert_eq!(host_problem(&two, false), Some("more than one Host header"));
-        assert_eq!(host_problem(&two, true), None);
+        assert_eq!(check_host(&two, false), Err("more than one Host header"));
+        assert_eq!(check_host(&two, true), Ok(true));
         for bad in ["a b", "a/b", "user@a", "a?b", "a#b", "a\\b"] {
-            assert!(
-                host_problem(&map(&[("host", bad)]), false).is_some(),
-                "{bad}"
-            );
+            assert!(check_host(&map(&[("host", bad)]), false).is_err(), "{bad}");
         }
     }
 

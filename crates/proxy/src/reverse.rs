@@ -816,16 +816,15 @@ pub(crate) fn forward(
     let started = Instant::now();
     // Refused here (the answer made, and why): the request goes to no endpoint.
     let mut prepared = target.http.as_deref().map(|http| {
-        if let Some(why) = headers::host_problem(req.headers(), req.uri().host().is_some()) {
-            return Err((Made::BadHost, why));
-        }
+        let has_host = headers::check_host(req.headers(), req.uri().host().is_some())
+            .map_err(|why| (Made::BadHost, why))?;
         http.stats.budget.request(started);
         let key = hash_key(&target, http, &req, &client);
         let (req, template, upload) = outgoing(req, &client.forwarded_for)
             .map_err(|_| (Made::UnknownCoding, "a transfer coding other than chunked"))?;
         Ok(Prepared {
             key,
-            has_host: req.headers().contains_key(header::HOST),
+            has_host,
             pending: Some(req),
             template,
             upload,
