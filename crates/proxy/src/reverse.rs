@@ -1270,6 +1270,12 @@ fn outcome(
             ))
         }
         Ok(resp) => {
+            let (mut parts, body) = resp.into_parts();
+            if let Err(coding) = headers::to_client(&mut parts.headers) {
+                // Dropped with its connection: the body is not read.
+                choice.failed();
+                return Sent::Lost(format!("{}: the answer is in {coding}", choice.addr));
+            }
             if let Some(g) = &choice.guard {
                 g.report_success();
             }
@@ -1277,12 +1283,6 @@ fn outcome(
                 Dial::Lb { .. } => Keep::InSet(target.lb.clone()),
                 Dial::Address { .. } => Keep::Always,
             };
-            let (mut parts, body) = resp.into_parts();
-            if let Err(coding) = headers::to_client(&mut parts.headers) {
-                // Dropped with its connection: the body is not read.
-                choice.failed();
-                return Sent::Lost(format!("{}: the answer is in {coding}", choice.addr));
-            }
             let body = PooledBody::new(
                 body,
                 conn,

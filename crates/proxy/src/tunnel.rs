@@ -290,12 +290,7 @@ async fn tries(
                 );
                 return Tried::Made(made(target, http, Made::Timeout, &why));
             }
-            Ok(Ok(resp)) => {
-                if let Some(g) = &choice.guard {
-                    g.report_success();
-                }
-                return answered(resp, conn, &mut choice, (target, http));
-            }
+            Ok(Ok(resp)) => return answered(resp, conn, &mut choice, (target, http)),
             Ok(Err(mut e)) => {
                 choice.failed();
                 last_error = format!("{}: {}", choice.addr, e.error());
@@ -321,10 +316,17 @@ fn answered(
     if resp.status() != StatusCode::SWITCHING_PROTOCOLS {
         let (mut parts, body) = resp.into_parts();
         if let Err(coding) = headers::to_client(&mut parts.headers) {
+            choice.failed();
             let why = format!("{}: the answer is in {coding}", choice.addr);
             return Tried::Made(made(target, http, Made::BadGateway, &why));
         }
+        if let Some(g) = &choice.guard {
+            g.report_success();
+        }
         return Tried::Answered(Response::from_parts(parts, body), conn, choice.guard.take());
+    }
+    if let Some(g) = &choice.guard {
+        g.report_success();
     }
     let endpoint = hyper::upgrade::on(&mut resp);
     let (mut parts, _) = resp.into_parts();
