@@ -24,6 +24,7 @@
 use std::fmt;
 use std::net::IpAddr;
 
+use http::Uri;
 use http::header::{self, Entry, HeaderMap, HeaderName, HeaderValue};
 
 /// The hop-by-hop headers every message loses, whatever `Connection` says, that
@@ -244,10 +245,10 @@ static IN_HOST: [bool; 256] = {
 /// its `Host` lines make it one to refuse with a `400` (RFC 9112 §3.2): more than
 /// one, or a value that is not a host and port. `Ok(false)` when there is none
 /// (the endpoint's address is sent then); `Ok(true)` for one that is fine, and
-/// whatever they are when the request target names its host (`target_has_host`:
-/// an absolute-form request line, HTTP/2's `:authority`), which replaces them.
-pub fn check_host(headers: &HeaderMap, target_has_host: bool) -> Result<bool, &'static str> {
-    if target_has_host {
+/// whatever they are when the request target (`target`) names its host (an
+/// absolute-form request line, HTTP/2's `:authority`), which replaces them.
+pub fn check_host(headers: &HeaderMap, target: &Uri) -> Result<bool, &'static str> {
+    if target.host().is_some() {
         return Ok(true);
     }
     let mut hosts = headers.get_all(header::HOST).iter();
@@ -379,24 +380,43 @@ mod tests {
         }
     }
 
+    /// A request target in origin form (no host of its own).
+    fn origin() -> Uri {
+        Uri::from_static("/path")
+    }
+
+    /// A request target in absolute form.
+    fn absolute() -> Uri {
+        Uri::from_static("http://web.local:8080/path")
+    }
+
     #[test]
     fn a_doubled_or_malformed_host_is_a_problem_unless_the_target_names_one() {
         let one = map(&[("host", "web.local:8080")]);
-        assert_eq!(check_host(&one, false), Ok(true));
-        assert_eq!(check_host(&map(&[("host", "[::1]:80")]), false), Ok(true));
-        assert_eq!(check_host(&map(&[("host", "")]), false), Ok(true));
-        assert_eq!(check_host(&HeaderMap::new(), false), Ok(false));
-        assert_eq!(check_host(&HeaderMap::new(), true), Ok(true));
+        assert_eq!(check_host(&one, &origin()), Ok(true));
+        assert_eq!(
+            check_host(&map(&[("host", "[::1]:80")]), &origin()),
+            Ok(true)
+        );
+        assert_eq!(check_host(&map(&[("host", "")]), &origin()), Ok(true));
+        assert_eq!(check_host(&HeaderMap::new(), &origin()), Ok(false));
+        assert_eq!(check_host(&HeaderMap::new(), &absolute()), Ok(true));
         // Named in Connection, Host stays.
         let mut h = map(&[("connection", "host, x-a"), ("host", "web"), ("x-a", "1")]);
         to_upstream(&mut h, "10.0.0.1".parse().unwrap(), None).unwrap();
         assert_eq!(h["host"], "web");
         assert!(h.get("x-a").is_none());
         let two = map(&[("host", "a"), ("host", "b")]);
-        assert_eq!(check_host(&two, false), Err("more than one Host header"));
-        assert_eq!(check_host(&two, true), Ok(true));
+        assert_eq!(
+            check_host(&two, &origin()),
+            Err("more than one Host header")
+        );
+        assert_eq!(check_host(&two, &absolute()), Ok(true));
         for bad in ["a b", "a/b", "user@a", "a?b", "a#b", "a\\b"] {
-            assert!(check_host(&map(&[("host", bad)]), false).is_err(), "{bad}");
+            assert!(
+                check_host(&map(&[("host", bad)]), &origin()).is_err(),
+                "{bad}"
+            );
         }
     }
 

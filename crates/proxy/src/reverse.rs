@@ -819,7 +819,7 @@ pub(crate) fn forward(
     // is moved of every request's future.
     let mut refused = None;
     let mut prepared = target.http.as_deref().and_then(|http| {
-        let has_host = match headers::check_host(req.headers(), req.uri().host().is_some()) {
+        let has_host = match headers::check_host(req.headers(), req.uri()) {
             Ok(h) => h,
             Err(why) => {
                 refused = Some((Made::BadHost, why));

@@ -104,7 +104,7 @@ pub(crate) async fn upgrade(
         return Ok(Response::new(empty_resp()));
     };
     let started = Instant::now();
-    if let Err(why) = headers::check_host(req.headers(), req.uri().host().is_some()) {
+    if let Err(why) = headers::check_host(req.headers(), req.uri()) {
         let resp = made(&target, http, Made::BadHost, why);
         http.stats
             .answered(resp.status().as_u16(), started.elapsed());
