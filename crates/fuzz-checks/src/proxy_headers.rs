@@ -55,8 +55,9 @@ pub fn http_headers(data: &[u8]) {
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(',').map(|t| t.trim().to_ascii_lowercase()))
-        // `Host` is the request's: a `Connection` that names it leaves it.
-        .filter(|t| t != "host")
+        // `Host` is the request's: a `Connection` that names it leaves it. `close`
+        // is the connection option, not a header named so.
+        .filter(|t| t != "host" && t != "close")
         .collect();
     // A length beside Transfer-Encoding goes with it (RFC 9112 §6.3).
     let chunked = headers.contains_key("transfer-encoding");
