@@ -1492,6 +1492,23 @@ async fn a_connection_answered_before_its_request_body_was_sent_is_not_pooled() 
     drop(raw);
 }
 
+/// An endpoint on `listener` that takes one connection, reads the head of its
+/// first request (for `path`) and writes `answer` back as it is; the task hands
+/// the connection back, open.
+fn answer_once(
+    listener: TcpListener,
+    path: &'static str,
+    answer: &'static [u8],
+) -> JoinHandle<TcpStream> {
+    tokio::spawn(async move {
+        let (mut conn, _) = listener.accept().await.unwrap();
+        let seen = crate::slow_bodies::path_of_next(&mut conn).await;
+        assert_eq!(seen.as_deref(), Some(path), "the request at the endpoint");
+        conn.write_all(answer).await.unwrap();
+        conn
+    })
+}
+
 /// An endpoint's response with both `Content-Length` and `Transfer-Encoding`: the
 /// chunks decide where its body ends (RFC 9112 §6.3), and the length is not passed
 /// on with them. (Passed on, it promised the client 5 bytes of a 3-byte body: the
@@ -1501,23 +1518,12 @@ async fn a_length_beside_chunks_from_the_endpoint_is_not_passed_on() {
     let port = common_port(&[ip(2)]).await;
     let listener = TcpListener::bind((ip(2), port)).await.unwrap();
     let (proxy, _dns, _serve) = in_front_of_127_0_0_2(port, "").await;
-    let endpoint = tokio::spawn(async move {
-        let (mut conn, _) = listener.accept().await.unwrap();
-        let mut head = Vec::new();
-        let mut buf = [0u8; 1024];
-        while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-            let n = conn.read(&mut buf).await.unwrap();
-            assert!(n > 0, "the connection closed before the head");
-            head.extend_from_slice(&buf[..n]);
-        }
-        conn.write_all(
-            b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n\
-              3\r\nabc\r\n0\r\n\r\n",
-        )
-        .await
-        .unwrap();
-        conn
-    });
+    let endpoint = answer_once(
+        listener,
+        "/both",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n\
+          3\r\nabc\r\n0\r\n\r\n",
+    );
     let mut raw = TcpStream::connect(proxy).await.unwrap();
     raw.write_all(b"GET /both HTTP/1.1\r\nHost: web.test\r\nConnection: close\r\n\r\n")
         .await
@@ -1570,22 +1576,11 @@ async fn a_transfer_coding_other_than_chunked_is_refused_both_ways() {
     );
     assert_eq!(http["not_implemented_501"], 1, "{http}");
 
-    let endpoint = tokio::spawn(async move {
-        let (mut conn, _) = listener.accept().await.unwrap();
-        let mut head = Vec::new();
-        let mut buf = [0u8; 1024];
-        while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-            let n = conn.read(&mut buf).await.unwrap();
-            assert!(n > 0, "the connection closed before the head");
-            head.extend_from_slice(&buf[..n]);
-        }
-        conn.write_all(
-            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
-        )
-        .await
-        .unwrap();
-        conn
-    });
+    let endpoint = answer_once(
+        listener,
+        "/gz",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
+    );
     let mut raw = TcpStream::connect(proxy).await.unwrap();
     raw.write_all(b"GET /gz HTTP/1.1\r\nHost: web.test\r\n\r\n")
         .await

@@ -211,7 +211,7 @@ async fn a_request_body_the_endpoint_stops_taking_gets_504() {
 }
 
 /// The path of the request whose head is read from `sock` (`None` when it closed).
-async fn path_of_next(sock: &mut TcpStream) -> Option<String> {
+pub(crate) async fn path_of_next(sock: &mut TcpStream) -> Option<String> {
     let mut head = Vec::new();
     let mut buf = [0u8; 1];
     while !head.ends_with(b"\r\n\r\n") {
