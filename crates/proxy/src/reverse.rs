@@ -793,6 +793,21 @@ pub(crate) fn made(
     resp
 }
 
+/// The answer [`made`] here to a request refused before it went anywhere (a bad
+/// `Host`, `CONNECT`, a transfer coding other than chunked), counted among the
+/// upstream's answers as every other is.
+pub(crate) fn refused(
+    target: &Target,
+    http: &HttpUpstream,
+    (why, detail): (Made, &str),
+    started: Instant,
+) -> Response<RespBody> {
+    let resp = made(target, http, why, detail);
+    http.stats
+        .answered(resp.status().as_u16(), started.elapsed());
+    resp
+}
+
 /// The client of a connection, as each of its requests needs it.
 #[derive(Debug, Clone)]
 pub(crate) struct Client {
@@ -817,19 +832,19 @@ pub(crate) fn forward(
     // Refused here (the answer to make, and why): the request goes to no endpoint.
     // Beside the prepared request rather than around it, which would add to what
     // is moved of every request's future.
-    let mut refused = None;
+    let mut refusal = None;
     let mut prepared = target.http.as_deref().and_then(|http| {
         let has_host = match headers::check_host(req.headers(), req.uri()) {
             Ok(h) => h,
             Err(why) => {
-                refused = Some((Made::BadHost, why));
+                refusal = Some((Made::BadHost, why));
                 return None;
             }
         };
         http.stats.budget.request(started);
         let key = hash_key(&target, http, &req, &client);
         let Ok((req, template, upload)) = outgoing(req, &client.forwarded_for) else {
-            refused = Some((Made::UnknownCoding, "a transfer coding other than chunked"));
+            refusal = Some((Made::UnknownCoding, "a transfer coding other than chunked"));
             return None;
         };
         Some(Prepared {
@@ -846,11 +861,8 @@ pub(crate) fn forward(
             return Ok(Response::new(empty_resp()));
         };
         let Some(prepared) = prepared.as_mut() else {
-            let (why, detail) = refused.unwrap_or((Made::BadRequest, "refused"));
-            let resp = made(&target, http, why, detail);
-            http.stats
-                .answered(resp.status().as_u16(), started.elapsed());
-            return Ok(resp);
+            let why = refusal.unwrap_or((Made::BadRequest, "refused"));
+            return Ok(refused(&target, http, why, started));
         };
         let mut unanswered = Unanswered {
             upstream: &target.name,

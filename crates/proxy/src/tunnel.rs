@@ -64,7 +64,7 @@ use crate::pool::ReqBody;
 use crate::pump;
 use crate::reverse::{
     BoxError, Choice, Client, HttpUpstream, Replay, RespBody, Stream, Template, Unanswered, choose,
-    dial_addr, dial_failed, empty_resp, hash_key, made, outgoing,
+    dial_addr, dial_failed, empty_resp, hash_key, made, outgoing, refused,
 };
 
 /// The tunnel a client connection's upgrade request opened, waiting for hyper to
@@ -105,24 +105,14 @@ pub(crate) async fn upgrade(
     };
     let started = Instant::now();
     if let Err(why) = headers::check_host(req.headers(), req.uri()) {
-        let resp = made(&target, http, Made::BadHost, why);
-        http.stats
-            .answered(resp.status().as_u16(), started.elapsed());
-        return Ok(resp);
+        return Ok(refused(&target, http, (Made::BadHost, why), started));
     }
     if req.method() == Method::CONNECT {
         // A tunnel to the authority CONNECT names is a forward proxy's job; sent to
         // an endpoint, a 2xx would turn the connection into a tunnel that nothing
         // here would carry.
-        let resp = made(
-            &target,
-            http,
-            Made::NotImplemented,
-            "CONNECT is not proxied",
-        );
-        http.stats
-            .answered(resp.status().as_u16(), started.elapsed());
-        return Ok(resp);
+        let why = (Made::NotImplemented, "CONNECT is not proxied");
+        return Ok(refused(&target, http, why, started));
     }
     http.stats.budget.request(started);
     let on_client = hyper::upgrade::on(&mut req);
@@ -134,11 +124,8 @@ pub(crate) async fn upgrade(
         .cloned()
         .collect();
     let Ok((mut out, retry_safe, _)) = outgoing(req, &client.forwarded_for) else {
-        let why = "a transfer coding other than chunked";
-        let resp = made(&target, http, Made::UnknownCoding, why);
-        http.stats
-            .answered(resp.status().as_u16(), started.elapsed());
-        return Ok(resp);
+        let why = (Made::UnknownCoding, "a transfer coding other than chunked");
+        return Ok(refused(&target, http, why, started));
     };
     put_back(out.headers_mut(), protocols);
     let template = retry_safe.is_some().then(|| Template::of(&out));
