@@ -60,7 +60,10 @@ pub(crate) fn http_upstream(
             .target
             .http
             .clone()
-            .filter(|h| h.settings.pool == settings.pool)
+            .filter(|h| {
+                h.settings.pool == settings.pool
+                    && h.settings.max_response_header_bytes == settings.max_response_header_bytes
+            })
             // A dial path with an SRV targets' cache only while DNS feeds it.
             .filter(|h| h.dial.srv_targets().is_some() == wants_targets(up, pushed)),
         LbPlan::New(_) => None,

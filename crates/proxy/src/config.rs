@@ -73,6 +73,11 @@ pub struct UpstreamConfig {
     /// closed, so the client cannot take it for whole).
     #[serde(default)]
     pub body_timeout_ms: Option<u64>,
+    /// HTTP only: largest response head (status line and headers) an endpoint may
+    /// send, in bytes (default 65536); larger fails the try, as a malformed answer
+    /// does (a `502` when no try is left).
+    #[serde(default)]
+    pub max_response_header_bytes: Option<usize>,
     /// HTTP only, `consistent_hash` only: the request header whose value is the hash
     /// key (default: the client's IP address).
     #[serde(default)]
@@ -200,6 +205,8 @@ pub struct HttpSettings {
     pub response_timeout: Duration,
     /// See [`UpstreamConfig::body_timeout_ms`].
     pub body_timeout: Duration,
+    /// See [`UpstreamConfig::max_response_header_bytes`].
+    pub max_response_header_bytes: usize,
     /// See [`UpstreamConfig::hash_header`] (lower case).
     pub hash_header: Option<http::HeaderName>,
     /// See [`UpstreamConfig::max_tries`] (1 to 10).
@@ -219,6 +226,9 @@ impl UpstreamConfig {
         Some(HttpSettings {
             response_timeout: Duration::from_millis(self.response_timeout_ms.unwrap_or(30_000)),
             body_timeout: Duration::from_millis(self.body_timeout_ms.unwrap_or(60_000)),
+            max_response_header_bytes: self
+                .max_response_header_bytes
+                .unwrap_or_else(default_max_header_bytes),
             hash_header: self
                 .hash_header
                 .as_deref()
@@ -424,6 +434,10 @@ fn validate_http(up: &UpstreamConfig, at: &str) -> Result<(), Error> {
             ("nameservers", up.nameservers.is_some()),
             ("response_timeout_ms", up.response_timeout_ms.is_some()),
             ("body_timeout_ms", up.body_timeout_ms.is_some()),
+            (
+                "max_response_header_bytes",
+                up.max_response_header_bytes.is_some(),
+            ),
             ("hash_header", up.hash_header.is_some()),
             ("max_tries", up.max_tries.is_some()),
             ("pool", up.pool.is_some()),
@@ -455,6 +469,14 @@ fn validate_http(up: &UpstreamConfig, at: &str) -> Result<(), Error> {
         {
             return Err(invalid(key(k), format!("must be 1..=3600000, got {ms}")));
         }
+    }
+    if let Some(n) = up.max_response_header_bytes
+        && !(1024..=1024 * 1024).contains(&n)
+    {
+        return Err(invalid(
+            key("max_response_header_bytes"),
+            format!("must be 1024..=1048576, got {n}"),
+        ));
     }
     if let Some(h) = &up.hash_header {
         if http::HeaderName::from_bytes(h.as_bytes()).is_err() {
@@ -599,6 +621,14 @@ mod tests {
             (
                 "protocol: http, address: a:1, body_timeout_ms: 3600001}",
                 "upstreams[0].body_timeout_ms: must be 1..=3600000, got 3600001",
+            ),
+            (
+                "max_response_header_bytes: 4096, dns_discovery: {hostname: a.b, port: 1}}",
+                "upstreams[0].max_response_header_bytes: only for protocol: http",
+            ),
+            (
+                "protocol: http, address: a:1, max_response_header_bytes: 1023}",
+                "upstreams[0].max_response_header_bytes: must be 1024..=1048576, got 1023",
             ),
             (
                 "protocol: http, address: a:1, hash_header: x-user}",

@@ -372,16 +372,19 @@ impl Pool {
         None
     }
 
-    /// Dials `addr` and hands the connection to hyper; its driver is polled by the
-    /// tasks that use it, on the current worker (whose reactor watches the socket).
+    /// Dials `addr` and hands the connection to hyper, which takes response heads
+    /// of up to `max_head` bytes; its driver is polled by the tasks that use it, on
+    /// the current worker (whose reactor watches the socket).
     pub(crate) async fn connect(
         self: &Arc<Self>,
         addr: SocketAddr,
         stats: &HttpStats,
+        max_head: usize,
     ) -> Result<Conn, DialError> {
         let stream = self.dial(addr).await?;
         let (sender, conn) = hyper::client::conn::http1::Builder::new()
             .writev(false)
+            .max_header_size(max_head)
             .handshake(TokioIo::new(stream))
             .await
             .map_err(DialError::Handshake)?;

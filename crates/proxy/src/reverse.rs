@@ -1134,7 +1134,7 @@ async fn connection(choice: &Choice, http: &HttpUpstream) -> Result<Conn, String
 async fn dial(choice: &Choice, http: &HttpUpstream) -> Result<Conn, String> {
     let addr = dial_addr(choice, http).await;
     http.pool
-        .connect(addr, &http.stats)
+        .connect(addr, &http.stats, http.settings.max_response_header_bytes)
         .await
         .map_err(|e| dial_failed(choice, http, addr, &e))
 }
@@ -1306,7 +1306,14 @@ fn outcome(
             Sent::Answered(Response::from_parts(parts, body.boxed_unsync()))
         }
         Err(mut e) => {
-            let why = format!("{}: {}", choice.addr, e.error());
+            let why = if e.error().is_parse_too_large() {
+                format!(
+                    "{}: a response head larger than max_response_header_bytes ({})",
+                    choice.addr, http.settings.max_response_header_bytes
+                )
+            } else {
+                format!("{}: {}", choice.addr, e.error())
+            };
             if upload == Some(Stand::Failed) {
                 return Sent::Stopped(Stop::ClientFailed(format!(
                     "the request body from the client failed ({why})"

@@ -245,6 +245,7 @@ async fn tries(
             }
         };
         let (mut sender, conn) = match hyper::client::conn::http1::Builder::new()
+            .max_header_size(http.settings.max_response_header_bytes)
             .handshake::<_, ReqBody>(TokioIo::new(stream))
             .await
         {

@@ -1590,3 +1590,41 @@ async fn a_transfer_coding_other_than_chunked_is_refused_both_ways() {
     assert!(!text.contains("abc"), "{text}");
     drop(endpoint.await.unwrap());
 }
+
+/// An endpoint's response head larger than `max_response_header_bytes` fails its
+/// try as a malformed answer does: a `502`, none of the head passed on, counted
+/// against the endpoint. One within the limit on the same connection goes through.
+/// (Unbounded, hyper took heads of up to its ~400 KB read buffer.)
+#[tokio::test]
+async fn a_response_head_over_the_limit_is_a_502() {
+    let port = common_port(&[ip(2)]).await;
+    let listener = TcpListener::bind((ip(2), port)).await.unwrap();
+    let extra = "    max_tries: 1\n    max_response_header_bytes: 2048\n";
+    let (proxy, _dns, serve) = in_front_of_127_0_0_2(port, extra).await;
+    let head = |fill: usize| {
+        format!(
+            "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nX-Fill: {}\r\n\r\nok",
+            "f".repeat(fill)
+        )
+    };
+    let endpoint = tokio::spawn(async move {
+        let (mut conn, _) = listener.accept().await.unwrap();
+        for (path, answer) in [("/fits", head(1900)), ("/big", head(2100))] {
+            let seen = crate::slow_bodies::path_of_next(&mut conn).await;
+            assert_eq!(seen.as_deref(), Some(path), "the request at the endpoint");
+            conn.write_all(answer.as_bytes()).await.unwrap();
+        }
+        conn
+    });
+    let mut client = KeepAlive::open(proxy).await;
+    let a = client.get("/fits").await.unwrap();
+    assert_eq!((a.status, a.body.as_str()), (200, "ok"));
+    assert_eq!(a.headers["x-fill"].len(), 1900);
+    let a = client.get("/big").await.unwrap();
+    assert_eq!(a.status, 502, "{}", a.body);
+    assert!(a.headers.get("x-fill").is_none(), "{:?}", a.headers);
+    let http = serve.status().await["upstreams"][0]["http"].clone();
+    assert_eq!(http["bad_gateway_502"], 1, "{http}");
+    assert_eq!(http["reused"], 1, "{http}");
+    drop(endpoint.await.unwrap());
+}
