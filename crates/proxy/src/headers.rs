@@ -18,7 +18,8 @@
 //! (an HTTP/1.1 request line in absolute form, HTTP/2's `:authority`): then `Host`
 //! is that host and port, whatever the client sent beside it (RFC 9112 §3.2.2), so
 //! the endpoint never routes by a different host than the one the request named.
-//! A request with more than one `Host`, or one that is not a host and port, is
+//! A request with more than one `Host`, or one that is not a host and port, or an
+//! HTTP/1.1 request with none, is
 //! refused ([`check_host`]). `Connection` cannot take `Host` away.
 
 use std::fmt;
@@ -244,7 +245,8 @@ static IN_HOST: [bool; 256] = {
 /// Whether the request goes on with a `Host` (after [`rewrite_request`]), or why
 /// its `Host` lines make it one to refuse with a `400` (RFC 9112 §3.2): more than
 /// one, or a value that is not a host and port. `Ok(false)` when there is none
-/// (the endpoint's address is sent then); `Ok(true)` for one that is fine, and
+/// (refused for HTTP/1.1; HTTP/1.0 and HTTP/2 requests go on with the endpoint's
+/// address); `Ok(true)` for one that is fine, and
 /// whatever they are when the request target (`target`) names its host (an
 /// absolute-form request line, HTTP/2's `:authority`), which replaces them.
 pub fn check_host(headers: &HeaderMap, target: &Uri) -> Result<bool, &'static str> {

@@ -835,6 +835,12 @@ pub(crate) fn forward(
     let mut refusal = None;
     let mut prepared = target.http.as_deref().and_then(|http| {
         let has_host = match headers::check_host(req.headers(), req.uri()) {
+            // RFC 9112 §3.2: an HTTP/1.1 request must name its host. (An HTTP/1.0
+            // one need not, and goes on with the endpoint's address.)
+            Ok(false) if req.version() == Version::HTTP_11 => {
+                refusal = Some((Made::BadHost, "an HTTP/1.1 request without Host"));
+                return None;
+            }
             Ok(h) => h,
             Err(why) => {
                 refusal = Some((Made::BadHost, why));
@@ -917,7 +923,8 @@ struct Prepared {
 
 impl Prepared {
     /// The request for a try on `addr`: the pending one, else a copy made from the
-    /// template; with `Host: addr` when the client sent no `Host`.
+    /// template; with `Host: addr` when the client sent no `Host` (HTTP/1.0, or
+    /// HTTP/2 without `:authority`).
     fn request(&mut self, addr: SocketAddr) -> Option<Request<ReqBody>> {
         let mut req = self
             .pending

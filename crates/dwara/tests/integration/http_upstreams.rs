@@ -439,6 +439,10 @@ async fn headers_are_rewritten_and_bodies_stream_both_ways() {
             &b"GET /b HTTP/1.1\r\nHost: shop.example/admin\r\n\r\n"[..],
             "a Host header that is not a host and port",
         ),
+        (
+            &b"GET /c HTTP/1.1\r\n\r\n"[..],
+            "an HTTP/1.1 request without Host",
+        ),
     ] {
         let mut raw = TcpStream::connect(proxy).await.unwrap();
         raw.write_all(head).await.unwrap();
@@ -448,7 +452,14 @@ async fn headers_are_rewritten_and_bodies_stream_both_ways() {
     }
     let after = figures().await;
     assert_eq!(tries(&after), tries(&before), "{after}");
-    assert_eq!(after["bad_request_400"], 2, "{after}");
+    assert_eq!(after["bad_request_400"], 3, "{after}");
+
+    // HTTP/1.0 needs no Host: the endpoint gets its own address.
+    let mut raw = TcpStream::connect(proxy).await.unwrap();
+    raw.write_all(b"GET /echo HTTP/1.0\r\n\r\n").await.unwrap();
+    let text = read_response(&mut raw).await;
+    assert!(text.starts_with("HTTP/1.0 200"), "{text}");
+    assert!(text.contains("\"host\":\"127.0.0.2:"), "{text}");
 }
 
 /// A response body the endpoint sends in pieces (small ones apart in time, one
