@@ -12,6 +12,7 @@ mod http;
 mod http_metrics;
 mod http_stats;
 mod metrics;
+mod outbox;
 pub mod plan;
 mod pool;
 mod pump;

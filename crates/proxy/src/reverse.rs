@@ -13,7 +13,9 @@
 //! response body ends ([`Streams`]: one timer per connection, not one per
 //! request). The
 //! first bytes are read to tell which ([`sniff`]) and handed to the server
-//! before the rest of the socket ([`Replay`]). Requests go to endpoints as
+//! before the rest of the socket ([`Replay`]). Both the client's socket and the
+//! pooled connections' keep their small writes for the end of the worker's turn
+//! ([`crate::outbox`]). Requests go to endpoints as
 //! HTTP/1.1 either way. Per request ([`forward`]): the endpoint is
 //! picked from the upstream's load balancer (consistent hash keyed by
 //! `hash_header` or the client address) or, with `address:`, from the DNS cache's
@@ -82,6 +84,7 @@ use crate::config::HttpSettings;
 use crate::forward::Target;
 use crate::headers;
 use crate::http_stats::{HttpStats, Made};
+use crate::outbox::Deferred;
 use crate::pool::{Conn, DialError, Driver, Pool, ReqBody};
 use crate::tunnel;
 use crate::upload::{Sending, Stand, Upload};
@@ -199,11 +202,11 @@ pub(crate) async fn serve(
         Err(_) | Ok(Err(_)) => return http.stats.client_connections_done(),
     };
     let send_timeout = Duration::from_millis(limits.send_timeout_ms);
-    let io = TokioIo::new(Replay {
+    let io = TokioIo::new(Deferred::new(Replay {
         head,
         io: socket,
         unsent: Unsent::new(send_timeout, http.stats.clone()),
-    });
+    }));
     let idle = streams.idle(header_timeout);
     let result = match h2 {
         true => {
@@ -500,6 +503,12 @@ impl Unsent {
         }
         self.armed = false;
         polled
+    }
+}
+
+impl std::os::fd::AsFd for Replay {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.io.as_fd()
     }
 }
 

@@ -60,6 +60,7 @@ use tracing::debug;
 use crate::forward::{ConnStats, Target};
 use crate::headers;
 use crate::http_stats::{HttpStats, Made};
+use crate::outbox::Deferred;
 use crate::pool::ReqBody;
 use crate::pump;
 use crate::reverse::{
@@ -407,17 +408,26 @@ impl Tunnel {
         // The sockets hyper was given: the client's behind what `sniff` read, and
         // the endpoint's.
         let (Ok(client), Ok(endpoint)) = (
-            client.downcast::<TokioIo<Replay>>(),
+            client.downcast::<TokioIo<Deferred<Replay>>>(),
             endpoint.downcast::<TokioIo<TcpStream>>(),
         ) else {
             debug!(upstream = %self.upstream, %peer, "an upgraded connection of another kind; closing");
             return;
         };
+        // What the worker's turn had not sent yet of the client's answer (the end
+        // of the `101`) goes before any byte of the tunnel.
+        let (replay, answer_end) = match client.io.into_inner().into_parts() {
+            Ok(parts) => parts,
+            Err(e) => {
+                debug!(upstream = %self.upstream, %peer, error = %e, "the 101 did not reach the client; closing");
+                return;
+            }
+        };
         let Replay {
             head: unread,
             io: mut client_socket,
             ..
-        } = client.io.into_inner();
+        } = replay;
         let mut endpoint_socket = endpoint.io.into_inner();
         // In the order they came: what hyper read past the head, then what it had
         // not read yet of the bytes `sniff` read.
@@ -425,6 +435,7 @@ impl Tunnel {
         let _open = Open::new(&self.stats);
         let moved = AtomicU64::new(0);
         let run = async {
+            client_socket.write_all(&answer_end).await?;
             for b in to_endpoint.iter().filter(|b| !b.is_empty()) {
                 endpoint_socket.write_all(b).await?;
                 count(&self.bytes.bytes_to_upstream, &moved, b.len());

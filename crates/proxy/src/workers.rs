@@ -87,8 +87,10 @@ impl Workers {
             std::thread::Builder::new()
                 .name(format!("dwara-l4-{i}"))
                 .spawn(move || {
+                    crate::outbox::enable();
                     let rt = match tokio::runtime::Builder::new_current_thread()
                         .enable_all()
+                        .on_thread_park(crate::outbox::send_all)
                         .build()
                     {
                         Ok(rt) => rt,

@@ -1,0 +1,431 @@
+//! Sends gathered per turn of a worker's event loop.
+//!
+//! A worker's turn wakes the tasks of the connections that became ready and polls
+//! each through its whole path: hyper reads a request and, in the same poll,
+//! writes it to the endpoint; reads an answer and writes it to the client. Sent
+//! one by one between the reads, each send reaches its receiver (the client, the
+//! endpoint) alone, and wakes it alone. HAProxy's loop does a turn's reads first
+//! and then its sends, so the receivers find several ready sockets per wake-up;
+//! behind dwara they called `epoll_wait` about twice as often per request (see
+//! docs/PERFORMANCE.md, "HTTP upstreams").
+//!
+//! [`Deferred`] wraps the sockets of HTTP connections on the L4 workers: a write
+//! of up to [`SMALL`] bytes (a request head, a small answer) is kept in the
+//! connection's outbox, reported written and flushed, and sent when the worker is
+//! about to wait for events again ([`send_all`], the runtime's `on_thread_park`),
+//! or once [`BATCH`] outboxes wait. Larger writes (the pieces of a streamed body)
+//! go at once, after whatever the outbox held, so bytes never change order.
+//!
+//! The turn's end sends through a duplicate of the socket's descriptor, without
+//! waiting (`MSG_DONTWAIT`). What a full socket does not take stays in the outbox
+//! and the connection's task is woken: its next poll sends the rest through tokio,
+//! which watches for the socket to take more, before anything else. An error is
+//! kept for that poll to return. A thread whose runtime does not call [`send_all`]
+//! holds nothing: its writes go at once.
+
+use std::cell::{Cell, RefCell};
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+
+use bytes::{Buf, Bytes, BytesMut};
+use nix::errno::Errno;
+use nix::sys::socket::MsgFlags;
+use parking_lot::Mutex;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+/// Writes up to this size wait for the end of the turn; larger ones, such as the
+/// pieces of a streamed body, go at once.
+const SMALL: usize = 4 * 1024;
+
+/// Outboxes waiting at most on one thread: one more sends them all at once, so
+/// that a long turn does not hold its first answers until its end.
+const BATCH: usize = 64;
+
+thread_local! {
+    /// Whether this thread's runtime calls [`send_all`] before it parks.
+    static ON: Cell<bool> = const { Cell::new(false) };
+    /// The outboxes holding bytes, in the order they were first written to.
+    static QUEUED: RefCell<Vec<Arc<Outbox>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Marks the current thread as one whose runtime calls [`send_all`] before it
+/// parks (`on_thread_park`): [`Deferred`] connections made on it hold their
+/// small writes until then.
+pub(crate) fn enable() {
+    ON.with(|on| on.set(true));
+}
+
+/// What an outbox holds.
+#[derive(Default)]
+struct Held {
+    bytes: BytesMut,
+    /// In this thread's [`QUEUED`], to be sent at the turn's end.
+    queued: bool,
+    /// The task that wrote last, woken when the turn's end could not send all.
+    waker: Option<Waker>,
+    /// A send at the turn's end failed: for the connection's next poll.
+    failed: Option<io::ErrorKind>,
+}
+
+/// A connection's held bytes and the descriptor the turn's end sends them on.
+struct Outbox {
+    fd: OwnedFd,
+    held: Mutex<Held>,
+}
+
+impl Outbox {
+    /// Sends what it holds without waiting; see the module docs for what a full
+    /// socket or an error leaves.
+    fn send(&self) {
+        let mut held = self.held.lock();
+        held.queued = false;
+        while !held.bytes.is_empty() {
+            let flags = MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL;
+            match nix::sys::socket::send(self.fd.as_raw_fd(), &held.bytes, flags) {
+                Ok(n) => held.bytes.advance(n),
+                Err(Errno::EINTR) => {}
+                Err(e) => {
+                    if e != Errno::EAGAIN {
+                        held.failed = Some(io::Error::from(e).kind());
+                        held.bytes.clear();
+                    }
+                    if let Some(w) = held.waker.take() {
+                        w.wake();
+                    }
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// Sends every outbox waiting on this thread (the runtime's `on_thread_park`).
+pub(crate) fn send_all() {
+    let mut queued = QUEUED.with(|q| std::mem::take(&mut *q.borrow_mut()));
+    for outbox in &queued {
+        outbox.send();
+    }
+    queued.clear();
+    // The list's allocation is kept for the next turn.
+    QUEUED.with(|q| {
+        let mut q = q.borrow_mut();
+        if q.is_empty() {
+            *q = queued;
+        }
+    });
+}
+
+/// A socket whose small writes wait in an outbox for the end of the worker's
+/// turn (see the module docs).
+pub(crate) struct Deferred<T> {
+    io: T,
+    /// `None` on a thread that does not send outboxes, or when the descriptor
+    /// could not be duplicated: every write goes at once.
+    outbox: Option<Arc<Outbox>>,
+}
+
+impl<T: AsFd> Deferred<T> {
+    pub(crate) fn new(io: T) -> Self {
+        let outbox = ON
+            .with(Cell::get)
+            .then(|| io.as_fd().try_clone_to_owned().ok())
+            .flatten()
+            .map(|fd| {
+                Arc::new(Outbox {
+                    fd,
+                    held: Mutex::new(Held::default()),
+                })
+            });
+        Self { io, outbox }
+    }
+}
+
+impl<T> Deferred<T> {
+    /// The socket, and the bytes still held for it (to be written before any
+    /// other), or the error a send at the turn's end met.
+    pub(crate) fn into_parts(self) -> io::Result<(T, Bytes)> {
+        let Some(outbox) = self.outbox else {
+            return Ok((self.io, Bytes::new()));
+        };
+        let mut held = outbox.held.lock();
+        if let Some(kind) = held.failed.take() {
+            return Err(kind.into());
+        }
+        // Left in the queue, if there, with nothing to send.
+        let bytes = held.bytes.split().freeze();
+        Ok((self.io, bytes))
+    }
+}
+
+impl<T: AsyncWrite + Unpin> Deferred<T> {
+    /// Sends what the outbox holds through `io`, which watches for the socket to
+    /// take more when it is full; ready once nothing is held.
+    fn drain(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let Some(outbox) = &self.outbox else {
+            return Poll::Ready(Ok(()));
+        };
+        let mut held = outbox.held.lock();
+        if let Some(kind) = held.failed.take() {
+            return Poll::Ready(Err(kind.into()));
+        }
+        // Still queued or not, it goes now (the queue's turn then finds nothing).
+        while !held.bytes.is_empty() {
+            match Pin::new(&mut self.io).poll_write(cx, &held.bytes) {
+                Poll::Ready(Ok(0)) => return Poll::Ready(Err(io::ErrorKind::WriteZero.into())),
+                Poll::Ready(Ok(n)) => held.bytes.advance(n),
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+        Poll::Ready(Ok(()))
+    }
+
+    /// Whether the outbox holds bytes the turn's end left (a full socket), or an
+    /// error: the connection's task sends or returns them first.
+    fn left(&self) -> bool {
+        self.outbox.as_ref().is_some_and(|o| {
+            let held = o.held.lock();
+            (!held.queued && !held.bytes.is_empty()) || held.failed.is_some()
+        })
+    }
+}
+
+impl<T: AsyncRead + AsyncWrite + Unpin> AsyncRead for Deferred<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = &mut *self;
+        // Bytes the turn's end could not send go on as the socket takes them, also
+        // while the connection waits to read.
+        if this.left()
+            && let Poll::Ready(Err(e)) = this.drain(cx)
+        {
+            return Poll::Ready(Err(e));
+        }
+        Pin::new(&mut this.io).poll_read(cx, buf)
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for Deferred<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = &mut *self;
+        if let Some(outbox) = &this.outbox
+            && ON.with(Cell::get)
+        {
+            let mut held = outbox.held.lock();
+            let fits = held.bytes.len() + buf.len() <= SMALL;
+            // Only behind bytes that wait for the turn's end too, never behind
+            // bytes a full socket left.
+            if fits && held.failed.is_none() && (held.queued || held.bytes.is_empty()) {
+                held.bytes.extend_from_slice(buf);
+                if !held.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                    held.waker = Some(cx.waker().clone());
+                }
+                let newly = !held.queued;
+                held.queued = true;
+                drop(held);
+                if newly {
+                    let full = QUEUED.with(|q| {
+                        let mut q = q.borrow_mut();
+                        q.push(outbox.clone());
+                        q.len() >= BATCH
+                    });
+                    if full {
+                        send_all();
+                    }
+                }
+                return Poll::Ready(Ok(buf.len()));
+            }
+        }
+        match this.drain(cx) {
+            Poll::Ready(Ok(())) => Pin::new(&mut this.io).poll_write(cx, buf),
+            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = &mut *self;
+        // Bytes waiting for the turn's end count as flushed: they are sent without
+        // the task.
+        if let Some(outbox) = &this.outbox {
+            let held = outbox.held.lock();
+            if held.queued && held.failed.is_none() {
+                return Poll::Ready(Ok(()));
+            }
+        }
+        match this.drain(cx) {
+            Poll::Ready(Ok(())) => Pin::new(&mut this.io).poll_flush(cx),
+            other => other,
+        }
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = &mut *self;
+        match this.drain(cx) {
+            Poll::Ready(Ok(())) => Pin::new(&mut this.io).poll_shutdown(cx),
+            other => other,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::{TcpListener, TcpStream};
+
+    /// A connected pair: the writer's side held by a [`Deferred`] made on this
+    /// thread, marked as one that sends outboxes, and the peer's socket, read
+    /// with plain system calls (tokio's `try_read` would not look before its
+    /// reactor has seen the socket ready).
+    async fn pair() -> (Deferred<TcpStream>, std::net::TcpStream) {
+        enable();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let near = TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (far, _) = listener.accept().await.unwrap();
+        let far = far.into_std().unwrap();
+        far.set_nonblocking(true).unwrap();
+        (Deferred::new(near), far)
+    }
+
+    /// Whatever the peer can read now, without waiting.
+    fn now(mut peer: &std::net::TcpStream) -> Vec<u8> {
+        let mut got = Vec::new();
+        let mut buf = [0u8; 65536];
+        while let Ok(n) = peer.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            got.extend_from_slice(&buf[..n]);
+        }
+        got
+    }
+
+    #[tokio::test]
+    async fn small_writes_wait_for_the_turns_end_and_bytes_keep_their_order() {
+        let (mut near, far) = pair().await;
+        near.write_all(b"one ").await.unwrap();
+        near.write_all(b"two ").await.unwrap();
+        near.flush().await.unwrap();
+        assert_eq!(now(&far), b"", "sent before the turn's end");
+        // A large write goes at once, after what was held.
+        let large = vec![b'x'; SMALL + 1];
+        near.write_all(&large).await.unwrap();
+        let mut expected = b"one two ".to_vec();
+        expected.extend_from_slice(&large);
+        assert_eq!(now(&far), expected);
+        near.write_all(b"three").await.unwrap();
+        assert_eq!(now(&far), b"");
+        send_all();
+        assert_eq!(now(&far), b"three");
+    }
+
+    #[tokio::test]
+    async fn what_a_full_socket_does_not_take_goes_on_as_the_peer_reads() {
+        let (mut near, far) = pair().await;
+        let mut far = TcpStream::from_std(far).unwrap();
+        // Both the send and the receive buffers full.
+        let chunk = vec![b'f'; 65536];
+        let mut filled = 0;
+        while let Ok(n) = near.io.try_write(&chunk) {
+            filled += n;
+        }
+        near.write_all(b"tail").await.unwrap();
+        send_all();
+        let held = near.outbox.as_ref().unwrap().held.lock().bytes.clone();
+        assert_eq!(&held[..], b"tail", "the full socket took it");
+        let reader = tokio::spawn(async move {
+            let mut all = Vec::new();
+            far.read_to_end(&mut all).await.unwrap();
+            all
+        });
+        // Sent through tokio as the peer reads, then the write side closed.
+        near.shutdown().await.unwrap();
+        let all = reader.await.unwrap();
+        assert_eq!(all.len(), filled + 4);
+        assert!(all.ends_with(b"fftail"));
+    }
+
+    #[tokio::test]
+    async fn a_failed_send_at_the_turns_end_is_the_next_polls_error() {
+        let (mut near, far) = pair().await;
+        socket2::SockRef::from(&far)
+            .set_linger(Some(std::time::Duration::ZERO))
+            .unwrap();
+        drop(far);
+        // The reset is in once the near side has read it.
+        let mut buf = [0u8; 1];
+        let _ = near.io.read(&mut buf).await;
+        near.write_all(b"lost").await.unwrap();
+        send_all();
+        let err = near.write_all(b"more").await.unwrap_err();
+        assert!(
+            matches!(
+                err.kind(),
+                io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset
+            ),
+            "{err:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_full_batch_is_sent_without_waiting_for_the_turns_end() {
+        let mut pairs = Vec::new();
+        for _ in 0..BATCH {
+            pairs.push(pair().await);
+        }
+        for (i, (near, far)) in pairs.iter_mut().enumerate() {
+            near.write_all(b"m").await.unwrap();
+            let sent = now(far);
+            if i + 1 < BATCH {
+                assert_eq!(sent, b"", "connection {i} sent before the batch was full");
+            } else {
+                assert_eq!(sent, b"m");
+            }
+        }
+        for (_, far) in &pairs[..BATCH - 1] {
+            assert_eq!(now(far), b"m");
+        }
+    }
+
+    #[tokio::test]
+    async fn into_parts_hands_back_what_is_held() {
+        let (mut near, far) = pair().await;
+        near.write_all(b"HTTP/1.1 101 Switching Protocols\r\n\r\n")
+            .await
+            .unwrap();
+        let (_socket, held) = near.into_parts().unwrap();
+        assert_eq!(&held[..], b"HTTP/1.1 101 Switching Protocols\r\n\r\n");
+        send_all();
+        assert_eq!(now(&far), b"", "sent twice");
+    }
+
+    #[tokio::test]
+    async fn on_a_thread_that_sends_no_outboxes_every_write_goes_at_once() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (near, far) = tokio::join!(TcpStream::connect(addr), listener.accept());
+        let far = far.unwrap().0.into_std().unwrap();
+        far.set_nonblocking(true).unwrap();
+        // Made on a new thread, where `enable` was not called.
+        let mut near = std::thread::spawn(move || Deferred::new(near.unwrap()))
+            .join()
+            .unwrap();
+        assert!(near.outbox.is_none());
+        near.write_all(b"now").await.unwrap();
+        assert_eq!(now(&far), b"now");
+    }
+}
