@@ -106,6 +106,9 @@ impl Workers {
                             () = keep_a_timer() => {}
                         }
                     });
+                    // What the last turn left is sent before the runtime drops the
+                    // connections.
+                    crate::outbox::send_all();
                 })?;
             let handle = started
                 .await
