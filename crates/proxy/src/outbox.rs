@@ -28,6 +28,7 @@ use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll, Waker};
 
 use bytes::{Buf, Bytes, BytesMut};
@@ -74,6 +75,10 @@ struct Held {
 struct Outbox {
     fd: OwnedFd,
     held: Mutex<Held>,
+    /// Whether the turn's end left bytes (a full socket) or an error for the
+    /// connection's task: set and cleared under the lock, read without it on
+    /// every read and flush.
+    left: AtomicBool,
 }
 
 impl Outbox {
@@ -92,6 +97,7 @@ impl Outbox {
                         held.failed = Some(io::Error::from(e).kind());
                         held.bytes.clear();
                     }
+                    self.left.store(true, Ordering::Release);
                     if let Some(w) = held.waker.take() {
                         w.wake();
                     }
@@ -137,6 +143,7 @@ impl<T: AsFd> Deferred<T> {
                 Arc::new(Outbox {
                     fd,
                     held: Mutex::new(Held::default()),
+                    left: AtomicBool::new(false),
                 })
             });
         Self { io, outbox }
@@ -169,6 +176,7 @@ impl<T: AsyncWrite + Unpin> Deferred<T> {
         };
         let mut held = outbox.held.lock();
         if let Some(kind) = held.failed.take() {
+            outbox.left.store(false, Ordering::Release);
             return Poll::Ready(Err(kind.into()));
         }
         // Still queued or not, it goes now (the queue's turn then finds nothing).
@@ -180,16 +188,17 @@ impl<T: AsyncWrite + Unpin> Deferred<T> {
                 Poll::Pending => return Poll::Pending,
             }
         }
+        outbox.left.store(false, Ordering::Release);
         Poll::Ready(Ok(()))
     }
 
-    /// Whether the outbox holds bytes the turn's end left (a full socket), or an
-    /// error: the connection's task sends or returns them first.
+    /// Whether the turn's end left bytes (a full socket) or an error: the
+    /// connection's task sends or returns them first. Otherwise the outbox is
+    /// empty or waits for the turn's end, and counts as flushed.
     fn left(&self) -> bool {
-        self.outbox.as_ref().is_some_and(|o| {
-            let held = o.held.lock();
-            (!held.queued && !held.bytes.is_empty()) || held.failed.is_some()
-        })
+        self.outbox
+            .as_ref()
+            .is_some_and(|o| o.left.load(Ordering::Acquire))
     }
 }
 
@@ -257,11 +266,8 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Deferred<T> {
         let this = &mut *self;
         // Bytes waiting for the turn's end count as flushed: they are sent without
         // the task.
-        if let Some(outbox) = &this.outbox {
-            let held = outbox.held.lock();
-            if held.queued && held.failed.is_none() {
-                return Poll::Ready(Ok(()));
-            }
+        if !this.left() {
+            return Pin::new(&mut this.io).poll_flush(cx);
         }
         match this.drain(cx) {
             Poll::Ready(Ok(())) => Pin::new(&mut this.io).poll_flush(cx),
