@@ -344,7 +344,32 @@ struct Summary {
 }
 
 /// Runs `dwara serve` until SIGTERM or ctrl-c.
+/// Raises the soft limit on open files to the hard one (at most the kernel's
+/// `fs.nr_open`): every client and endpoint connection holds a descriptor, an HTTP
+/// one two (its socket, and the duplicate that the sends gathered at the end of a
+/// worker's turn go through), and the usual soft limit of 1024 would refuse
+/// connections long before `max_connections`. Go's runtime does the same at start.
+fn raise_open_file_limit() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let (soft, hard) = match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok(limits) => limits,
+        Err(e) => return warn!(error = %e, "could not read the open-file limit"),
+    };
+    let most = std::fs::read_to_string("/proc/sys/fs/nr_open")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .map_or(hard, |nr_open| hard.min(nr_open));
+    if soft >= most {
+        return;
+    }
+    match setrlimit(Resource::RLIMIT_NOFILE, most, hard) {
+        Ok(()) => info!(from = soft, to = most, "raised the open-file limit"),
+        Err(e) => warn!(soft, hard, error = %e, "could not raise the open-file limit"),
+    }
+}
+
 pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
+    raise_open_file_limit();
     let config = match &args.config {
         Some(path) => crate::load_config(path)?,
         None => Config::default(),

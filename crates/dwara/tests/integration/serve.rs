@@ -841,3 +841,55 @@ async fn lying_dns_never_sends_traffic_to_a_poisoned_address() {
 async fn lying_dns_without_fail_open_clears_and_never_poisons() {
     serve_through_lies(false).await;
 }
+
+/// `dwara serve` started with a low soft limit on open files (as under systemd,
+/// 1024) raises it to the hard limit: every connection holds a descriptor, an
+/// HTTP one two, and the soft limit would refuse connections long before
+/// `max_connections`. The log says so.
+#[tokio::test]
+async fn serve_raises_the_soft_open_file_limit_to_the_hard_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("stderr");
+    let mut child = Command::new("sh")
+        .args([
+            "-c",
+            r#"ulimit -Sn 256 && exec "$0" serve --docker off --dns-listen 127.0.0.1:0 --http-listen 127.0.0.1:0 --fallback 127.0.0.1:9 2>"$1""#,
+            env!("CARGO_BIN_EXE_dwara"),
+            log.to_str().unwrap(),
+        ])
+        .env("DWARA_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let limits = format!("/proc/{}/limits", child.id().unwrap());
+    // (soft, hard) of "Max open files", once the process is dwara.
+    let open_files = || {
+        let text = std::fs::read_to_string(&limits).unwrap_or_default();
+        let line = text.lines().find(|l| l.starts_with("Max open files"))?;
+        let mut n = line
+            .split_whitespace()
+            .filter_map(|w| w.parse::<u64>().ok());
+        Some((n.next()?, n.next()?))
+    };
+    let raised = test_support::wait_until(WAIT, || async {
+        std::fs::read_to_string(&log).is_ok_and(|l| l.contains("raised the open-file limit"))
+    })
+    .await;
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(raised, "no word of the limit: {text}");
+    let (soft, hard) = open_files().expect("the process's limits");
+    let nr_open: u64 = std::fs::read_to_string("/proc/sys/fs/nr_open")
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(
+        hard > 256,
+        "the hard limit here is {hard}: nothing to raise"
+    );
+    assert_eq!(soft, hard.min(nr_open), "{text}");
+    assert!(text.contains("from=256"), "{text}");
+    child.kill().await.unwrap();
+}
