@@ -114,16 +114,17 @@ fn remove_listed(
     }
     let mut coding = Ok(());
     while let Some(name) = headers.keys().find(|n| listed(n)).cloned() {
-        if name == header::TRANSFER_ENCODING && headers.get_all(&name).iter().any(other_coding) {
-            coding = Err(UnknownCoding);
-        }
-        headers.remove(&name);
-        // Transfer-Encoding overrides Content-Length, and an intermediary removes
-        // the length before it passes the message on (RFC 9112 §6.3): hyper read
-        // the body by its chunks, so the length was never checked against it.
         if name == header::TRANSFER_ENCODING {
+            if headers.get_all(&name).iter().any(other_coding) {
+                coding = Err(UnknownCoding);
+            }
+            // Transfer-Encoding overrides Content-Length, and an intermediary
+            // removes the length before it passes the message on (RFC 9112 §6.3):
+            // hyper read the body by its chunks, so the length was never checked
+            // against it.
             headers.remove(header::CONTENT_LENGTH);
         }
+        headers.remove(&name);
     }
     coding
 }
