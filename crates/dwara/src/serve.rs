@@ -343,7 +343,6 @@ struct Summary {
     fallback: String,
 }
 
-/// Runs `dwara serve` until SIGTERM or ctrl-c.
 /// Raises the soft limit on open files to the hard one (at most the kernel's
 /// `fs.nr_open`): every client and endpoint connection holds a descriptor, an HTTP
 /// one two (its socket, and the duplicate that the sends gathered at the end of a
@@ -368,6 +367,7 @@ fn raise_open_file_limit() {
     }
 }
 
+/// Runs `dwara serve` until SIGTERM or ctrl-c.
 pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
     raise_open_file_limit();
     let config = match &args.config {
