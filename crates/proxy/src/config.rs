@@ -470,13 +470,8 @@ fn validate_http(up: &UpstreamConfig, at: &str) -> Result<(), Error> {
             return Err(invalid(key(k), format!("must be 1..=3600000, got {ms}")));
         }
     }
-    if let Some(n) = up.max_response_header_bytes
-        && !(1024..=1024 * 1024).contains(&n)
-    {
-        return Err(invalid(
-            key("max_response_header_bytes"),
-            format!("must be 1024..=1048576, got {n}"),
-        ));
+    if let Some(n) = up.max_response_header_bytes {
+        header_bytes(n, &key("max_response_header_bytes"))?;
     }
     if let Some(h) = &up.hash_header {
         if http::HeaderName::from_bytes(h.as_bytes()).is_err() {
@@ -520,6 +515,18 @@ fn validate_http(up: &UpstreamConfig, at: &str) -> Result<(), Error> {
     Ok(())
 }
 
+/// A bound on a request or response head, in bytes, range-checked.
+fn header_bytes(n: usize, key: &str) -> Result<(), Error> {
+    if (1024..=1024 * 1024).contains(&n) {
+        Ok(())
+    } else {
+        Err(invalid(
+            key.to_owned(),
+            format!("must be 1024..=1048576, got {n}"),
+        ))
+    }
+}
+
 /// `limits:` of an HTTP upstream, range-checked.
 fn validate_limits(l: &HttpLimitsSection, key: &dyn Fn(&str) -> String) -> Result<(), Error> {
     if l.header_read_timeout_ms == 0 || l.header_read_timeout_ms > 600_000 {
@@ -528,12 +535,7 @@ fn validate_limits(l: &HttpLimitsSection, key: &dyn Fn(&str) -> String) -> Resul
             format!("must be 1..=600000, got {}", l.header_read_timeout_ms),
         ));
     }
-    if !(1024..=1024 * 1024).contains(&l.max_header_bytes) {
-        return Err(invalid(
-            key("limits.max_header_bytes"),
-            format!("must be 1024..=1048576, got {}", l.max_header_bytes),
-        ));
-    }
+    header_bytes(l.max_header_bytes, &key("limits.max_header_bytes"))?;
     if l.max_connections == 0 {
         return Err(invalid(key("limits.max_connections"), "must be at least 1"));
     }
