@@ -33,9 +33,10 @@
 //!   echo through each to an upgrade-echo backend (`cargo xtask perf tunnel-backend
 //!   --listen ADDR`, this xtask as a process of its own).
 //! - `cargo xtask perf http-instructions [--seconds S] [--before PATH] [--haproxy]
-//!   [--cache]` counts the instructions per proxied keep-alive request under
+//!   [--cache] [--keep DIR]` counts the instructions per proxied keep-alive request under
 //!   callgrind (steady where the rates of `perf http` are not), HAProxy's too with
-//!   `--haproxy`, and the cache misses per request with `--cache`.
+//!   `--haproxy`, and the cache misses per request with `--cache`; `--keep DIR`
+//!   keeps the callgrind dumps for `callgrind_annotate`.
 //! - `cargo xtask perf rolling [--replacements N] [--rate R] [--keep-logs DIR]`
 //!   replaces backend instances one by one (each killed before its name is deleted)
 //!   under a fixed-rate keep-alive client, through dwara HTTP (push-fed and polled),
@@ -102,6 +103,7 @@ commands:
   perf tunnel [--rounds R] [--seconds S] [--threads T] [--dwara PATH]
   perf tunnel-backend --listen ADDR  the upgrade-echo server perf tunnel runs
   perf http-instructions [--seconds S] [--dwara PATH] [--before PATH] [--haproxy] [--cache]
+                       [--keep DIR]
   perf rolling [--replacements N] [--rate R] [--keep-logs DIR]
   perf push [--rounds R] [--docker]
   perf guard [--qps N] [--seconds S] [--legit-qps N]

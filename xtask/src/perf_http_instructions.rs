@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! cargo xtask perf http-instructions [--seconds S] [--dwara PATH] [--before PATH]
-//!                                    [--haproxy] [--cache]
+//!                                    [--haproxy] [--cache] [--keep DIR]
 //! ```
 //!
 //! The rates of `perf http` swing by ±20% from round to round on a shared 2-core
@@ -37,6 +37,10 @@
 //! how much of the code and data each request brings back into the cache (see
 //! `docs/PERFORMANCE.md`). It is several times slower.
 //!
+//! `--keep DIR` copies each proxy's callgrind dump into `DIR` (made if missing),
+//! as `NAME.callgrind`, for `callgrind_annotate --inclusive=yes DIR/NAME.callgrind`
+//! to say where the instructions went.
+//!
 //! Two builds whose counts differ by less than about 0.5% are not told apart.
 
 use std::net::Ipv4Addr;
@@ -49,7 +53,7 @@ use crate::perf_l4::{Load, Options, Proc, Proxy, start_backend, start_dwara_unde
 use crate::perf_util::{clock_ticks, free_port, output_of, parse_flags, release_dwara};
 
 const USAGE: &str = "usage: cargo xtask perf http-instructions [--seconds S] [--dwara PATH] \
-                     [--before PATH] [--haproxy] [--cache]";
+                     [--before PATH] [--haproxy] [--cache] [--keep DIR]";
 
 /// Runs the count for `--dwara` (or the release build), `--before` and, with
 /// `--haproxy`, HAProxy-1t.
@@ -62,7 +66,11 @@ pub(crate) fn run(args: &[String]) -> anyhow::Result<()> {
         .filter(|a| *a != "--haproxy" && *a != "--cache")
         .cloned()
         .collect();
-    let f = parse_flags(&rest, &["--seconds", "--dwara", "--before"], USAGE)?;
+    let f = parse_flags(
+        &rest,
+        &["--seconds", "--dwara", "--before", "--keep"],
+        USAGE,
+    )?;
     let seconds: u32 = f.count("--seconds", 15)?;
     if seconds == 0 {
         bail!("--seconds must be at least 1\n{USAGE}");
@@ -85,8 +93,12 @@ pub(crate) fn run(args: &[String]) -> anyhow::Result<()> {
     if haproxy {
         subjects.push(Subject::Haproxy);
     }
+    let keep = f.path("--keep");
+    if let Some(k) = &keep {
+        std::fs::create_dir_all(k).with_context(|| format!("cannot make {}", k.display()))?;
+    }
     crate::perf_util::in_scratch_dir("perf-http-instructions", |dir| {
-        run_in(dir, &subjects, seconds, cache)
+        run_in(dir, &subjects, seconds, cache, keep.as_deref())
     })
 }
 
@@ -118,7 +130,13 @@ impl Subject {
     }
 }
 
-fn run_in(dir: &Path, subjects: &[Subject], seconds: u32, cache: bool) -> anyhow::Result<()> {
+fn run_in(
+    dir: &Path,
+    subjects: &[Subject],
+    seconds: u32,
+    cache: bool,
+    keep: Option<&Path>,
+) -> anyhow::Result<()> {
     println!(
         "perf http-instructions: each proxy under callgrind{}, wrk -t1 -c16 -d{seconds}s \
          keep-alive requests of /tiny through it to nginx",
@@ -133,6 +151,13 @@ fn run_in(dir: &Path, subjects: &[Subject], seconds: u32, cache: bool) -> anyhow
     for subject in subjects {
         let name = subject.name();
         let (requests, events) = count(dir, subject, (&backend_proc, backend), seconds, cache)?;
+        if let Some(k) = keep {
+            let from = dir.join(format!("{name}.callgrind.1"));
+            let to = k.join(format!("{name}.callgrind"));
+            std::fs::copy(&from, &to)
+                .with_context(|| format!("cannot copy {} to {}", from.display(), to.display()))?;
+            println!("  {name}: callgrind dump kept at {}", to.display());
+        }
         let event = |e: &str| {
             events
                 .iter()

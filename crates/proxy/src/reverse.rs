@@ -570,29 +570,78 @@ fn idempotent(method: &Method) -> bool {
 }
 
 /// A request head kept to send the request again.
+///
+/// Its headers are packed into one buffer (each name and value after its length)
+/// rather than kept as a second `HeaderMap`: cloning a map costs two allocations
+/// and a reference count taken (and later dropped) on every value, for every
+/// request, when only a request lost on its way (rare) is ever sent again. The
+/// map is rebuilt from the buffer then.
 pub(crate) struct Template {
     method: Method,
     uri: Uri,
-    headers: HeaderMap,
+    /// Each header: its name's length (4 bytes, little-endian), its name, its
+    /// value's length, its value; in the order of the request's map.
+    packed: Vec<u8>,
+    /// How many headers `packed` holds.
+    count: usize,
 }
 
 impl Template {
     /// A copy of `req`'s head, to send it again without a body.
     pub(crate) fn of<B>(req: &Request<B>) -> Self {
+        Self::from_head(req.method(), req.uri(), req.headers())
+    }
+
+    fn from_head(method: &Method, uri: &Uri, headers: &HeaderMap) -> Self {
+        const LEN: usize = size_of::<u32>();
+        let size = headers
+            .iter()
+            .map(|(n, v)| 2 * LEN + n.as_str().len() + v.len())
+            .sum();
+        let mut packed = Vec::with_capacity(size);
+        for (name, value) in headers {
+            for part in [name.as_str().as_bytes(), value.as_bytes()] {
+                // A header is at most `limits.max_header_bytes` (1 MiB) long.
+                let len = u32::try_from(part.len()).unwrap_or(u32::MAX);
+                packed.extend_from_slice(&len.to_le_bytes());
+                packed.extend_from_slice(part);
+            }
+        }
         Self {
-            method: req.method().clone(),
-            uri: req.uri().clone(),
-            headers: req.headers().clone(),
+            method: method.clone(),
+            uri: uri.clone(),
+            packed,
+            count: headers.len(),
         }
     }
 
-    pub(crate) fn request(&self) -> Request<ReqBody> {
+    /// The request again, without a body; `None` if its headers cannot be
+    /// rebuilt (they were valid when packed, so this does not happen).
+    pub(crate) fn request(&self) -> Option<Request<ReqBody>> {
+        let mut headers = HeaderMap::with_capacity(self.count);
+        let mut rest = self.packed.as_slice();
+        while !rest.is_empty() {
+            let (name, after) = unpack(rest)?;
+            let (value, after) = unpack(after)?;
+            rest = after;
+            headers.append(
+                header::HeaderName::from_bytes(name).ok()?,
+                HeaderValue::from_bytes(value).ok()?,
+            );
+        }
         let mut req = Request::new(empty());
         *req.method_mut() = self.method.clone();
         *req.uri_mut() = self.uri.clone();
-        *req.headers_mut() = self.headers.clone();
-        req
+        *req.headers_mut() = headers;
+        Some(req)
     }
+}
+
+/// The first part of `packed` (after its length) and what follows it.
+fn unpack(packed: &[u8]) -> Option<(&[u8], &[u8])> {
+    let (len, rest) = packed.split_first_chunk::<4>()?;
+    let len = usize::try_from(u32::from_le_bytes(*len)).ok()?;
+    (len <= rest.len()).then(|| rest.split_at(len))
 }
 
 fn empty() -> ReqBody {
@@ -626,11 +675,8 @@ pub(crate) fn outgoing(
         parts.uri = uri;
     }
     parts.version = Version::HTTP_11;
-    let template = (body.is_end_stream() && idempotent(&parts.method)).then(|| Template {
-        method: parts.method.clone(),
-        uri: parts.uri.clone(),
-        headers: parts.headers.clone(),
-    });
+    let template = (body.is_end_stream() && idempotent(&parts.method))
+        .then(|| Template::from_head(&parts.method, &parts.uri, &parts.headers));
     if body.is_end_stream() {
         return Ok((Request::from_parts(parts, empty()), template, None));
     }
@@ -938,7 +984,7 @@ impl Prepared {
         let mut req = self
             .pending
             .take()
-            .or_else(|| self.template.as_ref().map(Template::request))?;
+            .or_else(|| self.template.as_ref().and_then(Template::request))?;
         if !self.has_host
             && let Ok(v) = HeaderValue::from_str(&addr.to_string())
         {
@@ -1540,6 +1586,56 @@ mod tests {
             polls.fetch_add(1, Ordering::SeqCst);
             Pin::new(&mut rx).poll(cx).map(|r| r.unwrap_or(0))
         })
+    }
+
+    #[test]
+    fn a_template_gives_back_the_head_it_was_made_from() {
+        let mut req = Request::new(empty());
+        *req.method_mut() = Method::PUT;
+        *req.uri_mut() = Uri::from_static("/a/b?c=d");
+        let h = req.headers_mut();
+        h.append(header::HOST, HeaderValue::from_static("web.example:8080"));
+        h.append("x-twice", HeaderValue::from_static("one"));
+        h.append(header::ACCEPT, HeaderValue::from_static("text/plain"));
+        h.append("x-twice", HeaderValue::from_static("two"));
+        h.append("x-empty", HeaderValue::from_static(""));
+        // obs-text, as hyper's parser lets it through.
+        h.append(
+            "x-latin",
+            HeaderValue::from_bytes(b"caf\xe9\tau lait").unwrap(),
+        );
+        h.append(
+            "x-long",
+            HeaderValue::from_str(&"v".repeat(70_000)).unwrap(),
+        );
+        let t = Template::of(&req);
+        for _ in 0..2 {
+            let again = t.request().expect("the template rebuilds its head");
+            assert_eq!(again.method(), Method::PUT);
+            assert_eq!(again.uri(), "/a/b?c=d");
+            let pairs = |m: &HeaderMap| {
+                m.iter()
+                    .map(|(n, v)| (n.as_str().to_owned(), v.as_bytes().to_vec()))
+                    .collect::<Vec<_>>()
+            };
+            assert_eq!(pairs(again.headers()), pairs(req.headers()));
+            assert!(again.body().is_end_stream());
+        }
+    }
+
+    #[test]
+    fn a_template_without_headers_and_a_cut_one() {
+        let req = Request::new(empty());
+        let t = Template::of(&req);
+        assert!(t.request().expect("an empty head").headers().is_empty());
+        // A buffer cut short (which `of` never makes) gives no request rather
+        // than a wrong one.
+        let mut req = Request::new(empty());
+        req.headers_mut()
+            .insert(header::ACCEPT, HeaderValue::from_static("*/*"));
+        let mut t = Template::of(&req);
+        t.packed.pop();
+        assert!(t.request().is_none());
     }
 
     #[test]

@@ -232,7 +232,10 @@ async fn tries(
             }
             http.stats.retries.fetch_add(1, Ordering::Relaxed);
         }
-        let Some(req) = pending.take().or_else(|| template.map(Template::request)) else {
+        let Some(req) = pending
+            .take()
+            .or_else(|| template.and_then(Template::request))
+        else {
             break;
         };
         let addr = dial_addr(&choice, http).await;

@@ -1639,3 +1639,85 @@ async fn a_response_head_over_the_limit_is_a_502() {
     assert_eq!(http["reused"], 1, "{http}");
     drop(endpoint.await.unwrap());
 }
+
+/// The head of the next request on `sock`, as its bytes came (`None` if the
+/// connection closed first).
+async fn head_of_next(sock: &mut TcpStream) -> Option<Vec<u8>> {
+    let mut head = Vec::new();
+    let mut buf = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        match tokio::time::timeout(WAIT, sock.read(&mut buf)).await {
+            Ok(Ok(1)) => head.push(buf[0]),
+            _ => return None,
+        }
+    }
+    Some(head)
+}
+
+/// A request that went out whole and got no answer (the endpoint took it and
+/// closed) is sent again when it is idempotent: from the copy of its head kept
+/// for that, byte for byte the head the endpoint saw the first time (repeated
+/// headers in their order, a value that is not ASCII). A `POST` so lost is not
+/// sent again: a `502`.
+#[tokio::test]
+async fn a_lost_idempotent_request_is_sent_again_with_the_same_head() {
+    let port = common_port(&[ip(2)]).await;
+    let listener = TcpListener::bind((ip(2), port)).await.unwrap();
+    let (proxy, _dns, serve) = in_front_of_127_0_0_2(port, "    max_tries: 2\n").await;
+    let endpoint = tokio::spawn(async move {
+        // The GET, taken and dropped unanswered.
+        let (mut lost, _) = listener.accept().await.unwrap();
+        let first = head_of_next(&mut lost).await.expect("a request head");
+        drop(lost);
+        // The GET again, on a new connection: answered.
+        let (mut conn, _) = listener.accept().await.unwrap();
+        let again = head_of_next(&mut conn).await.expect("the request again");
+        conn.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+            .await
+            .unwrap();
+        // The POST, on the same (pooled) connection: taken and dropped
+        // unanswered.
+        let post = head_of_next(&mut conn).await.expect("the POST's head");
+        drop(conn);
+        [first, again, post]
+    });
+
+    let mut raw = TcpStream::connect(proxy).await.unwrap();
+    raw.write_all(
+        b"GET /again?q=1 HTTP/1.1\r\nHost: web.test\r\nX-Twice: one\r\n\
+          Accept: text/plain\r\nX-Twice: two\r\nX-Latin: caf\xe9\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let text = read_response(&mut raw).await;
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    assert!(text.ends_with("\r\n\r\nok"), "{text}");
+
+    raw.write_all(b"POST /once HTTP/1.1\r\nHost: web.test\r\nContent-Length: 3\r\n\r\nabc")
+        .await
+        .unwrap();
+    let text = read_response(&mut raw).await;
+    assert!(text.starts_with("HTTP/1.1 502"), "{text}");
+
+    let heads = tokio::time::timeout(WAIT, endpoint)
+        .await
+        .expect("the endpoint did not see the requests")
+        .unwrap();
+    let first = String::from_utf8_lossy(&heads[0]).into_owned();
+    assert!(first.starts_with("GET /again?q=1 HTTP/1.1\r\n"), "{first}");
+    let lower = first.to_ascii_lowercase();
+    assert!(
+        lower.find("x-twice: one").unwrap() < lower.find("x-twice: two").unwrap(),
+        "{first}"
+    );
+    assert!(heads[0].windows(5).any(|w| w == b"caf\xe9\r"), "{first}");
+    assert_eq!(
+        heads[1],
+        heads[0],
+        "the head sent again: {}",
+        String::from_utf8_lossy(&heads[1])
+    );
+    assert!(String::from_utf8_lossy(&heads[2]).starts_with("POST /once"));
+    let h = serve.status().await["upstreams"][0]["http"].clone();
+    assert_eq!(h["retries"], 1, "{h}");
+}
