@@ -192,7 +192,7 @@ pub(crate) async fn serve(
             let up = tunnel::upgrade(req, client.clone(), target, open, upgraded.clone());
             return Either::Right(Box::pin(up));
         }
-        Either::Left(forward(req, client.clone(), target, open))
+        Either::Left(forward(req, &client, target, open))
     });
     let mut socket = socket;
     let (head, h2) = match tokio::time::timeout(header_timeout, sniff(&mut socket)).await {
@@ -877,12 +877,15 @@ pub(crate) struct Client {
 /// is boxed: hyper moves each request's future into its dispatcher, and every byte
 /// of it is copied. (Hence also the references: an `async fn` keeps a copy of each
 /// argument it takes by value.)
+///
+/// The client is borrowed: only the work done before the future is made needs it
+/// (a clone per request would take and drop a reference count).
 pub(crate) fn forward(
     req: Request<Incoming>,
-    client: Client,
+    client: &Client,
     target: Arc<Target>,
     open: Stream,
-) -> impl Future<Output = Result<Response<RespBody>, Infallible>> + Send {
+) -> impl Future<Output = Result<Response<RespBody>, Infallible>> + Send + use<> {
     let started = Instant::now();
     // Refused here (the answer to make, and why): the request goes to no endpoint.
     // Beside the prepared request rather than around it, which would add to what
@@ -903,7 +906,7 @@ pub(crate) fn forward(
             }
         };
         http.stats.budget.request(started);
-        let key = hash_key(&target, http, &req, &client);
+        let key = hash_key(&target, http, &req, client);
         let Ok((req, template, upload)) = outgoing(req, &client.forwarded_for) else {
             refusal = Some((Made::UnknownCoding, "a transfer coding other than chunked"));
             return None;
