@@ -1642,7 +1642,7 @@ async fn a_response_head_over_the_limit_is_a_502() {
 
 /// The head of the next request on `sock`, as its bytes came (`None` if the
 /// connection closed first).
-async fn head_of_next(sock: &mut TcpStream) -> Option<Vec<u8>> {
+pub(crate) async fn head_of_next(sock: &mut TcpStream) -> Option<Vec<u8>> {
     let mut head = Vec::new();
     let mut buf = [0u8; 1];
     while !head.ends_with(b"\r\n\r\n") {

@@ -16,8 +16,8 @@ use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 use tokio_tungstenite::{WebSocketStream, client_async};
 
 use crate::http_upstreams::{
-    Backend, common_port, dns, in_front_of_127_0_0_2, ip, metrics, read_response, upstream,
-    wait_listening,
+    Backend, common_port, dns, head_of_next, in_front_of_127_0_0_2, ip, metrics, read_response,
+    upstream, wait_listening,
 };
 use crate::serve::{Serve, WAIT};
 
@@ -433,4 +433,83 @@ async fn a_tunnel_is_drained_at_shutdown_and_closed_at_the_drain_deadline() {
         other => panic!("the tunnel outlived the drain deadline: {other:?}"),
     }
     backend.wait_ended().await;
+}
+
+/// An upgrade request that went out whole and got no answer (the endpoint took it
+/// and closed) is sent again, as any idempotent request is: from the copy of its
+/// head kept for that, byte for byte the head the endpoint saw the first time
+/// (with its `Connection: Upgrade` and `Upgrade` put back); the tunnel then opens
+/// on the second try.
+#[tokio::test]
+async fn a_lost_upgrade_request_is_sent_again_with_the_same_head() {
+    let port = common_port(&[ip(2)]).await;
+    let listener = TcpListener::bind((ip(2), port)).await.unwrap();
+    let (proxy, _dns, serve) = in_front_of_127_0_0_2(port, "    max_tries: 2\n").await;
+    let endpoint = tokio::spawn(async move {
+        let (mut lost, _) = listener.accept().await.unwrap();
+        let first = head_of_next(&mut lost).await.expect("a request head");
+        drop(lost);
+        let (mut conn, _) = listener.accept().await.unwrap();
+        let again = head_of_next(&mut conn).await.expect("the request again");
+        conn.write_all(
+            b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n",
+        )
+        .await
+        .unwrap();
+        // The tunnel: what comes is sent back.
+        let (mut rd, mut wr) = conn.into_split();
+        tokio::io::copy(&mut rd, &mut wr).await.unwrap();
+        (first, again)
+    });
+
+    let mut raw = TcpStream::connect(proxy).await.unwrap();
+    raw.write_all(
+        b"GET /tunnel HTTP/1.1\r\nHost: web.test\r\nConnection: Upgrade\r\n\
+          Upgrade: echo\r\nX-Twice: one\r\nX-Twice: two\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let mut got = Vec::new();
+    while !got.ends_with(b"\r\n\r\n") {
+        let mut byte = [0u8; 1];
+        let n = tokio::time::timeout(WAIT, tokio::io::AsyncReadExt::read(&mut raw, &mut byte))
+            .await
+            .expect("no answer")
+            .unwrap();
+        assert_eq!(n, 1, "closed: {}", String::from_utf8_lossy(&got));
+        got.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&got).to_ascii_lowercase();
+    assert!(head.starts_with("http/1.1 101"), "{head}");
+    raw.write_all(b"ping").await.unwrap();
+    let mut echoed = [0u8; 4];
+    tokio::time::timeout(
+        WAIT,
+        tokio::io::AsyncReadExt::read_exact(&mut raw, &mut echoed),
+    )
+    .await
+    .expect("nothing came back through the tunnel")
+    .unwrap();
+    assert_eq!(&echoed, b"ping");
+    drop(raw);
+
+    let (first, again) = tokio::time::timeout(WAIT, endpoint)
+        .await
+        .expect("the tunnel did not end")
+        .unwrap();
+    let text = String::from_utf8_lossy(&first).to_ascii_lowercase();
+    assert!(text.starts_with("get /tunnel http/1.1\r\n"), "{text}");
+    assert!(text.contains("\r\nupgrade: echo\r\n"), "{text}");
+    assert!(
+        text.find("x-twice: one").unwrap() < text.find("x-twice: two").unwrap(),
+        "{text}"
+    );
+    assert_eq!(
+        again,
+        first,
+        "the head sent again: {}",
+        String::from_utf8_lossy(&again)
+    );
+    let h = figures(&serve).await;
+    assert_eq!(h["retries"], 1, "{h}");
 }
