@@ -616,18 +616,21 @@ impl Template {
     }
 
     /// The request again, without a body; `None` if its headers cannot be
-    /// rebuilt (they were valid when packed, so this does not happen).
+    /// rebuilt (they were valid when packed, and a map held them, so this does
+    /// not happen; the map's size limits are checked rather than left to panic).
     pub(crate) fn request(&self) -> Option<Request<ReqBody>> {
-        let mut headers = HeaderMap::with_capacity(self.count);
+        let mut headers = HeaderMap::try_with_capacity(self.count).ok()?;
         let mut rest = self.packed.as_slice();
         while !rest.is_empty() {
             let (name, after) = unpack(rest)?;
             let (value, after) = unpack(after)?;
             rest = after;
-            headers.append(
-                header::HeaderName::from_bytes(name).ok()?,
-                HeaderValue::from_bytes(value).ok()?,
-            );
+            headers
+                .try_append(
+                    header::HeaderName::from_bytes(name).ok()?,
+                    HeaderValue::from_bytes(value).ok()?,
+                )
+                .ok()?;
         }
         let mut req = Request::new(empty());
         *req.method_mut() = self.method.clone();
@@ -1638,6 +1641,10 @@ mod tests {
             .insert(header::ACCEPT, HeaderValue::from_static("*/*"));
         let mut t = Template::of(&req);
         t.packed.pop();
+        assert!(t.request().is_none());
+        // More headers than a map can hold: no request, and no panic.
+        let mut t = Template::of(&req);
+        t.count = 1 << 20;
         assert!(t.request().is_none());
     }
 
