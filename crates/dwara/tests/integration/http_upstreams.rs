@@ -1640,18 +1640,29 @@ async fn a_response_head_over_the_limit_is_a_502() {
     drop(endpoint.await.unwrap());
 }
 
-/// The head of the next request on `sock`, as its bytes came (`None` if the
-/// connection closed first).
-pub(crate) async fn head_of_next(sock: &mut TcpStream) -> Option<Vec<u8>> {
-    let mut head = Vec::new();
-    let mut buf = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") {
-        match tokio::time::timeout(WAIT, sock.read(&mut buf)).await {
-            Ok(Ok(1)) => head.push(buf[0]),
-            _ => return None,
-        }
-    }
-    Some(head)
+/// The head of the next request on `sock`, as its bytes came, within [`WAIT`]
+/// (`what` names it in the panic otherwise).
+pub(crate) async fn next_head(sock: &mut TcpStream, what: &str) -> Vec<u8> {
+    tokio::time::timeout(WAIT, crate::slow_bodies::head_of_next(sock))
+        .await
+        .unwrap_or_else(|_| panic!("no {what} within {WAIT:?}"))
+        .unwrap_or_else(|| panic!("the connection closed before {what}"))
+}
+
+/// An endpoint's side of a request lost and sent again: takes a connection,
+/// reads its request's head and closes it unanswered; takes the next, reads the
+/// request again and writes `answer`. The two heads, and that connection, open.
+pub(crate) async fn lose_then_answer(
+    listener: &TcpListener,
+    answer: &[u8],
+) -> (Vec<u8>, Vec<u8>, TcpStream) {
+    let (mut lost, _) = listener.accept().await.unwrap();
+    let first = next_head(&mut lost, "a request head").await;
+    drop(lost);
+    let (mut conn, _) = listener.accept().await.unwrap();
+    let again = next_head(&mut conn, "the request again").await;
+    conn.write_all(answer).await.unwrap();
+    (first, again, conn)
 }
 
 /// A request that went out whole and got no answer (the endpoint took it and
@@ -1665,19 +1676,13 @@ async fn a_lost_idempotent_request_is_sent_again_with_the_same_head() {
     let listener = TcpListener::bind((ip(2), port)).await.unwrap();
     let (proxy, _dns, serve) = in_front_of_127_0_0_2(port, "    max_tries: 2\n").await;
     let endpoint = tokio::spawn(async move {
-        // The GET, taken and dropped unanswered.
-        let (mut lost, _) = listener.accept().await.unwrap();
-        let first = head_of_next(&mut lost).await.expect("a request head");
-        drop(lost);
-        // The GET again, on a new connection: answered.
-        let (mut conn, _) = listener.accept().await.unwrap();
-        let again = head_of_next(&mut conn).await.expect("the request again");
-        conn.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-            .await
-            .unwrap();
+        // The GET, taken and dropped unanswered, then again on a new connection:
+        // answered.
+        let answer = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
+        let (first, again, mut conn) = lose_then_answer(&listener, answer).await;
         // The POST, on the same (pooled) connection: taken and dropped
         // unanswered.
-        let post = head_of_next(&mut conn).await.expect("the POST's head");
+        let post = next_head(&mut conn, "the POST's head").await;
         drop(conn);
         [first, again, post]
     });

@@ -210,8 +210,9 @@ async fn a_request_body_the_endpoint_stops_taking_gets_504() {
     assert_eq!(h["client_timeout_408"], 0, "{status}");
 }
 
-/// The path of the request whose head is read from `sock` (`None` when it closed).
-pub(crate) async fn path_of_next(sock: &mut TcpStream) -> Option<String> {
+/// The head of the next request on `sock`, as its bytes came (`None` when it
+/// closed first).
+pub(crate) async fn head_of_next(sock: &mut TcpStream) -> Option<Vec<u8>> {
     let mut head = Vec::new();
     let mut buf = [0u8; 1];
     while !head.ends_with(b"\r\n\r\n") {
@@ -220,6 +221,12 @@ pub(crate) async fn path_of_next(sock: &mut TcpStream) -> Option<String> {
             _ => return None,
         }
     }
+    Some(head)
+}
+
+/// The path of the request whose head is read from `sock` (`None` when it closed).
+pub(crate) async fn path_of_next(sock: &mut TcpStream) -> Option<String> {
+    let head = head_of_next(sock).await?;
     let text = String::from_utf8_lossy(&head).into_owned();
     text.split(' ').nth(1).map(str::to_owned)
 }

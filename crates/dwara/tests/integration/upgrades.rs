@@ -16,7 +16,7 @@ use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 use tokio_tungstenite::{WebSocketStream, client_async};
 
 use crate::http_upstreams::{
-    Backend, common_port, dns, head_of_next, in_front_of_127_0_0_2, ip, metrics, read_response,
+    Backend, common_port, dns, in_front_of_127_0_0_2, ip, lose_then_answer, metrics, read_response,
     upstream, wait_listening,
 };
 use crate::serve::{Serve, WAIT};
@@ -446,16 +446,9 @@ async fn a_lost_upgrade_request_is_sent_again_with_the_same_head() {
     let listener = TcpListener::bind((ip(2), port)).await.unwrap();
     let (proxy, _dns, serve) = in_front_of_127_0_0_2(port, "    max_tries: 2\n").await;
     let endpoint = tokio::spawn(async move {
-        let (mut lost, _) = listener.accept().await.unwrap();
-        let first = head_of_next(&mut lost).await.expect("a request head");
-        drop(lost);
-        let (mut conn, _) = listener.accept().await.unwrap();
-        let again = head_of_next(&mut conn).await.expect("the request again");
-        conn.write_all(
-            b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n",
-        )
-        .await
-        .unwrap();
+        let switch =
+            b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n";
+        let (first, again, conn) = lose_then_answer(&listener, switch).await;
         // The tunnel: what comes is sent back.
         let (mut rd, mut wr) = conn.into_split();
         tokio::io::copy(&mut rd, &mut wr).await.unwrap();
