@@ -152,7 +152,7 @@ fn run_in(
         let name = subject.name();
         let (requests, events) = count(dir, subject, (&backend_proc, backend), seconds, cache)?;
         if let Some(k) = keep {
-            let from = dir.join(format!("{name}.callgrind.1"));
+            let from = dump_of(dir, name);
             let to = k.join(format!("{name}.callgrind"));
             std::fs::copy(&from, &to)
                 .with_context(|| format!("cannot copy {} to {}", from.display(), to.display()))?;
@@ -243,11 +243,15 @@ fn count(
     let run = load(seconds)?;
     output_of("callgrind_control", &["-i", "off", &pid])?;
     output_of("callgrind_control", &["-d", &pid])?;
-    // The dump asked for lands beside the out file, numbered.
-    let dump = dir.join(format!("{name}.callgrind.1"));
+    let dump = dump_of(dir, name);
     let text = std::fs::read_to_string(&dump)
         .with_context(|| format!("callgrind wrote no dump at {}", dump.display()))?;
     Ok((run.units, totals(&text)?))
+}
+
+/// Where the dump asked for of `name` lands: beside its out file, numbered.
+fn dump_of(dir: &Path, name: &str) -> PathBuf {
+    dir.join(format!("{name}.callgrind.1"))
 }
 
 /// The events a callgrind dump counted, by name: its `events:` line names the
