@@ -16,6 +16,11 @@
 //! or once [`BATCH`] outboxes wait. Larger writes (the pieces of a streamed body)
 //! go at once, after whatever the outbox held, so bytes never change order.
 //!
+//! A connection's first write goes at once, and its outbox (with the duplicate of
+//! its descriptor that the turn's end sends on) is made at its second: a
+//! connection that writes once, such as one answer and then close, costs no
+//! `fcntl`, `close` or allocation for an outbox it would not use.
+//!
 //! The turn's end sends through a duplicate of the socket's descriptor, without
 //! waiting (`MSG_DONTWAIT`). What a full socket does not take stays in the outbox
 //! and the connection's task is woken: its next poll sends the rest through tokio,
@@ -128,25 +133,43 @@ pub(crate) fn send_all() {
 /// turn (see the module docs).
 pub(crate) struct Deferred<T> {
     io: T,
-    /// `None` on a thread that does not send outboxes, or when the descriptor
-    /// could not be duplicated: every write goes at once.
+    /// Made at the second write; `None` before it, on a thread that does not
+    /// send outboxes, or when the descriptor could not be duplicated: every write
+    /// goes at once then.
     outbox: Option<Arc<Outbox>>,
+    /// Whether writes may still be held: made on a thread that sends outboxes,
+    /// and no duplicate of the descriptor has failed.
+    may_hold: bool,
+    /// Whether a write has gone to the socket (the next one makes the outbox).
+    written: bool,
 }
 
 impl<T: AsFd> Deferred<T> {
     pub(crate) fn new(io: T) -> Self {
-        let outbox = ON
-            .with(Cell::get)
-            .then(|| io.as_fd().try_clone_to_owned().ok())
-            .flatten()
-            .map(|fd| {
-                Arc::new(Outbox {
-                    fd,
-                    held: Mutex::new(Held::default()),
-                    left: AtomicBool::new(false),
-                })
-            });
-        Self { io, outbox }
+        Self {
+            io,
+            outbox: None,
+            may_hold: ON.with(Cell::get),
+            written: false,
+        }
+    }
+
+    /// The outbox, made now if this is a write after the first on a thread that
+    /// sends outboxes.
+    fn outbox(&mut self) -> Option<&Arc<Outbox>> {
+        if self.outbox.is_none() && self.may_hold && self.written {
+            match self.io.as_fd().try_clone_to_owned() {
+                Ok(fd) => {
+                    self.outbox = Some(Arc::new(Outbox {
+                        fd,
+                        held: Mutex::new(Held::default()),
+                        left: AtomicBool::new(false),
+                    }));
+                }
+                Err(_) => self.may_hold = false,
+            }
+        }
+        self.outbox.as_ref()
     }
 }
 
@@ -220,15 +243,15 @@ impl<T: AsyncRead + AsyncWrite + Unpin> AsyncRead for Deferred<T> {
     }
 }
 
-impl<T: AsyncWrite + Unpin> AsyncWrite for Deferred<T> {
+impl<T: AsyncWrite + AsFd + Unpin> AsyncWrite for Deferred<T> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         let this = &mut *self;
-        if let Some(outbox) = &this.outbox
-            && ON.with(Cell::get)
+        if ON.with(Cell::get)
+            && let Some(outbox) = this.outbox()
         {
             let mut held = outbox.held.lock();
             let fits = held.bytes.len() + buf.len() <= SMALL;
@@ -256,7 +279,10 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Deferred<T> {
             }
         }
         match this.drain(cx) {
-            Poll::Ready(Ok(())) => Pin::new(&mut this.io).poll_write(cx, buf),
+            Poll::Ready(Ok(())) => {
+                this.written = true;
+                Pin::new(&mut this.io).poll_write(cx, buf)
+            }
             Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
             Poll::Pending => Poll::Pending,
         }
@@ -321,8 +347,27 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn the_first_write_goes_at_once_and_makes_no_outbox() {
+        let (mut near, far) = pair().await;
+        near.write_all(b"answer").await.unwrap();
+        assert_eq!(now(&far), b"answer", "the first write waited");
+        assert!(near.outbox.is_none(), "an outbox for a single write");
+        near.write_all(b"again").await.unwrap();
+        assert!(near.outbox.is_some(), "no outbox at the second write");
+        assert_eq!(
+            now(&far),
+            b"",
+            "the second write went before the turn's end"
+        );
+        send_all();
+        assert_eq!(now(&far), b"again");
+    }
+
+    #[tokio::test]
     async fn small_writes_wait_for_the_turns_end_and_bytes_keep_their_order() {
         let (mut near, far) = pair().await;
+        near.write_all(b"zero ").await.unwrap();
+        assert_eq!(now(&far), b"zero ");
         near.write_all(b"one ").await.unwrap();
         near.write_all(b"two ").await.unwrap();
         near.flush().await.unwrap();
@@ -342,6 +387,8 @@ mod tests {
     #[tokio::test]
     async fn what_a_full_socket_does_not_take_goes_on_as_the_peer_reads() {
         let (mut near, far) = pair().await;
+        // The first write goes at once; the ones after it are held.
+        near.write_all(b"head").await.unwrap();
         let mut far = TcpStream::from_std(far).unwrap();
         // Both the send and the receive buffers full.
         let chunk = vec![b'f'; 65536];
@@ -361,13 +408,17 @@ mod tests {
         // Sent through tokio as the peer reads, then the write side closed.
         near.shutdown().await.unwrap();
         let all = reader.await.unwrap();
-        assert_eq!(all.len(), filled + 4);
+        assert_eq!(all.len(), 4 + filled + 4);
+        assert!(all.starts_with(b"headff"));
         assert!(all.ends_with(b"fftail"));
     }
 
     #[tokio::test]
     async fn a_failed_send_at_the_turns_end_is_the_next_polls_error() {
         let (mut near, far) = pair().await;
+        // The first write goes at once; the ones after it are held.
+        near.write_all(b"first").await.unwrap();
+        assert_eq!(now(&far), b"first");
         socket2::SockRef::from(&far)
             .set_linger(Some(std::time::Duration::ZERO))
             .unwrap();
@@ -391,7 +442,11 @@ mod tests {
     async fn a_full_batch_is_sent_without_waiting_for_the_turns_end() {
         let mut pairs = Vec::new();
         for _ in 0..BATCH {
-            pairs.push(pair().await);
+            let (mut near, far) = pair().await;
+            // The first write goes at once; the ones after it are held.
+            near.write_all(b"0").await.unwrap();
+            assert_eq!(now(&far), b"0");
+            pairs.push((near, far));
         }
         for (i, (near, far)) in pairs.iter_mut().enumerate() {
             near.write_all(b"m").await.unwrap();
@@ -410,6 +465,8 @@ mod tests {
     #[tokio::test]
     async fn into_parts_hands_back_what_is_held() {
         let (mut near, far) = pair().await;
+        near.write_all(b"HTTP/1.1 200 OK\r\n\r\n").await.unwrap();
+        assert_eq!(now(&far), b"HTTP/1.1 200 OK\r\n\r\n");
         near.write_all(b"HTTP/1.1 101 Switching Protocols\r\n\r\n")
             .await
             .unwrap();
@@ -430,8 +487,10 @@ mod tests {
         let mut near = std::thread::spawn(move || Deferred::new(near.unwrap()))
             .join()
             .unwrap();
-        assert!(near.outbox.is_none());
         near.write_all(b"now").await.unwrap();
         assert_eq!(now(&far), b"now");
+        near.write_all(b" and again").await.unwrap();
+        assert_eq!(now(&far), b" and again");
+        assert!(near.outbox.is_none());
     }
 }

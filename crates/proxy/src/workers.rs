@@ -235,7 +235,15 @@ async fn accept_loop(
                 match &run {
                     RunOn::Here(stats) => {
                         stats.accepted.fetch_add(1, Ordering::Relaxed);
-                        tracker.spawn(connection(socket, peer, target, current.clone()));
+                        // Each protocol's future is a task of its own type: tokio
+                        // moves a task's whole future as it spawns it and as it
+                        // ends, and one type for both would be as large as the
+                        // larger of the two.
+                        if target.http.is_some() {
+                            tracker.spawn(reverse::serve(socket, peer, target, current.clone()));
+                        } else {
+                            tracker.spawn(forward::handle(socket, peer, target));
+                        }
                     }
                     RunOn::InTurn(workers) => {
                         let worker = &workers[turn % workers.len()];
