@@ -33,9 +33,10 @@
 //!   echo through each to an upgrade-echo backend (`cargo xtask perf tunnel-backend
 //!   --listen ADDR`, this xtask as a process of its own).
 //! - `cargo xtask perf http-instructions [--seconds S] [--before PATH] [--haproxy]
-//!   [--cache] [--keep DIR]` counts the instructions per proxied keep-alive request under
-//!   callgrind (steady where the rates of `perf http` are not), HAProxy's too with
-//!   `--haproxy`, and the cache misses per request with `--cache`; `--keep DIR`
+//!   [--cache] [--new-connections] [--keep DIR]` counts the instructions per proxied
+//!   keep-alive request under callgrind (steady where the rates of `perf http` are
+//!   not), HAProxy's too with `--haproxy`, the cache misses per request with
+//!   `--cache`, and per request on a new connection with `--new-connections`; `--keep DIR`
 //!   keeps the callgrind dumps for `callgrind_annotate`.
 //! - `cargo xtask perf rolling [--replacements N] [--rate R] [--keep-logs DIR]`
 //!   replaces backend instances one by one (each killed before its name is deleted)
@@ -103,7 +104,7 @@ commands:
   perf tunnel [--rounds R] [--seconds S] [--threads T] [--dwara PATH]
   perf tunnel-backend --listen ADDR  the upgrade-echo server perf tunnel runs
   perf http-instructions [--seconds S] [--dwara PATH] [--before PATH] [--haproxy] [--cache]
-                       [--keep DIR]
+                       [--new-connections] [--keep DIR]
   perf rolling [--replacements N] [--rate R] [--keep-logs DIR]
   perf push [--rounds R] [--docker]
   perf guard [--qps N] [--seconds S] [--legit-qps N]

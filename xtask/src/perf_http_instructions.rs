@@ -1,9 +1,11 @@
 //! `cargo xtask perf http-instructions`: the instructions dwara executes per
-//! proxied keep-alive request, counted by valgrind's callgrind.
+//! proxied keep-alive request (with `--new-connections`, per request on a new
+//! connection), counted by valgrind's callgrind.
 //!
 //! ```text
 //! cargo xtask perf http-instructions [--seconds S] [--dwara PATH] [--before PATH]
-//!                                    [--haproxy] [--cache] [--keep DIR]
+//!                                    [--haproxy] [--cache] [--new-connections]
+//!                                    [--keep DIR]
 //! ```
 //!
 //! The rates of `perf http` swing by ±20% from round to round on a shared 2-core
@@ -37,6 +39,11 @@
 //! how much of the code and data each request brings back into the cache (see
 //! `docs/PERFORMANCE.md`). It is several times slower.
 //!
+//! `--new-connections` sends each request on a new connection instead (`wrk -t1
+//! -c16 -H "Connection: close"`, as the new-connection load of `perf http` with
+//! 16 connections) and prints the counts per connection: what accepting,
+//! serving and closing a client connection costs beside its one request.
+//!
 //! `--keep DIR` copies each proxy's callgrind dump into `DIR` (made if missing),
 //! as `NAME.callgrind`, for `callgrind_annotate --inclusive=yes DIR/NAME.callgrind`
 //! to say where the instructions went.
@@ -53,7 +60,7 @@ use crate::perf_l4::{Load, Options, Proc, Proxy, start_backend, start_dwara_unde
 use crate::perf_util::{clock_ticks, free_port, output_of, parse_flags, release_dwara};
 
 const USAGE: &str = "usage: cargo xtask perf http-instructions [--seconds S] [--dwara PATH] \
-                     [--before PATH] [--haproxy] [--cache] [--keep DIR]";
+                     [--before PATH] [--haproxy] [--cache] [--new-connections] [--keep DIR]";
 
 /// Runs the count for `--dwara` (or the release build), `--before` and, with
 /// `--haproxy`, HAProxy-1t.
@@ -61,9 +68,13 @@ pub(crate) fn run(args: &[String]) -> anyhow::Result<()> {
     // The switches first: the other flags take a value each.
     let haproxy = args.iter().any(|a| a == "--haproxy");
     let cache = args.iter().any(|a| a == "--cache");
+    let load = match args.iter().any(|a| a == "--new-connections") {
+        true => Load::CountedConnections,
+        false => Load::Counted,
+    };
     let rest: Vec<String> = args
         .iter()
-        .filter(|a| *a != "--haproxy" && *a != "--cache")
+        .filter(|a| !["--haproxy", "--cache", "--new-connections"].contains(&a.as_str()))
         .cloned()
         .collect();
     let f = parse_flags(
@@ -98,7 +109,7 @@ pub(crate) fn run(args: &[String]) -> anyhow::Result<()> {
         std::fs::create_dir_all(k).with_context(|| format!("cannot make {}", k.display()))?;
     }
     crate::perf_util::in_scratch_dir("perf-http-instructions", |dir| {
-        run_in(dir, &subjects, seconds, cache, keep.as_deref())
+        run_in(dir, &subjects, (load, seconds), cache, keep.as_deref())
     })
 }
 
@@ -133,13 +144,17 @@ impl Subject {
 fn run_in(
     dir: &Path,
     subjects: &[Subject],
-    seconds: u32,
+    (load, seconds): (Load, u32),
     cache: bool,
     keep: Option<&Path>,
 ) -> anyhow::Result<()> {
+    let (what, per_what) = match load {
+        Load::CountedConnections => ("requests of /tiny, each on a new connection,", "connection"),
+        _ => ("keep-alive requests of /tiny", "request"),
+    };
     println!(
         "perf http-instructions: each proxy under callgrind{}, wrk -t1 -c16 -d{seconds}s \
-         keep-alive requests of /tiny through it to nginx",
+         {what} through it to nginx",
         if cache {
             " with its cache and branch simulation"
         } else {
@@ -150,7 +165,13 @@ fn run_in(
     let mut counts = Vec::new();
     for subject in subjects {
         let name = subject.name();
-        let (requests, events) = count(dir, subject, (&backend_proc, backend), seconds, cache)?;
+        let (requests, events) = count(
+            dir,
+            subject,
+            (&backend_proc, backend),
+            (load, seconds),
+            cache,
+        )?;
         if let Some(k) = keep {
             let from = dump_of(dir, name);
             let to = k.join(format!("{name}.callgrind"));
@@ -168,12 +189,12 @@ fn run_in(
         let instructions = event("Ir");
         println!(
             "  {name:<16} {requests:>9.0} requests  {instructions:>15} instructions  \
-             {:>9.0} per request",
+             {:>9.0} per {per_what}",
             per("Ir")
         );
         if cache {
             println!(
-                "  {:<16} per request: L1i misses {:.0}, L1d misses {:.0} (read {:.0}, \
+                "  {:<16} per {per_what}: L1i misses {:.0}, L1d misses {:.0} (read {:.0}, \
                  write {:.0}), mispredicted branches {:.0} (indirect {:.0})",
                 "",
                 per("I1mr"),
@@ -189,13 +210,13 @@ fn run_in(
     let by_name = |n: &str| counts.iter().find(|(name, _)| *name == n).map(|c| c.1);
     if let (Some(now), Some(before)) = (by_name("dwara-1t"), by_name("dwara-1t-before")) {
         println!(
-            "  dwara-1t ÷ dwara-1t-before: {:.4}x instructions per request",
+            "  dwara-1t ÷ dwara-1t-before: {:.4}x instructions per {per_what}",
             now / before
         );
     }
     if let (Some(now), Some(haproxy)) = (by_name("dwara-1t"), by_name("haproxy-1t")) {
         println!(
-            "  dwara-1t ÷ haproxy-1t: {:.4}x instructions per request",
+            "  dwara-1t ÷ haproxy-1t: {:.4}x instructions per {per_what}",
             now / haproxy
         );
     }
@@ -208,7 +229,7 @@ fn count(
     dir: &Path,
     subject: &Subject,
     (backend_proc, backend): (&Proc, u16),
-    seconds: u32,
+    (load, seconds): (Load, u32),
     cache: bool,
 ) -> anyhow::Result<(f64, Vec<(String, u64)>)> {
     let name = subject.name();
@@ -236,7 +257,7 @@ fn count(
             dwara: None,
             pin: None,
         };
-        wrk(&proxy, backend_proc, Load::Counted, &opts, clock_ticks())
+        wrk(&proxy, backend_proc, load, &opts, clock_ticks())
     };
     load(2)?;
     output_of("callgrind_control", &["-i", "on", &pid])?;

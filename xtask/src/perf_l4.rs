@@ -548,6 +548,9 @@ pub(crate) enum Load {
     /// callgrind, 32 connections batch differently from run to run, and the
     /// instructions per request of one build differ by about 1% (16: 0.5%).
     Counted,
+    /// A new connection per request on 16 connections, for `perf
+    /// http-instructions --new-connections`.
+    CountedConnections,
 }
 
 impl Load {
@@ -561,6 +564,7 @@ impl Load {
             Load::Bodies => "1 MiB bodies, 8 conns",
             Load::NoEndpoints => "503 with nothing to route to, 1 keep-alive conn",
             Load::Counted => "keep-alive requests, 16 conns, tiny body",
+            Load::CountedConnections => "a new connection per request, 16 conns",
         }
     }
 
@@ -568,7 +572,7 @@ impl Load {
     pub(crate) fn unit(self) -> &'static str {
         match self {
             Load::KeepAlive | Load::Counted => "req",
-            Load::NewConnection => "conn",
+            Load::NewConnection | Load::CountedConnections => "conn",
             Load::Bodies => "MiB",
             Load::NoEndpoints => "503",
         }
@@ -581,6 +585,7 @@ impl Load {
             Load::Bodies => vec!["-c", "8", "/1m"],
             Load::NoEndpoints => vec!["-c", "1", "/tiny"],
             Load::Counted => vec!["-c", "16", "/tiny"],
+            Load::CountedConnections => vec!["-c", "16", "-H", "Connection: close", "/tiny"],
         }
     }
 }
@@ -721,7 +726,11 @@ pub(crate) fn wrk(
     let read = words.get(4).and_then(|w| bytes(w)).unwrap_or(0.0);
     let units = match load {
         Load::Bodies => read / (1024.0 * 1024.0),
-        Load::KeepAlive | Load::NewConnection | Load::NoEndpoints | Load::Counted => requests,
+        Load::KeepAlive
+        | Load::NewConnection
+        | Load::NoEndpoints
+        | Load::Counted
+        | Load::CountedConnections => requests,
     };
     let percentile = |p: &str| {
         text.lines()
