@@ -16,8 +16,8 @@ use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 use tokio_tungstenite::{WebSocketStream, client_async};
 
 use crate::http_upstreams::{
-    Backend, common_port, dns, in_front_of_127_0_0_2, ip, lose_then_answer, metrics, read_response,
-    upstream, wait_listening,
+    Backend, common_port, dns, in_front_of_127_0_0_2, ip, lose_then_answer, metrics, next_head,
+    read_response, upstream, wait_listening,
 };
 use crate::serve::{Serve, WAIT};
 
@@ -462,16 +462,8 @@ async fn a_lost_upgrade_request_is_sent_again_with_the_same_head() {
     )
     .await
     .unwrap();
-    let mut got = Vec::new();
-    while !got.ends_with(b"\r\n\r\n") {
-        let mut byte = [0u8; 1];
-        let n = tokio::time::timeout(WAIT, tokio::io::AsyncReadExt::read(&mut raw, &mut byte))
-            .await
-            .expect("no answer")
-            .unwrap();
-        assert_eq!(n, 1, "closed: {}", String::from_utf8_lossy(&got));
-        got.push(byte[0]);
-    }
+    // The answer's head, read as a request's is: up to its blank line.
+    let got = next_head(&mut raw, "the answer's head").await;
     let head = String::from_utf8_lossy(&got).to_ascii_lowercase();
     assert!(head.starts_with("http/1.1 101"), "{head}");
     raw.write_all(b"ping").await.unwrap();
