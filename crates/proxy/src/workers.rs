@@ -235,15 +235,7 @@ async fn accept_loop(
                 match &run {
                     RunOn::Here(stats) => {
                         stats.accepted.fetch_add(1, Ordering::Relaxed);
-                        // Each protocol's future is a task of its own type: tokio
-                        // moves a task's whole future as it spawns it and as it
-                        // ends, and one type for both would be as large as the
-                        // larger of the two.
-                        if target.http.is_some() {
-                            tracker.spawn(reverse::serve(socket, peer, target, current.clone()));
-                        } else {
-                            tracker.spawn(forward::handle(socket, peer, target));
-                        }
+                        spawn_connection(&tracker, socket, peer, target, current.clone());
                     }
                     RunOn::InTurn(workers) => {
                         let worker = &workers[turn % workers.len()];
@@ -257,11 +249,11 @@ async fn accept_loop(
                             }
                         };
                         worker.stats.accepted.fetch_add(1, Ordering::Relaxed);
-                        let current = current.clone();
+                        let (current, spawner) = (current.clone(), tracker.clone());
                         tracker.spawn_on(
                             async move {
                                 match TcpStream::from_std(socket) {
-                                    Ok(s) => connection(s, peer, target, current).await,
+                                    Ok(s) => spawn_connection(&spawner, s, peer, target, current),
                                     Err(e) => warn!(error = %e, "cannot register a connection"),
                                 }
                             },
@@ -279,16 +271,20 @@ async fn accept_loop(
     }
 }
 
-/// Serves one accepted connection by its upstream's protocol: bytes (L4) or HTTP.
-async fn connection(
+/// Spawns, on the current runtime, the task that serves one accepted connection
+/// by its upstream's protocol: bytes (L4) or HTTP. Each protocol's future is a
+/// task of its own type: tokio moves a task's whole future as it spawns it and
+/// as it ends, and one type for both would be as large as the larger of the two.
+fn spawn_connection(
+    tracker: &TaskTracker,
     socket: TcpStream,
     peer: SocketAddr,
     target: Arc<Target>,
     current: Arc<ArcSwap<Target>>,
 ) {
     if target.http.is_some() {
-        reverse::serve(socket, peer, target, current).await;
+        tracker.spawn(reverse::serve(socket, peer, target, current));
     } else {
-        forward::handle(socket, peer, target).await;
+        tracker.spawn(forward::handle(socket, peer, target));
     }
 }
