@@ -168,9 +168,17 @@ fn is_dropped_from_requests(name: &HeaderName) -> bool {
 /// IPv4 form when it is an IPv4-mapped IPv6 address); made once per client
 /// connection.
 pub fn forwarded_for(client: IpAddr) -> HeaderValue {
-    // An address's text is always a valid header value.
-    HeaderValue::from_str(&client.to_canonical().to_string())
-        .unwrap_or_else(|_| HeaderValue::from_static("unknown"))
+    use std::io::Write;
+    // Formatted on the stack (the longest address text is 39 bytes): the value
+    // is the only allocation.
+    let mut text = [0u8; 48];
+    let mut at = &mut text[..];
+    let written = write!(at, "{}", client.to_canonical()).map(|()| 48 - at.len());
+    // An address's text always fits and is always a valid header value.
+    written
+        .ok()
+        .and_then(|n| HeaderValue::from_bytes(&text[..n]).ok())
+        .unwrap_or_else(|| HeaderValue::from_static("unknown"))
 }
 
 /// Rewrites a request's headers for the endpoint: hop-by-hop and `Expect` removed,
@@ -420,6 +428,27 @@ mod tests {
                 check_host(&map(&[("host", bad)]), &origin()).is_err(),
                 "{bad}"
             );
+        }
+    }
+
+    #[test]
+    fn forwarded_for_is_the_address_text_of_every_length() {
+        for (ip, text) in [
+            ("10.0.0.9", "10.0.0.9"),
+            ("::ffff:255.255.255.255", "255.255.255.255"),
+            (
+                "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff",
+                "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff",
+            ),
+            // Only a mapped address is written with its IPv4 part.
+            ("::ffff:0:255.255.255.255", "::ffff:0:ffff:ffff"),
+            (
+                "ffff:ffff:ffff:ffff:ffff:ffff:255.255.255.255",
+                "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff",
+            ),
+        ] {
+            let ip: IpAddr = ip.parse().unwrap();
+            assert_eq!(forwarded_for(ip), text, "{ip:?}");
         }
     }
 

@@ -459,8 +459,12 @@ async fn sniff(socket: &mut TcpStream) -> std::io::Result<(Bytes, bool)> {
     }
 }
 
-/// The size of the first read of a client connection.
-const SNIFF_BUF: usize = 4096;
+/// The size of the first read of a client connection: nginx's
+/// `client_header_buffer_size`. Most request heads fit; a longer one is read on
+/// by hyper behind these bytes. Within glibc's per-thread cache (chunks up to
+/// 1,032 bytes), where a 4 KiB buffer took a trip through its arenas per
+/// connection.
+const SNIFF_BUF: usize = 1024;
 
 /// A client socket with the bytes [`sniff`] read put back in front of it, whose
 /// writes fail once the client has taken no byte for the send timeout.

@@ -720,6 +720,19 @@ async fn oversized_heads_get_431_and_malformed_requests_400() {
     let text = read_response(&mut raw).await;
     assert!(text.starts_with("HTTP/1.1 431"), "{text}");
 
+    // A head longer than the first read of a connection (1 KiB) and within the
+    // limit is read on whole behind it.
+    let mut raw = TcpStream::connect(proxy).await.unwrap();
+    let long = format!(
+        "GET / HTTP/1.1\r\nHost: web.test\r\nX-Long: {}\r\nConnection: close\r\n\r\n",
+        "b".repeat(2500)
+    );
+    raw.write_all(long.as_bytes()).await.unwrap();
+    let text = read_response(&mut raw).await;
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    let echoed = format!("\"x-long\":\"{}\"", "b".repeat(2500));
+    assert!(text.contains(&echoed), "{text}");
+
     for garbage in [
         &b"GET / HTTP/1.1\r\nHost: web.test\r\nBad Header\r\n\r\n"[..],
         b"\x00\x01\x02 nonsense\r\n\r\n",
