@@ -306,12 +306,9 @@ async fn a_response_body_the_endpoint_stops_sending_is_cut_off() {
         .unwrap();
     // The client's pace is what is under test.
     tokio::time::sleep(Duration::from_millis(600)).await;
-    let mut head = Vec::new();
-    let mut byte = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") {
-        raw.read_exact(&mut byte).await.unwrap();
-        head.push(byte[0]);
-    }
+    let head = head_of_next(&mut raw)
+        .await
+        .expect("closed before the response head");
     assert!(
         head.starts_with(b"HTTP/1.1 200"),
         "{}",
@@ -450,12 +447,9 @@ async fn a_client_that_stops_reading_is_closed_after_the_send_timeout() {
     raw.write_all(b"GET /big HTTP/1.1\r\nHost: web\r\n\r\n")
         .await
         .unwrap();
-    let mut head = Vec::new();
-    let mut byte = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") {
-        raw.read_exact(&mut byte).await.unwrap();
-        head.push(byte[0]);
-    }
+    let head = head_of_next(&mut raw)
+        .await
+        .expect("closed before the response head");
     assert!(
         head.starts_with(b"HTTP/1.1 200"),
         "{}",
