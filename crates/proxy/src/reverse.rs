@@ -811,6 +811,11 @@ async fn from_cache(
 
 /// An answer made here (a 5xx, or a 408 or 400 for a request body that did not
 /// come): counted, logged at debug with why, one line of body.
+///
+/// Cold, as every path to an answer made here: laid out away from the path of a
+/// request an endpoint answers, so that path takes fewer lines of the
+/// instruction cache.
+#[cold]
 pub(crate) fn made(
     target: &Target,
     http: &HttpUpstream,
@@ -881,6 +886,7 @@ pub(crate) fn made(
 /// The answer [`made`] here to a request refused before it went anywhere (a bad
 /// `Host`, `CONNECT`, a transfer coding other than chunked), counted among the
 /// upstream's answers as every other is.
+#[cold]
 pub(crate) fn refused(
     target: &Target,
     http: &HttpUpstream,
@@ -1178,6 +1184,7 @@ enum Stop {
 }
 
 /// The answer made here to a request stopped on its try of `addr`.
+#[cold]
 fn stopped(
     target: &Target,
     http: &HttpUpstream,
@@ -1246,6 +1253,7 @@ pub(crate) async fn dial_addr(choice: &Choice, http: &HttpUpstream) -> SocketAdd
 }
 
 /// Counts and reports a failed dial of `choice` (to `addr`), and says why.
+#[cold]
 pub(crate) fn dial_failed(
     choice: &Choice,
     http: &HttpUpstream,
@@ -1353,17 +1361,7 @@ fn outcome(
             choice.failed();
             return Sent::Stopped(Stop::TimedOut);
         }
-        // The connection is dropped: with a request half sent, it is of no use.
-        Exchanged::BodyStalled(Stand::Waiting) => return Sent::Stopped(Stop::ClientStalled),
-        Exchanged::BodyStalled(Stand::Failed) => {
-            return Sent::Stopped(Stop::ClientFailed(
-                "the request body from the client failed".to_owned(),
-            ));
-        }
-        Exchanged::BodyStalled(_) => {
-            choice.failed();
-            return Sent::Stopped(Stop::NotTaken);
-        }
+        Exchanged::BodyStalled(stand) => return stalled(stand, choice),
     };
     match sent {
         // A switch of protocols nobody asked for (a request that did is not sent
@@ -1371,10 +1369,7 @@ fn outcome(
         // connection, and the client could make nothing of it.
         Ok(resp) if resp.status() == StatusCode::SWITCHING_PROTOCOLS => {
             choice.failed();
-            Sent::Lost(format!(
-                "{}: 101 Switching Protocols to a request that asked for no upgrade",
-                choice.addr
-            ))
+            Sent::Lost(unasked_upgrade(choice.addr))
         }
         Ok(resp) => {
             let (mut parts, body) = resp.into_parts();
@@ -1400,36 +1395,69 @@ fn outcome(
             );
             Sent::Answered(Response::from_parts(parts, body.boxed_unsync()))
         }
-        Err(mut e) => {
-            let why = if e.error().is_parse_too_large() {
-                format!(
-                    "{}: a response head larger than max_response_header_bytes ({})",
-                    choice.addr, http.settings.max_response_header_bytes
-                )
-            } else {
-                format!("{}: {}", choice.addr, e.error())
-            };
-            if upload == Some(Stand::Failed) {
-                return Sent::Stopped(Stop::ClientFailed(format!(
-                    "the request body from the client failed ({why})"
-                )));
+        Err(e) => not_answered(e, &conn, choice, http, upload),
+    }
+}
+
+/// [`outcome`] of an exchange whose request body stalled (`stand`: where it
+/// stood). The connection is dropped: with a request half sent, it is of no use.
+#[cold]
+fn stalled(stand: Stand, choice: &Choice) -> Sent {
+    match stand {
+        Stand::Waiting => Sent::Stopped(Stop::ClientStalled),
+        Stand::Failed => Sent::Stopped(Stop::ClientFailed(
+            "the request body from the client failed".to_owned(),
+        )),
+        _ => {
+            choice.failed();
+            Sent::Stopped(Stop::NotTaken)
+        }
+    }
+}
+
+/// Why a `101` to a request that asked for no upgrade is lost.
+#[cold]
+fn unasked_upgrade(addr: SocketAddr) -> String {
+    format!("{addr}: 101 Switching Protocols to a request that asked for no upgrade")
+}
+
+/// [`outcome`] of a request hyper gave no answer to: the request back when it was
+/// not written, else lost.
+#[cold]
+fn not_answered(
+    mut e: hyper::client::conn::TrySendError<Request<ReqBody>>,
+    conn: &Conn,
+    choice: &Choice,
+    http: &HttpUpstream,
+    upload: Option<Stand>,
+) -> Sent {
+    let why = if e.error().is_parse_too_large() {
+        format!(
+            "{}: a response head larger than max_response_header_bytes ({})",
+            choice.addr, http.settings.max_response_header_bytes
+        )
+    } else {
+        format!("{}: {}", choice.addr, e.error())
+    };
+    if upload == Some(Stand::Failed) {
+        return Sent::Stopped(Stop::ClientFailed(format!(
+            "the request body from the client failed ({why})"
+        )));
+    }
+    match e.take_message() {
+        Some(req) => {
+            if !conn.reused {
+                choice.failed();
             }
-            match e.take_message() {
-                Some(req) => {
-                    if !conn.reused {
-                        choice.failed();
-                    }
-                    Sent::Unsent {
-                        req,
-                        why,
-                        idle_closed: conn.reused,
-                    }
-                }
-                None => {
-                    choice.failed();
-                    Sent::Lost(why)
-                }
+            Sent::Unsent {
+                req,
+                why,
+                idle_closed: conn.reused,
             }
+        }
+        None => {
+            choice.failed();
+            Sent::Lost(why)
         }
     }
 }
@@ -1497,6 +1525,7 @@ impl PooledBody {
 
     /// Gives up on the body: the connection is closed (dropped, not pooled), the
     /// cut counted and logged.
+    #[cold]
     fn cut_off(&mut self) -> BoxError {
         let timeout = self.up.settings.body_timeout;
         if let Some(conn) = self.conn.take() {
