@@ -41,7 +41,10 @@
 //!    wrk's CPU per unit, the three together (`chain`), the machine's busy time
 //!    per unit (cores × busy share ÷ rate), its idle share, and how often the
 //!    proxy was preempted (its involuntary context switches per 1,000 units, from
-//!    `/proc/PID/task/*/status`).
+//!    `/proc/PID/task/*/status`); and under that, per proxy, `dwara-1t`'s rate
+//!    divided by its round by round: the lowest, the highest, and in how many
+//!    rounds `dwara-1t` was ahead (a ratio above 1). Where the lowest is below 1
+//!    and the highest above, the two are level within the rounds' spread.
 //!
 //! `--before PATH` adds `dwara-1t-before`: `dwara-1t` run from another build (the
 //! one before a change), in the same rounds, so that the `dwara-1t` ratios on its
@@ -342,12 +345,77 @@ fn report(proxies: &[Proxy], runs: &[Vec<Vec<Run>>], opts: &Options) {
                 med(rs, &|r| r.preempted),
             );
         }
+        println!(
+            "  {:<15} {:>14} {:>14} {:>14}",
+            "dwara-1t ÷ it", "lowest round", "highest round", "rounds ahead"
+        );
+        for (p, rs) in proxies.iter().zip(&runs[l]).skip(1) {
+            let Some(s) = RoundByRound::of(one, rs) else {
+                continue;
+            };
+            println!(
+                "  {:<15} {:>13.2}x {:>13.2}x {:>14}",
+                p.proc.name,
+                s.lowest,
+                s.highest,
+                format!("{} of {}", s.ahead, s.rounds)
+            );
+        }
+    }
+}
+
+/// `dwara-1t`'s rate divided by another proxy's, round by round.
+#[derive(Debug, PartialEq)]
+struct RoundByRound {
+    lowest: f64,
+    highest: f64,
+    /// The rounds in which `dwara-1t` served more.
+    ahead: usize,
+    rounds: usize,
+}
+
+impl RoundByRound {
+    /// From both proxies' runs, in round order (the same index is the same round);
+    /// `None` when there is no round with both.
+    fn of(one: &[Run], other: &[Run]) -> Option<Self> {
+        let ratios: Vec<f64> = one
+            .iter()
+            .zip(other)
+            .map(|(a, b)| a.rate / b.rate)
+            .filter(|r| r.is_finite())
+            .collect();
+        let lowest = ratios.iter().copied().reduce(f64::min)?;
+        let highest = ratios.iter().copied().reduce(f64::max)?;
+        Some(Self {
+            lowest,
+            highest,
+            ahead: ratios.iter().filter(|r| **r > 1.0).count(),
+            rounds: ratios.len(),
+        })
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn round_by_round_ratios_pair_the_same_rounds() {
+        let run = |rate: f64| Run {
+            rate,
+            ..Run::default()
+        };
+        let one = [run(100.0), run(90.0), run(120.0)];
+        let other = [run(80.0), run(100.0), run(100.0)];
+        let s = RoundByRound::of(&one, &other).unwrap();
+        assert_eq!((s.ahead, s.rounds), (2, 3));
+        assert!((s.lowest - 0.9).abs() < 1e-9, "{s:?}");
+        assert!((s.highest - 1.25).abs() < 1e-9, "{s:?}");
+        // A round without a rate on the other side says nothing.
+        let s = RoundByRound::of(&one[..1], &[run(0.0)]);
+        assert_eq!(s, None);
+        assert_eq!(RoundByRound::of(&[], &other), None);
+    }
 
     #[test]
     fn pin_is_a_switch_beside_the_flags_with_values() {
