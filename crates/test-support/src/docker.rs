@@ -1,5 +1,6 @@
 //! The real Docker engine for tests, driven by the `docker` CLI: [`docker`] (and
-//! [`docker_async`]) run one command; [`engine_reachable`] says whether there is an
+//! [`docker_async`]) run one command, bounded by [`DOCKER_DEADLINE`] (after one
+//! command outlives it, every later one fails at once); [`engine_reachable`] says whether there is an
 //! engine to test against; [`busybox_image`] builds the tiny test image
 //! [`BUSYBOX_IMAGE`] (`FROM scratch` + Debian's static busybox) once per process,
 //! installing `busybox-static` with apt-get when it is missing; a [`Scope`] names a
@@ -35,30 +36,98 @@ pub const HEALTHY_WHILE_OK: [&str; 8] = [
 ];
 
 /// How long one `docker` command may take before [`docker`] gives up on it: far
-/// beyond any command of the tests on a loaded machine, and far short of CI's
-/// limit, so a daemon that stopped answering fails the tests instead of hanging
-/// them.
-pub const DOCKER_DEADLINE: Duration = Duration::from_secs(300);
+/// beyond any command of the tests on a loaded machine (the slowest, a `docker
+/// run` while others start, takes a few seconds), and short enough that a daemon
+/// that stopped answering fails the tests in minutes instead of hanging them.
+pub const DOCKER_DEADLINE: Duration = Duration::from_secs(120);
 
 /// Runs `docker ARGS`: trimmed stdout, or stderr (with the command) as the error.
-/// A command still running after [`DOCKER_DEADLINE`] is killed and is an error.
+/// A command still running after [`DOCKER_DEADLINE`] is killed and is an error,
+/// and so is every later command of the process, at once (see [`Engine`]).
 pub fn docker<S: AsRef<str>>(args: &[S]) -> Result<String, String> {
+    static DOCKER: Engine = Engine::new("docker", DOCKER_DEADLINE);
     let args: Vec<&str> = args.iter().map(AsRef::as_ref).collect();
-    let out = run_bounded("docker", &args, DOCKER_DEADLINE)?;
-    if out.status.success() {
-        Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
-    } else {
-        Err(format!(
-            "docker {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
+    DOCKER.run(&args)
+}
+
+/// One engine's command-line client as the tests drive it.
+///
+/// Commands that create or start a container run one at a time: Docker 20.10 can
+/// deadlock (dockerd and containerd waiting on each other, `docker inspect` of the
+/// new containers never answered) when many are created at once
+/// (moby/moby#42682); one at a time costs the tests a few seconds.
+///
+/// The first command that outlives the deadline is remembered with what the
+/// machine showed then, and from then on nothing more is run: a daemon that left
+/// one command unanswered for minutes does not answer the next (its container
+/// locks are held), and waiting out the deadline again for every later command
+/// and every [`Scope`]'s clean-up would turn one failure into an hour.
+struct Engine {
+    program: &'static str,
+    deadline: Duration,
+    starting: Mutex<()>,
+    stuck: OnceLock<String>,
+}
+
+impl Engine {
+    const fn new(program: &'static str, deadline: Duration) -> Self {
+        Self {
+            program,
+            deadline,
+            starting: Mutex::new(()),
+            stuck: OnceLock::new(),
+        }
     }
+
+    fn run(&self, args: &[&str]) -> Result<String, String> {
+        let command = || format!("{} {}", self.program, args.join(" "));
+        if let Some(first) = self.stuck.get() {
+            return Err(format!(
+                "{}: not run, the daemon stopped answering earlier: {first}",
+                command()
+            ));
+        }
+        let _one_at_a_time = matches!(
+            args.first(),
+            Some(&("run" | "create" | "start" | "restart"))
+        )
+        .then(|| self.starting.lock().unwrap_or_else(PoisonError::into_inner));
+        let out = match run_bounded(self.program, args, self.deadline) {
+            Ok(out) => out,
+            Err(Bounded::Failed(e)) => return Err(e),
+            Err(Bounded::Deadline(e)) => {
+                let first = self.stuck.get_or_init(|| {
+                    let seen = daemon_snapshot();
+                    eprintln!("{e}\nwhat the machine showed then:\n{seen}");
+                    format!("{e}; then: {}", seen.replace('\n', " | "))
+                });
+                return Err(first.clone());
+            }
+        };
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+        } else {
+            Err(format!(
+                "{}: {}",
+                command(),
+                String::from_utf8_lossy(&out.stderr).trim()
+            ))
+        }
+    }
+}
+
+/// Why [`run_bounded`] has no output to hand back.
+#[derive(Debug)]
+enum Bounded {
+    /// The program could not be run or waited for.
+    Failed(String),
+    /// It was still running at the deadline (and was killed).
+    Deadline(String),
 }
 
 /// Runs `program ARGS` to its end and hands back its output, or kills it once
 /// `deadline` has passed and says so.
-fn run_bounded(program: &str, args: &[&str], deadline: Duration) -> Result<Output, String> {
+fn run_bounded(program: &str, args: &[&str], deadline: Duration) -> Result<Output, Bounded> {
     let command = || format!("{program} {}", args.join(" "));
     let child = Command::new(program)
         .args(args)
@@ -66,7 +135,7 @@ fn run_bounded(program: &str, args: &[&str], deadline: Duration) -> Result<Outpu
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .map_err(|e| format!("cannot run {program}: {e}"))?;
+        .map_err(|e| Bounded::Failed(format!("cannot run {program}: {e}")))?;
     let pid = child.id().to_string();
     let (done, finished) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
@@ -74,15 +143,56 @@ fn run_bounded(program: &str, args: &[&str], deadline: Duration) -> Result<Outpu
     });
     match finished.recv_timeout(deadline) {
         Ok(Ok(out)) => Ok(out),
-        Ok(Err(e)) => Err(format!("{}: cannot wait for it: {e}", command())),
+        Ok(Err(e)) => Err(Bounded::Failed(format!(
+            "{}: cannot wait for it: {e}",
+            command()
+        ))),
         Err(_) => {
             let _ = Command::new("kill").args(["-KILL", &pid]).status();
-            Err(format!(
+            Err(Bounded::Deadline(format!(
                 "{}: no answer within {:?} (is the daemon stuck?)",
                 command(),
                 deadline
-            ))
+            )))
         }
+    }
+}
+
+/// What the machine shows of a daemon that stopped answering: the engine's
+/// processes (state, seconds running, what they wait in) and the last lines of
+/// the daemon's log where it writes one to a file.
+fn daemon_snapshot() -> String {
+    let mut seen = Vec::new();
+    if let Ok(Ok(out)) = run_bounded(
+        "ps",
+        &["-eo", "pid,stat,etimes,wchan:24,args"],
+        Duration::from_secs(10),
+    )
+    .map(|out| String::from_utf8(out.stdout))
+    {
+        seen.extend(
+            out.lines()
+                .filter(|l| {
+                    ["dockerd", "containerd", "runc", "fuse-overlayfs", "docker "]
+                        .iter()
+                        .any(|p| l.contains(p))
+                })
+                .take(16)
+                .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" ")),
+        );
+    }
+    if let Ok(log) = std::fs::read_to_string("/var/log/dockerd.log") {
+        let lines: Vec<&str> = log.lines().collect();
+        seen.extend(
+            lines[lines.len().saturating_sub(6)..]
+                .iter()
+                .map(|l| format!("dockerd.log: {l}")),
+        );
+    }
+    if seen.is_empty() {
+        "nothing (no engine process or log found)".to_owned()
+    } else {
+        seen.join("\n")
     }
 }
 
@@ -301,10 +411,44 @@ mod tests {
     }
 
     #[test]
+    fn after_one_command_outlives_the_deadline_nothing_more_is_run() {
+        let engine = Engine::new("sleep", Duration::from_millis(200));
+        let arg = format!("31.{}", std::process::id());
+        let first = engine.run(&[&arg]).unwrap_err();
+        assert!(
+            first.contains(&format!("sleep {arg}: no answer within 200ms")),
+            "{first}"
+        );
+        assert!(first.contains("; then: "), "{first}");
+        // A command that would end at once is not even started, and says why.
+        let started = Instant::now();
+        let next = engine.run(&["0"]).unwrap_err();
+        assert!(started.elapsed() < Duration::from_millis(150), "{next}");
+        assert!(
+            next.starts_with("sleep 0: not run, the daemon stopped answering earlier: "),
+            "{next}"
+        );
+        assert!(next.ends_with(&first), "{next}");
+    }
+
+    #[test]
+    fn a_command_that_fails_says_which_and_why() {
+        let engine = Engine::new("sh", Duration::from_secs(30));
+        let err = engine
+            .run(&["-c", "echo no such thing >&2; exit 1"])
+            .unwrap_err();
+        assert_eq!(err, "sh -c echo no such thing >&2; exit 1: no such thing");
+        assert_eq!(engine.run(&["-c", "echo ' ok '"]), Ok("ok".to_owned()));
+    }
+
+    #[test]
     fn a_command_past_its_deadline_is_killed_and_is_an_error() {
         // A length no other process here sleeps for, to find this one by.
         let arg = format!("30.{}", std::process::id());
-        let err = run_bounded("sleep", &[&arg], Duration::from_millis(200)).unwrap_err();
+        let Err(Bounded::Deadline(err)) = run_bounded("sleep", &[&arg], Duration::from_millis(200))
+        else {
+            panic!("no deadline error");
+        };
         assert!(
             err.contains(&format!("sleep {arg}: no answer within 200ms")),
             "{err}"
