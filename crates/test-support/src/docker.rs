@@ -43,7 +43,8 @@ pub const DOCKER_DEADLINE: Duration = Duration::from_secs(120);
 
 /// Runs `docker ARGS`: trimmed stdout, or stderr (with the command) as the error.
 /// A command still running after [`DOCKER_DEADLINE`] is killed and is an error,
-/// and so is every later command of the process, at once (see [`Engine`]).
+/// and so is every later command of the process, at once. Commands that create or
+/// start a container run one at a time.
 pub fn docker<S: AsRef<str>>(args: &[S]) -> Result<String, String> {
     static DOCKER: Engine = Engine::new("docker", DOCKER_DEADLINE);
     let args: Vec<&str> = args.iter().map(AsRef::as_ref).collect();
