@@ -9,10 +9,12 @@
 //!    registry (`TARGET/image/dwara-image.tar`).
 //!
 //! `--debug` builds the binary without optimisation (a faster build; `cargo xtask
-//! ci` tests the image that way), `--no-save` skips the tar.
+//! ci` tests the image that way), `--no-save` skips the tar. A `docker` command
+//! that has not ended after 5 minutes is killed and fails the task.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 
@@ -144,11 +146,31 @@ fn ensure_static(binary: &Path) -> anyhow::Result<()> {
     }
 }
 
+/// How long one `docker` command here may take: the build copies one binary into
+/// an empty image (seconds), the save writes a few MiB. Past this the daemon is
+/// taken to be stuck, and the task fails instead of hanging.
+const DOCKER_DEADLINE: Duration = Duration::from_secs(300);
+
 fn docker(args: &[&str]) -> anyhow::Result<()> {
-    let status = Command::new("docker")
+    let mut child = Command::new("docker")
         .args(args)
-        .status()
+        .spawn()
         .context("cannot run docker (is the Docker CLI installed?)")?;
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().context("cannot wait for docker")? {
+            break status;
+        }
+        if started.elapsed() > DOCKER_DEADLINE {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!(
+                "`docker {}` did not end within {DOCKER_DEADLINE:?} (is the daemon stuck?)",
+                args.join(" ")
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
     if !status.success() {
         bail!("`docker {}` failed ({status})", args.join(" "));
     }
