@@ -1,10 +1,11 @@
 //! The real Docker engine for tests, driven by the `docker` CLI: [`docker`] (and
 //! [`docker_async`]) run one command, bounded by [`DOCKER_DEADLINE`] (after one
-//! command outlives it, every later one fails at once); [`engine_reachable`] says whether there is an
-//! engine to test against; [`busybox_image`] builds the tiny test image
-//! [`BUSYBOX_IMAGE`] (`FROM scratch` + Debian's static busybox) once per process,
-//! installing `busybox-static` with apt-get when it is missing; a [`Scope`] names a
-//! test's containers and networks and removes them when dropped, failed or not;
+//! command outlives it, every later one fails at once); [`engine_reachable`] says
+//! whether there is an engine to test against; [`busybox_image`] builds the tiny
+//! test image [`BUSYBOX_IMAGE`] (`FROM scratch` + Debian's static busybox) once per
+//! process, installing `busybox-static` with apt-get when it is missing; a
+//! [`Scope`] names a test's containers and networks and removes them when dropped,
+//! failed or not;
 //! [`HEALTHY_WHILE_OK`] gives a container a `HEALTHCHECK` a test can flip.
 //!
 //! A [`Scope::with_pid_label`] also labels its containers with the pid of the test
@@ -99,8 +100,8 @@ impl Engine {
             Err(Bounded::Deadline(e)) => {
                 let first = self.stuck.get_or_init(|| {
                     let seen = daemon_snapshot();
-                    eprintln!("{e}\nwhat the machine showed then:\n{seen}");
-                    format!("{e}; then: {}", seen.replace('\n', " | "))
+                    eprintln!("{e}\nwhat the machine showed then:\n{}", seen.join("\n"));
+                    format!("{e}; then: {}", seen.join(" | "))
                 });
                 return Err(first.clone());
             }
@@ -161,8 +162,8 @@ fn run_bounded(program: &str, args: &[&str], deadline: Duration) -> Result<Outpu
 
 /// What the machine shows of a daemon that stopped answering: the engine's
 /// processes (state, seconds running, what they wait in) and the last lines of
-/// the daemon's log where it writes one to a file.
-fn daemon_snapshot() -> String {
+/// the daemon's log where it writes one to a file; a line each.
+fn daemon_snapshot() -> Vec<String> {
     let mut seen = Vec::new();
     if let Ok(Ok(out)) = run_bounded(
         "ps",
@@ -191,10 +192,9 @@ fn daemon_snapshot() -> String {
         );
     }
     if seen.is_empty() {
-        "nothing (no engine process or log found)".to_owned()
-    } else {
-        seen.join("\n")
+        seen.push("nothing (no engine process or log found)".to_owned());
     }
+    seen
 }
 
 /// [`docker`] from async code without blocking the runtime.
