@@ -7,13 +7,14 @@ use std::net::{IpAddr, Ipv4Addr};
 
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 
-/// Headers that must never reach the other side.
-const HOP: [&str; 10] = [
+/// Headers that must never reach the other side as they came (a request's `TE`
+/// and `Connection` come back as `TE: trailers`, `Connection: te` when its `TE`
+/// accepted trailers). `Trailer` is the message's and goes on.
+const HOP: [&str; 9] = [
     "connection",
     "keep-alive",
     "proxy-connection",
     "te",
-    "trailer",
     "transfer-encoding",
     "upgrade",
     "proxy-authenticate",
@@ -24,9 +25,10 @@ const HOP: [&str; 10] = [
 /// Parses `data` as `name: value` lines (lines that are not valid headers are
 /// skipped), rewrites them as a request and as a response, and checks: no
 /// hop-by-hop header and nothing `Connection` named is left (but `Host` and the
-/// `X-Forwarded-*` pair, which the rewrite sets itself), nor a `Content-Length`
-/// beside `Transfer-Encoding`; every other header is kept, `X-Forwarded-For` ends
-/// with the client and `X-Forwarded-Proto` is `http`.
+/// `X-Forwarded-*` pair, which the rewrite sets itself, and on a request whose `TE`
+/// listed `trailers` exactly `TE: trailers` and `Connection: te`), nor a
+/// `Content-Length` beside `Transfer-Encoding`; every other header is kept,
+/// `X-Forwarded-For` ends with the client and `X-Forwarded-Proto` is `http`.
 /// A successful `split_address` gives a port that is not 0 and a host without `:`
 /// unless it is an IPv6 literal.
 pub fn http_headers(data: &[u8]) {
@@ -78,6 +80,26 @@ pub fn http_headers(data: &[u8]) {
     // The rewrite sets these itself, after taking away what `Connection` named:
     // Host from the authority (whatever the client sent), the `X-Forwarded-*` pair.
     let set_here = |n: &str| n == "host" || n.starts_with("x-forwarded-");
+    let trailers = headers.get_all("te").iter().any(|v| {
+        v.to_str().is_ok_and(|t| {
+            t.split(',')
+                .any(|c| c.trim().eq_ignore_ascii_case("trailers"))
+        })
+    });
+    let te: Vec<_> = request.get_all("te").iter().map(|v| v.as_bytes()).collect();
+    let connection: Vec<_> = request
+        .get_all("connection")
+        .iter()
+        .map(|v| v.as_bytes())
+        .collect();
+    if trailers {
+        assert_eq!(
+            (te.as_slice(), connection.as_slice()),
+            (&[&b"trailers"[..]][..], &[&b"te"[..]][..])
+        );
+        request.remove("te");
+        request.remove("connection");
+    }
     for name in request.keys() {
         assert!(
             set_here(name.as_str()) || !gone(name.as_str()),

@@ -4,8 +4,11 @@
 //! A proxy must not pass on the hop-by-hop headers of RFC 9110 §7.6.1 (they describe
 //! one connection, not the message): `Connection` itself, every header that
 //! `Connection` names, and the classic list (`Keep-Alive`, `Proxy-Connection`, `TE`,
-//! `Trailer`, `Transfer-Encoding`, `Upgrade`, `Proxy-Authenticate`,
-//! `Proxy-Authorization`). hyper frames each side's body itself (chunked or
+//! `Transfer-Encoding`, `Upgrade`, `Proxy-Authenticate`, `Proxy-Authorization`).
+//! `Trailer` is not one of them (RFC 9110 §6.6.2: it is the message's, and hyper
+//! sends only the trailer fields it announces), and a request whose `TE` accepts
+//! trailers goes on with `TE: trailers` (and `Connection: te`, as §10.1.4 asks),
+//! since this hop passes trailers on both ways. hyper frames each side's body itself (chunked or
 //! `Content-Length`), so dropping `Transfer-Encoding` loses nothing; a
 //! `Content-Length` beside it goes too (RFC 9112 §6.3: the chunks decided where
 //! the body ended, not the length). hyper undoes only the chunked coding: a
@@ -30,10 +33,9 @@ use http::header::{self, Entry, HeaderMap, HeaderName, HeaderValue};
 
 /// The hop-by-hop headers every message loses, whatever `Connection` says, that
 /// `http` knows as standard headers (compared as such: no string comparison).
-static STANDARD_HOP_BY_HOP: [HeaderName; 7] = [
+static STANDARD_HOP_BY_HOP: [HeaderName; 6] = [
     header::CONNECTION,
     header::TE,
-    header::TRAILER,
     header::TRANSFER_ENCODING,
     header::UPGRADE,
     header::PROXY_AUTHENTICATE,
@@ -70,7 +72,7 @@ impl std::error::Error for UnknownCoding {}
 /// Removes the hop-by-hop headers: those named in `Connection` (every value, comma
 /// separated, names that are not header names skipped) and the fixed list.
 pub fn remove_hop_by_hop(headers: &mut HeaderMap) -> Result<(), UnknownCoding> {
-    remove_listed(headers, is_hop_by_hop)
+    remove_listed(headers, is_hop_by_hop, false)
 }
 
 /// Whether a `Transfer-Encoding` value names a coding other than `chunked`.
@@ -85,10 +87,13 @@ fn other_coding(value: &HeaderValue) -> bool {
 
 /// Removes the headers `Connection` names and every header for which `listed` is
 /// true (`Connection` itself must be listed); [`UnknownCoding`] when a
-/// `Transfer-Encoding` so removed named a coding other than `chunked`.
+/// `Transfer-Encoding` so removed named a coding other than `chunked`. With
+/// `trailers_asked` (a request), a removed `TE` that accepted trailers is put
+/// back as `TE: trailers` with `Connection: te`.
 fn remove_listed(
     headers: &mut HeaderMap,
     listed: fn(&HeaderName) -> bool,
+    trailers_asked: bool,
 ) -> Result<(), UnknownCoding> {
     // Most messages carry none of them, or only `Connection` (a response's
     // `keep-alive`): one pass over the names finds out, where a removal of each
@@ -113,7 +118,11 @@ fn remove_listed(
         return Ok(());
     }
     let mut coding = Ok(());
+    let mut trailers = false;
     while let Some(name) = headers.keys().find(|n| listed(n)).cloned() {
+        if trailers_asked && name == header::TE {
+            trailers = headers.get_all(&name).iter().any(accepts_trailers);
+        }
         if name == header::TRANSFER_ENCODING {
             if headers.get_all(&name).iter().any(other_coding) {
                 coding = Err(UnknownCoding);
@@ -126,7 +135,19 @@ fn remove_listed(
         }
         headers.remove(&name);
     }
+    if trailers {
+        headers.insert(header::TE, HeaderValue::from_static("trailers"));
+        headers.insert(header::CONNECTION, HeaderValue::from_static("te"));
+    }
     coding
+}
+
+/// Whether a `TE` value lists `trailers` (RFC 9110 §10.1.4).
+fn accepts_trailers(value: &HeaderValue) -> bool {
+    value.to_str().is_ok_and(|text| {
+        text.split(',')
+            .any(|t| t.trim().eq_ignore_ascii_case("trailers"))
+    })
 }
 
 /// The header names `Connection`'s values list, beside those of the fixed list
@@ -231,7 +252,7 @@ pub fn rewrite_request(
     client: &HeaderValue,
     authority: Option<&str>,
 ) -> Result<(), UnknownCoding> {
-    let coding = remove_listed(headers, is_dropped_from_requests);
+    let coding = remove_listed(headers, is_dropped_from_requests, true);
     // Appended to the last value, as HAProxy's and nginx's $proxy_add_x_forwarded_for
     // do; several header lines are joined into one, which means the same.
     match headers.entry(&X_FORWARDED_FOR) {
@@ -349,13 +370,62 @@ mod tests {
         to_upstream(&mut h, "10.1.2.3".parse().unwrap(), None).unwrap();
         let mut left: Vec<&str> = h.keys().map(HeaderName::as_str).collect();
         left.sort_unstable();
+        // `TE: trailers` is put back for this hop, which passes trailers on.
         assert_eq!(
             left,
-            ["host", "x-forwarded-for", "x-forwarded-proto", "x-kept"]
+            [
+                "connection",
+                "host",
+                "te",
+                "x-forwarded-for",
+                "x-forwarded-proto",
+                "x-kept"
+            ]
         );
         assert_eq!(h["x-forwarded-for"], "10.1.2.3");
         assert_eq!(h["x-forwarded-proto"], "http");
         assert_eq!(h["host"], "web.local");
+        assert_eq!(h["te"], "trailers");
+        assert_eq!(h["connection"], "te");
+    }
+
+    #[test]
+    fn trailers_are_announced_end_to_end_and_te_asks_this_hop_for_them() {
+        // `Trailer` is the message's: it stays on requests and responses.
+        let mut r = map(&[("trailer", "x-sum"), ("transfer-encoding", "chunked")]);
+        to_client(&mut r).unwrap();
+        assert_eq!(
+            r.keys().map(HeaderName::as_str).collect::<Vec<_>>(),
+            ["trailer"]
+        );
+        // A request's `TE` goes; it comes back as `TE: trailers` only when it
+        // accepted trailers, whatever else it listed and however it was spelt.
+        for (te, kept) in [
+            ("trailers", true),
+            ("gzip;q=0.5, Trailers", true),
+            (" deflate , trailers ", true),
+            ("gzip", false),
+            ("trailersx", false),
+            ("", false),
+        ] {
+            let mut h = map(&[
+                ("te", te),
+                ("connection", "TE, x-hop"),
+                ("x-hop", "1"),
+                ("trailer", "x-check"),
+                ("host", "web.local"),
+            ]);
+            to_upstream(&mut h, "10.0.0.1".parse().unwrap(), None).unwrap();
+            assert_eq!(h.get("x-hop"), None, "{te:?}");
+            assert_eq!(h["trailer"], "x-check", "{te:?}");
+            if kept {
+                assert_eq!(h.get_all("te").iter().collect::<Vec<_>>(), ["trailers"]);
+                assert_eq!(h.get_all("connection").iter().collect::<Vec<_>>(), ["te"]);
+            } else {
+                assert_eq!(h.get("te"), None, "{te:?}");
+                assert_eq!(h.get("connection"), None, "{te:?}");
+            }
+        }
     }
 
     #[test]

@@ -1607,7 +1607,11 @@ impl Body for PooledBody {
         }
         match &polled {
             Poll::Ready(None) => self.release(),
-            Poll::Ready(Some(Ok(_))) if self.inner.is_end_stream() => self.release(),
+            // Trailers are the last frame, and hyper's servers poll no further
+            // after them: the connection goes back to the pool now or never.
+            Poll::Ready(Some(Ok(frame))) if frame.is_trailers() || self.inner.is_end_stream() => {
+                self.release();
+            }
             Poll::Ready(Some(Ok(_))) => self.armed = false,
             // A failed body leaves the connection in no state to reuse.
             Poll::Ready(Some(Err(_))) => self.conn = None,

@@ -103,9 +103,11 @@ impl Body for Sending {
         let up = &self.upload;
         match &polled {
             Poll::Pending => up.set(WAITING),
-            Poll::Ready(Some(Ok(_))) => {
+            Poll::Ready(Some(Ok(frame))) => {
                 up.frames.fetch_add(1, Ordering::Relaxed);
-                let ended = self.inner.is_end_stream();
+                // Trailers are a body's last frame: hyper polls no further after
+                // them, so no `None` would come to say it ended.
+                let ended = frame.is_trailers() || self.inner.is_end_stream();
                 up.set(if ended { ENDED } else { MOVING });
             }
             Poll::Ready(None) => up.set(ENDED),

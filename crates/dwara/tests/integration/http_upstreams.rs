@@ -368,7 +368,9 @@ async fn headers_are_rewritten_and_bodies_stream_both_ways() {
         .header("connection", "x-secret")
         .header("x-secret", "hop")
         .header("proxy-authorization", "Basic Zm9vOmJhcg==")
-        .header("te", "trailers")
+        // (One that accepts trailers goes on as `TE: trailers`: see
+        // `trailers_pass_both_ways_when_announced`.)
+        .header("te", "gzip")
         .header("x-kept", "yes")
         .body(Full::new(Bytes::from_static(b"hello body")))
         .unwrap();
@@ -1563,6 +1565,156 @@ async fn a_length_beside_chunks_from_the_endpoint_is_not_passed_on() {
     assert!(text.contains("transfer-encoding: chunked"), "{text}");
     assert!(text.ends_with("\r\n\r\n3\r\nabc\r\n0\r\n\r\n"), "{text}");
     drop(endpoint.await.unwrap());
+}
+
+/// Reads from `conn` onto `got` until it ends with `end`; false when the
+/// connection closed first.
+async fn read_until(conn: &mut TcpStream, got: &mut Vec<u8>, end: &[u8]) -> bool {
+    let mut buf = [0u8; 4096];
+    while !got.ends_with(end) {
+        let n = tokio::time::timeout(WAIT, conn.read(&mut buf))
+            .await
+            .expect("the message did not end in time")
+            .unwrap_or(0);
+        if n == 0 {
+            return false;
+        }
+        got.extend_from_slice(&buf[..n]);
+    }
+    true
+}
+
+/// Sends `request` on `raw` and reads the answer up to `end`.
+async fn exchange_until(raw: &mut TcpStream, request: &[u8], end: &[u8]) -> String {
+    raw.write_all(request).await.unwrap();
+    let mut got = Vec::new();
+    let ended = read_until(raw, &mut got, end).await;
+    let text = String::from_utf8_lossy(&got).to_ascii_lowercase();
+    assert!(ended, "closed after {text:?}");
+    text
+}
+
+/// Trailers pass both ways: `Trailer` is the message's (RFC 9110 §6.6.2), not a
+/// hop-by-hop header, and hyper sends only the trailer fields a message announces.
+/// A client whose `TE` accepts trailers has the request go on with `TE: trailers`
+/// (this hop passes them on); its request's trailer reaches the endpoint, and the
+/// endpoint's response trailer reaches it, over HTTP/1.1 and over HTTP/2, and the
+/// pooled connection is used again after a response that ended with trailers. A
+/// client that did not ask for trailers gets the body without them. (With
+/// `Trailer` taken away as hop-by-hop, both were dropped; and as hyper polls a
+/// body no further after its trailers, the pooled connection was closed.)
+#[tokio::test]
+async fn trailers_pass_both_ways_when_announced() {
+    let port = common_port(&[ip(2)]).await;
+    let listener = TcpListener::bind((ip(2), port)).await.unwrap();
+    let extra = "    pool: {max_idle_per_endpoint: 8, idle_timeout_s: 60}\n";
+    let (proxy, _dns, _serve) = in_front_of_127_0_0_2(port, extra).await;
+    const ANSWER: &[u8] = b"HTTP/1.1 200 OK\r\nTrailer: x-sum\r\n\
+        Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\nx-sum: 42\r\n\r\n";
+    // Each connection's requests in turn, each answered with a trailer; what
+    // came in goes to `seen`, with the number of the connection it came on.
+    let (tx, mut seen) = tokio::sync::mpsc::unbounded_channel();
+    let _endpoint = tokio::spawn(async move {
+        for accepted in 1.. {
+            let (mut conn, _) = listener.accept().await.unwrap();
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                loop {
+                    let mut got = Vec::new();
+                    if !read_until(&mut conn, &mut got, b"\r\n\r\n").await {
+                        return;
+                    }
+                    let chunked = String::from_utf8_lossy(&got)
+                        .to_ascii_lowercase()
+                        .contains("transfer-encoding: chunked");
+                    if chunked
+                        && !read_until(&mut conn, &mut got, b"\r\n0\r\nx-check: 7\r\n\r\n").await
+                    {
+                        return;
+                    }
+                    let text = String::from_utf8_lossy(&got).to_ascii_lowercase();
+                    tx.send((accepted, text)).unwrap();
+                    conn.write_all(ANSWER).await.unwrap();
+                }
+            });
+        }
+    });
+
+    const UPLOAD: &[u8] = b"POST /up HTTP/1.1\r\nHost: web.test\r\nTE: trailers\r\n\
+        Trailer: x-check\r\nTransfer-Encoding: chunked\r\n\r\n\
+        3\r\nabc\r\n0\r\nx-check: 7\r\n\r\n";
+    let mut raw = TcpStream::connect(proxy).await.unwrap();
+    for _ in 0..2 {
+        let text = exchange_until(&mut raw, UPLOAD, b"0\r\nx-sum: 42\r\n\r\n").await;
+        assert!(text.starts_with("http/1.1 200"), "{text}");
+        assert!(text.contains("\r\ntrailer: x-sum\r\n"), "{text}");
+        let (on, at_endpoint) = seen.recv().await.unwrap();
+        assert!(
+            at_endpoint.starts_with("post /up http/1.1\r\n"),
+            "{at_endpoint}"
+        );
+        assert!(
+            at_endpoint.contains("\r\nte: trailers\r\n"),
+            "{at_endpoint}"
+        );
+        assert!(
+            at_endpoint.contains("\r\nconnection: te\r\n"),
+            "{at_endpoint}"
+        );
+        assert!(
+            at_endpoint.contains("\r\ntrailer: x-check\r\n"),
+            "{at_endpoint}"
+        );
+        assert!(
+            at_endpoint.ends_with("\r\n\r\n3\r\nabc\r\n0\r\nx-check: 7\r\n\r\n"),
+            "{at_endpoint}"
+        );
+        // One client connection's requests are served by one worker, whose idle
+        // pooled connection the second takes.
+        assert_eq!(on, 1, "the pooled connection was not used again");
+    }
+    // Not asked for: the body ends without them, and no `TE` goes on.
+    let text = exchange_until(
+        &mut raw,
+        b"GET /plain HTTP/1.1\r\nHost: web.test\r\n\r\n",
+        b"hello\r\n0\r\n\r\n",
+    )
+    .await;
+    assert!(text.starts_with("http/1.1 200"), "{text}");
+    let (_, at_endpoint) = seen.recv().await.unwrap();
+    assert!(
+        at_endpoint.starts_with("get /plain http/1.1\r\n"),
+        "{at_endpoint}"
+    );
+    assert!(!at_endpoint.contains("\r\nte:"), "{at_endpoint}");
+
+    let stream = TcpStream::connect(proxy).await.unwrap();
+    let (mut sender, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    let req = Request::get("http://web.test/h2")
+        .header("te", "trailers")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let resp = tokio::time::timeout(WAIT, sender.send_request(req))
+        .await
+        .expect("an answer in time")
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let body = resp.into_body().collect().await.unwrap();
+    assert_eq!(body.trailers().and_then(|t| t.get("x-sum")).unwrap(), "42");
+    assert_eq!(body.to_bytes(), "hello");
+    let (_, at_endpoint) = seen.recv().await.unwrap();
+    assert!(
+        at_endpoint.starts_with("get /h2 http/1.1\r\n"),
+        "{at_endpoint}"
+    );
+    assert!(
+        at_endpoint.contains("\r\nte: trailers\r\n"),
+        "{at_endpoint}"
+    );
 }
 
 /// A transfer coding other than chunked (`gzip, chunked`): hyper undoes only the

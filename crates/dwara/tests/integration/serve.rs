@@ -168,7 +168,11 @@ impl Serve {
                 "5",
             ])
             .args(extra)
-            .env("DWARA_LOG", "warn")
+            // `DWARA_TEST_LOG=debug cargo test …` shows what the process logged.
+            .env(
+                "DWARA_LOG",
+                std::env::var("DWARA_TEST_LOG").unwrap_or_else(|_| "warn".into()),
+            )
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())

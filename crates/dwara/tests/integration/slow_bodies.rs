@@ -210,6 +210,51 @@ async fn a_request_body_the_endpoint_stops_taking_gets_504() {
     assert_eq!(h["client_timeout_408"], 0, "{status}");
 }
 
+/// A request body that ends with trailers has been sent whole once they are: the
+/// response timeout, not the body timeout, then watches for the answer. (hyper
+/// polls a body no further after its trailers; taken as still moving, the
+/// request waited out the body timeout instead, and an answer that came after
+/// the response timeout went through.)
+#[tokio::test]
+async fn a_request_body_ended_by_trailers_is_sent_and_the_response_timeout_follows() {
+    let port = common_port(&[ip(2)]).await;
+    let listener = TcpListener::bind((ip(2), port)).await.unwrap();
+    let extra = "    response_timeout_ms: 300\n    body_timeout_ms: 20000\n    max_tries: 1\n";
+    let (proxy, _dns, serve) = in_front_of_127_0_0_2(port, extra).await;
+    // The endpoint takes the whole request, trailer included, and answers late.
+    let endpoint = tokio::spawn(async move {
+        let (mut conn, _) = listener.accept().await.unwrap();
+        let mut got = Vec::new();
+        let mut buf = [0u8; 4096];
+        while !got.ends_with(b"0\r\nx-check: 7\r\n\r\n") {
+            let n = conn.read(&mut buf).await.unwrap();
+            assert!(n > 0, "closed after {:?}", String::from_utf8_lossy(&got));
+            got.extend_from_slice(&buf[..n]);
+        }
+        // The endpoint's pace is what is under test.
+        tokio::time::sleep(Duration::from_millis(2000)).await;
+        let _ = conn
+            .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nlate")
+            .await;
+        got
+    });
+    let mut raw = TcpStream::connect(proxy).await.unwrap();
+    raw.write_all(
+        b"POST /upload HTTP/1.1\r\nHost: web\r\nTrailer: x-check\r\n\
+          Transfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\nx-check: 7\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let text = read_response(&mut raw).await;
+    assert!(text.starts_with("HTTP/1.1 504"), "{text}");
+    assert_eq!(body_of(&text), "upstream web did not answer in time\n");
+    let seen = endpoint.await.unwrap();
+    assert!(seen.ends_with(b"3\r\nabc\r\n0\r\nx-check: 7\r\n\r\n"));
+    let status = serve.status().await;
+    let h = &status["upstreams"][0]["http"];
+    assert_eq!(h["timeout_504"], 1, "{status}");
+}
+
 /// The head of the next request on `sock`, as its bytes came (`None` when it
 /// closed first).
 pub(crate) async fn head_of_next(sock: &mut TcpStream) -> Option<Vec<u8>> {
