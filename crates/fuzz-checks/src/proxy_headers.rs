@@ -30,7 +30,8 @@ const HOP: [&str; 9] = [
 /// `Content-Length` beside `Transfer-Encoding`; every other header is kept,
 /// `X-Forwarded-For` ends with the client and `X-Forwarded-Proto` is `http`.
 /// A successful `split_address` gives a port that is not 0 and a host without `:`
-/// unless it is an IPv6 literal.
+/// unless it is an IPv6 literal. `Cookie` lines joined (an HTTP/2 request's) are
+/// one line of them all.
 pub fn http_headers(data: &[u8]) {
     let text = String::from_utf8_lossy(data);
     if let Some(first) = text.lines().next()
@@ -130,6 +131,7 @@ pub fn http_headers(data: &[u8]) {
     assert!(request.contains_key("host"));
 
     check_hosts(&headers);
+    check_cookies(&headers);
 
     let mut response = headers.clone();
     assert_eq!(
@@ -177,4 +179,30 @@ fn check_hosts(headers: &HeaderMap) {
         dwara_proxy::headers::check_host(headers, &absolute),
         Ok(true)
     );
+}
+
+/// `join_cookies` leaves one `Cookie` line holding every line's value in order,
+/// `; ` between them, and touches nothing else.
+fn check_cookies(headers: &HeaderMap) {
+    let lines: Vec<&[u8]> = headers
+        .get_all("cookie")
+        .iter()
+        .map(HeaderValue::as_bytes)
+        .collect();
+    let mut joined = headers.clone();
+    dwara_proxy::headers::join_cookies(&mut joined);
+    let after: Vec<&[u8]> = joined
+        .get_all("cookie")
+        .iter()
+        .map(HeaderValue::as_bytes)
+        .collect();
+    if lines.is_empty() {
+        assert!(after.is_empty());
+    } else {
+        assert_eq!(after, [lines.join(&b"; "[..]).as_slice()]);
+    }
+    joined.remove("cookie");
+    let mut others = headers.clone();
+    others.remove("cookie");
+    assert_eq!(joined, others);
 }

@@ -280,6 +280,31 @@ pub fn rewrite_request(
     coding
 }
 
+/// Joins the `Cookie` lines of an HTTP/2 request into one, `; ` between them, as
+/// RFC 9113 §8.2.3 asks before the request goes on as HTTP/1.1: HTTP/2 clients
+/// send each cookie as a field of its own (for HPACK), and an HTTP/1.1 request
+/// may carry only one `Cookie` line (RFC 6265 §5.4), so an endpoint may read only
+/// the first or refuse the request.
+pub fn join_cookies(headers: &mut HeaderMap) {
+    let Entry::Occupied(mut cookies) = headers.entry(header::COOKIE) else {
+        return;
+    };
+    if cookies.iter().nth(1).is_none() {
+        return;
+    }
+    let mut joined = Vec::new();
+    for value in cookies.iter() {
+        if !joined.is_empty() {
+            joined.extend_from_slice(b"; ");
+        }
+        joined.extend_from_slice(value.as_bytes());
+    }
+    // Valid values joined by "; " are a valid value.
+    if let Ok(value) = HeaderValue::from_bytes(&joined) {
+        cookies.insert(value);
+    }
+}
+
 /// The bytes a `Host` value may hold: a reg-name, an IP literal or IPv4 address,
 /// and a port (unreserved characters, percent-encoding, sub-delimiters, `:` and
 /// the brackets of an IPv6 literal). A table: one load per byte of every request's
@@ -488,6 +513,28 @@ mod tests {
         for te in ["chunked", "Chunked", " chunked ,", "chunked, chunked"] {
             let mut h = map(&[("transfer-encoding", te)]);
             assert_eq!(to_client(&mut h), Ok(()), "{te}");
+        }
+    }
+
+    #[test]
+    fn an_h2_requests_cookie_lines_become_one() {
+        let mut h = map(&[
+            ("cookie", "a=1"),
+            ("x-app", "1"),
+            ("cookie", "b=2; c=3"),
+            ("cookie", "d=4"),
+        ]);
+        join_cookies(&mut h);
+        assert_eq!(
+            h.get_all("cookie").iter().collect::<Vec<_>>(),
+            ["a=1; b=2; c=3; d=4"]
+        );
+        assert_eq!(h["x-app"], "1");
+        // One line, or none, is left as it is.
+        for pairs in [&[("cookie", "a=1")][..], &[("x-app", "1")][..]] {
+            let mut h = map(pairs);
+            join_cookies(&mut h);
+            assert_eq!(h, map(pairs));
         }
     }
 

@@ -698,6 +698,9 @@ pub(crate) fn outgoing(
         None => host.to_owned(),
     });
     headers::rewrite_request(&mut parts.headers, client, authority.as_deref())?;
+    if parts.version == Version::HTTP_2 {
+        headers::join_cookies(&mut parts.headers);
+    }
     if let Some(pq) = parts.uri.path_and_query()
         && parts.uri.scheme().is_some()
         && let Ok(uri) = Uri::try_from(pq.as_str())

@@ -134,6 +134,8 @@ async fn answer(
         .collect();
     let body = body.collect().await?.to_bytes();
     let json = serde_json::json!({
+        // (`headers` keeps one line of each name.)
+        "cookie_lines": parts.headers.get_all("cookie").iter().count(),
         "ip": ip.to_string(),
         "method": parts.method.as_str(),
         "uri": parts.uri.to_string(),
@@ -518,6 +520,9 @@ async fn an_h2_prior_knowledge_client_gets_the_backends_answer() {
         async move {
             let req = Request::post(format!("http://web.test{path}"))
                 .header("x-kept", "yes")
+                // A cookie per field, as HTTP/2 clients send them.
+                .header("cookie", "a=1")
+                .header("cookie", "b=2")
                 .body(Full::new(Bytes::from_static(b"h2 body")))
                 .unwrap();
             let resp = tokio::time::timeout(WAIT, sender.send_request(req))
@@ -541,6 +546,9 @@ async fn an_h2_prior_knowledge_client_gets_the_backends_answer() {
         assert_eq!(h["host"], "web.test", "{seen}");
         assert_eq!(h["x-kept"], "yes", "{seen}");
         assert_eq!(h["x-forwarded-for"], "127.0.0.1", "{seen}");
+        // One `Cookie` line for HTTP/1.1 (RFC 9113 §8.2.3).
+        assert_eq!(h["cookie"], "a=1; b=2", "{seen}");
+        assert_eq!(seen["cookie_lines"], 1, "{seen}");
     }
     // The same listener still speaks HTTP/1.1 to a client that does.
     let mut client = KeepAlive::open(proxy).await;
