@@ -1500,6 +1500,9 @@ struct PooledBody {
     guard: Option<PickGuard>,
     /// Counts the request open on its client connection until the body is done.
     open: Option<Stream>,
+    /// The endpoint's body failed (it closed the connection before the body's
+    /// end, or sent what is not HTTP): the error, held back for one poll.
+    failed: Option<BoxError>,
 }
 
 impl PooledBody {
@@ -1519,6 +1522,7 @@ impl PooledBody {
             armed: false,
             guard,
             open,
+            failed: None,
         };
         if body.inner.is_end_stream() {
             body.release();
@@ -1536,6 +1540,29 @@ impl PooledBody {
         }
         self.up.stats.body_timeouts.fetch_add(1, Ordering::Relaxed);
         Box::new(BodyTimedOut(timeout))
+    }
+
+    /// The body failed (`polled` holds the error): the connection goes, and the
+    /// error is held back for one poll, the task woken for it. hyper ends the
+    /// client's connection on the error, and what it has written of the
+    /// response (the head, the body so far) but not sent yet would go with it:
+    /// an endpoint that closed right after a first piece of its body left the
+    /// client an empty reply. Now the client gets what came, then the close.
+    #[cold]
+    fn fail(
+        &mut self,
+        polled: Poll<Option<Result<Frame<Bytes>, hyper::Error>>>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        // A failed body leaves the connection in no state to reuse.
+        if let (Some(conn), Poll::Ready(Some(Err(e)))) = (self.conn.take(), &polled) {
+            debug!(endpoint = %conn.addr, error = %e, "the endpoint's response body failed; the client's connection ends after what came of it");
+        }
+        if let Poll::Ready(Some(Err(e))) = polled {
+            self.failed = Some(e.into());
+            cx.waker().wake_by_ref();
+        }
+        Poll::Pending
     }
 
     fn release(&mut self) {
@@ -1572,6 +1599,9 @@ impl Body for PooledBody {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        if let Some(e) = self.failed.take() {
+            return Poll::Ready(Some(Err(e)));
+        }
         // Only the driver, polled here, fills the body: it is polled with no waker
         // (the task wakes for the connection's socket), before and after the
         // driver.
@@ -1616,8 +1646,7 @@ impl Body for PooledBody {
                 self.release();
             }
             Poll::Ready(Some(Ok(_))) => self.armed = false,
-            // A failed body leaves the connection in no state to reuse.
-            Poll::Ready(Some(Err(_))) => self.conn = None,
+            Poll::Ready(Some(Err(_))) => return self.fail(polled, cx),
             Poll::Pending => {}
         }
         polled.map_err(BoxError::from)

@@ -1575,6 +1575,45 @@ async fn a_length_beside_chunks_from_the_endpoint_is_not_passed_on() {
     drop(endpoint.await.unwrap());
 }
 
+/// An endpoint that closes in the middle of its response body: the client gets
+/// the head and the body as far as it came, then its connection closes (it can
+/// tell the body was cut short). (hyper ends the client's connection on the
+/// body's error, and what it had written but not sent went with it: when the
+/// close came in the same read as the first piece, the client got nothing.)
+#[tokio::test]
+async fn a_response_cut_short_by_the_endpoint_reaches_the_client_as_far_as_it_came() {
+    let port = common_port(&[ip(2)]).await;
+    let listener = TcpListener::bind((ip(2), port)).await.unwrap();
+    let (proxy, _dns, _serve) = in_front_of_127_0_0_2(port, "").await;
+    let endpoint = tokio::spawn(async move {
+        for _ in 0..3 {
+            let (mut conn, _) = listener.accept().await.unwrap();
+            let seen = crate::slow_bodies::path_of_next(&mut conn).await;
+            assert_eq!(seen.as_deref(), Some("/cut"));
+            // Written and closed at once: the close comes right behind the piece.
+            conn.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n0123456789")
+                .await
+                .unwrap();
+        }
+    });
+    for _ in 0..3 {
+        let mut raw = TcpStream::connect(proxy).await.unwrap();
+        raw.write_all(b"GET /cut HTTP/1.1\r\nHost: web.test\r\n\r\n")
+            .await
+            .unwrap();
+        let mut got = Vec::new();
+        tokio::time::timeout(WAIT, raw.read_to_end(&mut got))
+            .await
+            .expect("the connection did not close")
+            .unwrap();
+        let text = String::from_utf8_lossy(&got).to_ascii_lowercase();
+        assert!(text.starts_with("http/1.1 200"), "{text:?}");
+        assert!(text.contains("\r\ncontent-length: 100\r\n"), "{text:?}");
+        assert!(text.ends_with("\r\n\r\n0123456789"), "{text:?}");
+    }
+    endpoint.await.unwrap();
+}
+
 /// Reads from `conn` onto `got` until it ends with `end`; false when the
 /// connection closed first.
 async fn read_until(conn: &mut TcpStream, got: &mut Vec<u8>, end: &[u8]) -> bool {
