@@ -713,6 +713,17 @@ pub(crate) fn outgoing(
     if body.is_end_stream() {
         return Ok((Request::from_parts(parts, empty()), template, None));
     }
+    if body.size_hint().exact().is_none() {
+        // Of unknown length (chunked, or HTTP/2 without a length): said so, since
+        // hyper's client sends no body at all for a GET or HEAD of unknown
+        // length unless the request asks for chunks (it takes them to have
+        // none), and the client's body would be lost. For other methods hyper
+        // chooses chunks itself.
+        parts.headers.insert(
+            header::TRANSFER_ENCODING,
+            HeaderValue::from_static("chunked"),
+        );
+    }
     let (body, upload) = Sending::new(body);
     Ok((
         Request::from_parts(parts, body.boxed_unsync()),

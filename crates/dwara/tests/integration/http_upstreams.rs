@@ -1575,6 +1575,28 @@ async fn a_length_beside_chunks_from_the_endpoint_is_not_passed_on() {
     drop(endpoint.await.unwrap());
 }
 
+/// A body of unknown length (chunked) on a GET or a DELETE reaches the endpoint
+/// whole. (hyper's client takes a GET or HEAD of unknown length to have no body
+/// and sent none: the endpoint got the request without its body.)
+#[tokio::test]
+async fn a_chunked_body_on_any_method_reaches_the_endpoint() {
+    let one = OneBackend::start("").await;
+    for method in ["GET", "DELETE", "POST"] {
+        let mut raw = TcpStream::connect(one.proxy).await.unwrap();
+        let request = format!(
+            "{method} /search HTTP/1.1\r\nHost: web.test\r\nTransfer-Encoding: chunked\r\n\r\n\
+             5\r\n{{\"q\":\r\n3\r\n\"x\"\r\n1\r\n}}\r\n0\r\n\r\n"
+        );
+        raw.write_all(request.as_bytes()).await.unwrap();
+        let text = read_response(&mut raw).await;
+        assert!(text.starts_with("HTTP/1.1 200"), "{method}: {text}");
+        let (_, body) = text.split_once("\r\n\r\n").unwrap();
+        let seen: serde_json::Value = serde_json::from_str(body).unwrap();
+        assert_eq!(seen["method"], method, "{seen}");
+        assert_eq!(seen["body"], "{\"q\":\"x\"}", "{method}: {seen}");
+    }
+}
+
 /// An endpoint that closes in the middle of its response body: the client gets
 /// the head and the body as far as it came, then its connection closes (it can
 /// tell the body was cut short). (hyper ends the client's connection on the
