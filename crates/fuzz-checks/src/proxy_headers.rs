@@ -81,26 +81,7 @@ pub fn http_headers(data: &[u8]) {
     // The rewrite sets these itself, after taking away what `Connection` named:
     // Host from the authority (whatever the client sent), the `X-Forwarded-*` pair.
     let set_here = |n: &str| n == "host" || n.starts_with("x-forwarded-");
-    let trailers = headers.get_all("te").iter().any(|v| {
-        v.to_str().is_ok_and(|t| {
-            t.split(',')
-                .any(|c| c.trim().eq_ignore_ascii_case("trailers"))
-        })
-    });
-    let te: Vec<_> = request.get_all("te").iter().map(|v| v.as_bytes()).collect();
-    let connection: Vec<_> = request
-        .get_all("connection")
-        .iter()
-        .map(|v| v.as_bytes())
-        .collect();
-    if trailers {
-        assert_eq!(
-            (te.as_slice(), connection.as_slice()),
-            (&[&b"trailers"[..]][..], &[&b"te"[..]][..])
-        );
-        request.remove("te");
-        request.remove("connection");
-    }
+    check_te(&headers, &mut request);
     for name in request.keys() {
         assert!(
             set_here(name.as_str()) || !gone(name.as_str()),
@@ -133,6 +114,13 @@ pub fn http_headers(data: &[u8]) {
     check_hosts(&headers);
     check_cookies(&headers);
 
+    check_response(&headers, &gone, other_coding);
+}
+
+/// `to_client` refuses exactly when a Transfer-Encoding names another coding
+/// (`other_coding`), takes away every header `gone` names but `Expect` (which
+/// only requests lose), and keeps every other one whole.
+fn check_response(headers: &HeaderMap, gone: &dyn Fn(&str) -> bool, other_coding: bool) {
     let mut response = headers.clone();
     assert_eq!(
         dwara_proxy::headers::to_client(&mut response).is_err(),
@@ -205,4 +193,29 @@ fn check_cookies(headers: &HeaderMap) {
     let mut others = headers.clone();
     others.remove("cookie");
     assert_eq!(joined, others);
+}
+
+/// A request whose `TE` listed `trailers` goes on with exactly `TE: trailers` and
+/// `Connection: te` (taken out of `request` here, for the checks that follow).
+fn check_te(headers: &HeaderMap, request: &mut HeaderMap) {
+    let trailers = headers.get_all("te").iter().any(|v| {
+        v.to_str().is_ok_and(|t| {
+            t.split(',')
+                .any(|c| c.trim().eq_ignore_ascii_case("trailers"))
+        })
+    });
+    let te: Vec<_> = request.get_all("te").iter().map(|v| v.as_bytes()).collect();
+    let connection: Vec<_> = request
+        .get_all("connection")
+        .iter()
+        .map(|v| v.as_bytes())
+        .collect();
+    if trailers {
+        assert_eq!(
+            (te.as_slice(), connection.as_slice()),
+            (&[&b"trailers"[..]][..], &[&b"te"[..]][..])
+        );
+        request.remove("te");
+        request.remove("connection");
+    }
 }

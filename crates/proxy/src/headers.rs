@@ -72,7 +72,17 @@ impl std::error::Error for UnknownCoding {}
 /// Removes the hop-by-hop headers: those named in `Connection` (every value, comma
 /// separated, names that are not header names skipped) and the fixed list.
 pub fn remove_hop_by_hop(headers: &mut HeaderMap) -> Result<(), UnknownCoding> {
-    remove_listed(headers, is_hop_by_hop, false)
+    remove_listed(headers, is_hop_by_hop, Message::Response)
+}
+
+/// Which way a message goes, for what [`remove_listed`] puts back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Message {
+    /// To the endpoint: a `TE` that accepted trailers comes back as
+    /// `TE: trailers`.
+    Request,
+    /// To the client.
+    Response,
 }
 
 /// Whether a `Transfer-Encoding` value names a coding other than `chunked`.
@@ -87,13 +97,13 @@ fn other_coding(value: &HeaderValue) -> bool {
 
 /// Removes the headers `Connection` names and every header for which `listed` is
 /// true (`Connection` itself must be listed); [`UnknownCoding`] when a
-/// `Transfer-Encoding` so removed named a coding other than `chunked`. With
-/// `trailers_asked` (a request), a removed `TE` that accepted trailers is put
-/// back as `TE: trailers` with `Connection: te`.
+/// `Transfer-Encoding` so removed named a coding other than `chunked`. On a
+/// request, a removed `TE` that accepted trailers is put back as
+/// `TE: trailers` with `Connection: te`.
 fn remove_listed(
     headers: &mut HeaderMap,
     listed: fn(&HeaderName) -> bool,
-    trailers_asked: bool,
+    message: Message,
 ) -> Result<(), UnknownCoding> {
     // Most messages carry none of them, or only `Connection` (a response's
     // `keep-alive`): one pass over the names finds out, where a removal of each
@@ -120,7 +130,7 @@ fn remove_listed(
     let mut coding = Ok(());
     let mut trailers = false;
     while let Some(name) = headers.keys().find(|n| listed(n)).cloned() {
-        if trailers_asked && name == header::TE {
+        if message == Message::Request && name == header::TE {
             trailers = headers.get_all(&name).iter().any(accepts_trailers);
         }
         if name == header::TRANSFER_ENCODING {
@@ -252,7 +262,7 @@ pub fn rewrite_request(
     client: &HeaderValue,
     authority: Option<&str>,
 ) -> Result<(), UnknownCoding> {
-    let coding = remove_listed(headers, is_dropped_from_requests, true);
+    let coding = remove_listed(headers, is_dropped_from_requests, Message::Request);
     // Appended to the last value, as HAProxy's and nginx's $proxy_add_x_forwarded_for
     // do; several header lines are joined into one, which means the same.
     match headers.entry(&X_FORWARDED_FOR) {
