@@ -176,8 +176,10 @@ pub(crate) async fn upgrade(
 }
 
 /// `Upgrade` (as the client sent it) and `Connection: upgrade`, put back after
-/// the hop-by-hop headers went.
+/// the hop-by-hop headers went; a `TE: trailers` put back for this hop goes
+/// again (its `Connection: te` is replaced, and a tunnel carries no trailers).
 fn put_back(headers: &mut HeaderMap, protocols: Vec<HeaderValue>) {
+    headers.remove(header::TE);
     headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
     for p in protocols {
         headers.append(header::UPGRADE, p);

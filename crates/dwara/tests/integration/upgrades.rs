@@ -268,7 +268,7 @@ async fn a_declined_upgrade_and_h2c_stay_http_and_a_switch_nobody_asked_for_is_a
     let mut raw = TcpStream::connect(proxy).await.unwrap();
     raw.write_all(
         b"GET /first HTTP/1.1\r\nHost: web.test\r\nConnection: keep-alive, Upgrade, X-Hop\r\n\
-          X-Hop: 1\r\nUpgrade: websocket\r\n\r\n",
+          X-Hop: 1\r\nUpgrade: websocket\r\nTE: trailers\r\n\r\n",
     )
     .await
     .unwrap();
@@ -279,8 +279,10 @@ async fn a_declined_upgrade_and_h2c_stay_http_and_a_switch_nobody_asked_for_is_a
     let headers = &body["headers"];
     assert_eq!(headers["upgrade"], "websocket", "{body}");
     assert_eq!(headers["connection"], "upgrade", "{body}");
-    // The other headers `Connection` named are still removed.
+    // The other headers `Connection` named are still removed, and so is `TE`
+    // (a tunnel carries no trailers).
     assert!(headers.get("x-hop").is_none(), "{body}");
+    assert!(headers.get("te").is_none(), "{body}");
     assert!(
         !first.to_ascii_lowercase().contains("keep-alive: "),
         "{first}"
