@@ -1599,16 +1599,17 @@ async fn a_chunked_body_on_any_method_reaches_the_endpoint() {
 
 /// An endpoint that closes in the middle of its response body: the client gets
 /// the head and the body as far as it came, then its connection closes (it can
-/// tell the body was cut short). (hyper ends the client's connection on the
-/// body's error, and what it had written but not sent went with it: when the
-/// close came in the same read as the first piece, the client got nothing.)
+/// tell the body was cut short); an HTTP/2 client's stream is reset after it.
+/// (hyper ends the client's connection on the body's error, and what it had
+/// written but not sent went with it: when the close came in the same read as
+/// the first piece, the client got nothing.)
 #[tokio::test]
 async fn a_response_cut_short_by_the_endpoint_reaches_the_client_as_far_as_it_came() {
     let port = common_port(&[ip(2)]).await;
     let listener = TcpListener::bind((ip(2), port)).await.unwrap();
     let (proxy, _dns, _serve) = in_front_of_127_0_0_2(port, "").await;
     let endpoint = tokio::spawn(async move {
-        for _ in 0..3 {
+        for _ in 0..4 {
             let (mut conn, _) = listener.accept().await.unwrap();
             let seen = crate::slow_bodies::path_of_next(&mut conn).await;
             assert_eq!(seen.as_deref(), Some("/cut"));
@@ -1633,6 +1634,34 @@ async fn a_response_cut_short_by_the_endpoint_reaches_the_client_as_far_as_it_ca
         assert!(text.contains("\r\ncontent-length: 100\r\n"), "{text:?}");
         assert!(text.ends_with("\r\n\r\n0123456789"), "{text:?}");
     }
+    // HTTP/2: the head and the piece, then the stream is reset.
+    let stream = TcpStream::connect(proxy).await.unwrap();
+    let (mut sender, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    let req = Request::get("http://web.test/cut")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let resp = tokio::time::timeout(WAIT, sender.send_request(req))
+        .await
+        .expect("an answer in time")
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let mut body = resp.into_body();
+    let mut came = Vec::new();
+    let failed = loop {
+        match tokio::time::timeout(WAIT, body.frame())
+            .await
+            .expect("the stream did not end")
+        {
+            Some(Ok(frame)) => came.extend_from_slice(&frame.into_data().unwrap()),
+            Some(Err(e)) => break e,
+            None => panic!("the stream ended cleanly after {came:?}"),
+        }
+    };
+    assert_eq!(came, b"0123456789", "{failed}");
     endpoint.await.unwrap();
 }
 
