@@ -1562,17 +1562,15 @@ impl PooledBody {
     #[cold]
     fn fail(
         &mut self,
-        polled: Poll<Option<Result<Frame<Bytes>, hyper::Error>>>,
+        e: hyper::Error,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         // A failed body leaves the connection in no state to reuse.
-        if let (Some(conn), Poll::Ready(Some(Err(e)))) = (self.conn.take(), &polled) {
+        if let Some(conn) = self.conn.take() {
             debug!(endpoint = %conn.addr, error = %e, "the endpoint's response body failed; the client's connection ends after what came of it");
         }
-        if let Poll::Ready(Some(Err(e))) = polled {
-            self.failed = Some(e.into());
-            cx.waker().wake_by_ref();
-        }
+        self.failed = Some(e.into());
+        cx.waker().wake_by_ref();
         Poll::Pending
     }
 
@@ -1649,6 +1647,10 @@ impl Body for PooledBody {
                 None => Pin::new(&mut this.inner).poll_frame(cx),
             };
         }
+        let polled = match polled {
+            Poll::Ready(Some(Err(e))) => return self.fail(e, cx),
+            other => other,
+        };
         match &polled {
             Poll::Ready(None) => self.release(),
             // Trailers are the last frame, and hyper's servers poll no further
@@ -1657,8 +1659,7 @@ impl Body for PooledBody {
                 self.release();
             }
             Poll::Ready(Some(Ok(_))) => self.armed = false,
-            Poll::Ready(Some(Err(_))) => return self.fail(polled, cx),
-            Poll::Pending => {}
+            Poll::Ready(Some(Err(_))) | Poll::Pending => {}
         }
         polled.map_err(BoxError::from)
     }

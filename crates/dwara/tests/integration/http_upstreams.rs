@@ -1543,6 +1543,19 @@ fn answer_once(
     })
 }
 
+/// Sends `request` on a new connection to `proxy` and reads until the proxy
+/// closes it; all that came, in lowercase.
+async fn answered_then_closed(proxy: SocketAddr, request: &[u8]) -> String {
+    let mut raw = TcpStream::connect(proxy).await.unwrap();
+    raw.write_all(request).await.unwrap();
+    let mut got = Vec::new();
+    tokio::time::timeout(WAIT, raw.read_to_end(&mut got))
+        .await
+        .expect("the connection did not close")
+        .unwrap();
+    String::from_utf8_lossy(&got).to_ascii_lowercase()
+}
+
 /// An endpoint's response with both `Content-Length` and `Transfer-Encoding`: the
 /// chunks decide where its body ends (RFC 9112 §6.3), and the length is not passed
 /// on with them. (Passed on, it promised the client 5 bytes of a 3-byte body: the
@@ -1558,16 +1571,11 @@ async fn a_length_beside_chunks_from_the_endpoint_is_not_passed_on() {
         b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n\
           3\r\nabc\r\n0\r\n\r\n",
     );
-    let mut raw = TcpStream::connect(proxy).await.unwrap();
-    raw.write_all(b"GET /both HTTP/1.1\r\nHost: web.test\r\nConnection: close\r\n\r\n")
-        .await
-        .unwrap();
-    let mut got = Vec::new();
-    tokio::time::timeout(WAIT, raw.read_to_end(&mut got))
-        .await
-        .expect("the answer did not end")
-        .unwrap();
-    let text = String::from_utf8_lossy(&got).to_ascii_lowercase();
+    let text = answered_then_closed(
+        proxy,
+        b"GET /both HTTP/1.1\r\nHost: web.test\r\nConnection: close\r\n\r\n",
+    )
+    .await;
     assert!(text.starts_with("http/1.1 200"), "{text}");
     assert!(!text.contains("content-length"), "{text}");
     assert!(text.contains("transfer-encoding: chunked"), "{text}");
@@ -1620,16 +1628,8 @@ async fn a_response_cut_short_by_the_endpoint_reaches_the_client_as_far_as_it_ca
         }
     });
     for _ in 0..3 {
-        let mut raw = TcpStream::connect(proxy).await.unwrap();
-        raw.write_all(b"GET /cut HTTP/1.1\r\nHost: web.test\r\n\r\n")
-            .await
-            .unwrap();
-        let mut got = Vec::new();
-        tokio::time::timeout(WAIT, raw.read_to_end(&mut got))
-            .await
-            .expect("the connection did not close")
-            .unwrap();
-        let text = String::from_utf8_lossy(&got).to_ascii_lowercase();
+        let text =
+            answered_then_closed(proxy, b"GET /cut HTTP/1.1\r\nHost: web.test\r\n\r\n").await;
         assert!(text.starts_with("http/1.1 200"), "{text:?}");
         assert!(text.contains("\r\ncontent-length: 100\r\n"), "{text:?}");
         assert!(text.ends_with("\r\n\r\n0123456789"), "{text:?}");
@@ -1667,7 +1667,7 @@ async fn a_response_cut_short_by_the_endpoint_reaches_the_client_as_far_as_it_ca
 
 /// Reads from `conn` onto `got` until it ends with `end`; false when the
 /// connection closed first.
-async fn read_until(conn: &mut TcpStream, got: &mut Vec<u8>, end: &[u8]) -> bool {
+pub(crate) async fn read_until(conn: &mut TcpStream, got: &mut Vec<u8>, end: &[u8]) -> bool {
     let mut buf = [0u8; 4096];
     while !got.ends_with(end) {
         let n = tokio::time::timeout(WAIT, conn.read(&mut buf))

@@ -14,8 +14,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::http_upstreams::{
-    Backend, Pieces, common_port, dns, in_front_of_127_0_0_2, ip, metrics, read_response, upstream,
-    wait_listening,
+    Backend, Pieces, common_port, dns, in_front_of_127_0_0_2, ip, metrics, read_response,
+    read_until, upstream, wait_listening,
 };
 use crate::serve::{Serve, WAIT};
 
@@ -225,12 +225,8 @@ async fn a_request_body_ended_by_trailers_is_sent_and_the_response_timeout_follo
     let endpoint = tokio::spawn(async move {
         let (mut conn, _) = listener.accept().await.unwrap();
         let mut got = Vec::new();
-        let mut buf = [0u8; 4096];
-        while !got.ends_with(b"0\r\nx-check: 7\r\n\r\n") {
-            let n = conn.read(&mut buf).await.unwrap();
-            assert!(n > 0, "closed after {:?}", String::from_utf8_lossy(&got));
-            got.extend_from_slice(&buf[..n]);
-        }
+        let ended = read_until(&mut conn, &mut got, b"0\r\nx-check: 7\r\n\r\n").await;
+        assert!(ended, "closed after {:?}", String::from_utf8_lossy(&got));
         // The endpoint's pace is what is under test.
         tokio::time::sleep(Duration::from_millis(2000)).await;
         let _ = conn
