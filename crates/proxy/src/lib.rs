@@ -5,6 +5,7 @@
 mod build;
 mod config;
 mod dataplane;
+mod early;
 mod error;
 mod forward;
 pub mod headers;

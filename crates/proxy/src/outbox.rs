@@ -174,6 +174,17 @@ impl<T: AsFd> Deferred<T> {
 }
 
 impl<T> Deferred<T> {
+    /// The socket.
+    pub(crate) fn get_ref(&self) -> &T {
+        &self.io
+    }
+
+    /// The socket, to read from past this wrapper (its reads send what the
+    /// outbox left first).
+    pub(crate) fn get_mut(&mut self) -> &mut T {
+        &mut self.io
+    }
+
     /// The socket, and the bytes still held for it (to be written before any
     /// other), or the error a send at the turn's end met.
     pub(crate) fn into_parts(self) -> io::Result<(T, Bytes)> {

@@ -15,7 +15,7 @@ use hyper::{Request, Response};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use test_support::dns_server::{SrvRecord, TestDnsServer};
 use test_support::dnsmasq::{Dnsmasq, DnsmasqOptions};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::{JoinHandle, JoinSet};
 
@@ -556,7 +556,7 @@ async fn an_h2_prior_knowledge_client_gets_the_backends_answer() {
 }
 
 /// Reads one response whose body is `Content-Length` long.
-pub(crate) async fn read_response(raw: &mut TcpStream) -> String {
+pub(crate) async fn read_response(raw: &mut (impl AsyncRead + Unpin)) -> String {
     let mut got = Vec::new();
     let mut buf = [0u8; 4096];
     loop {

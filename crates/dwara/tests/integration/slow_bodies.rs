@@ -251,6 +251,59 @@ async fn a_request_body_ended_by_trailers_is_sent_and_the_response_timeout_follo
     assert_eq!(h["timeout_504"], 1, "{status}");
 }
 
+/// An endpoint that answers an upload before taking its body, and closes: its
+/// answer reaches the client every time. (Closed with the body unread, the
+/// endpoint's connection is reset; a send of the body that met the reset before
+/// the answer was read ended hyper's connection and lost the answer: the client
+/// got a `502` for the first upload or one of the next few, where HAProxy passes
+/// every `413` on.)
+#[tokio::test]
+async fn an_answer_before_the_whole_upload_reaches_the_client() {
+    let port = common_port(&[ip(2)]).await;
+    let listener = TcpListener::bind((ip(2), port)).await.unwrap();
+    let (proxy, _dns, serve) = in_front_of_127_0_0_2(port, "    max_tries: 1\n").await;
+    let _endpoint = tokio::spawn(async move {
+        loop {
+            let (mut conn, _) = listener.accept().await.unwrap();
+            tokio::spawn(async move {
+                if head_of_next(&mut conn).await.is_some() {
+                    let answer = b"HTTP/1.1 413 Content Too Large\r\nContent-Length: 10\r\n\
+                                   Connection: close\r\n\r\ntoo large\n";
+                    let _ = conn.write_all(answer).await;
+                }
+                // Dropped with the body unread: the connection is reset.
+            });
+        }
+    });
+    const UPLOADS: usize = 30;
+    let body = vec![b'x'; 2 << 20];
+    for i in 0..UPLOADS {
+        let raw = TcpStream::connect(proxy).await.unwrap();
+        let (mut rx, mut tx) = raw.into_split();
+        let head = format!(
+            "POST /upload HTTP/1.1\r\nHost: web\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        );
+        let body = body.clone();
+        // Sent while the answer is read: the endpoint answers before taking it.
+        let sending = tokio::spawn(async move {
+            let _ = tx.write_all(head.as_bytes()).await;
+            let _ = tx.write_all(&body).await;
+            tx
+        });
+        let text = read_response(&mut rx).await;
+        assert!(text.starts_with("HTTP/1.1 413"), "upload {i}: {text:?}");
+        assert_eq!(body_of(&text), "too large\n", "upload {i}");
+        // What is left of the body is not sent: the answer is what is under test.
+        drop(rx);
+        sending.abort();
+    }
+    let status = serve.status().await;
+    let h = &status["upstreams"][0]["http"];
+    assert_eq!(h["requests"]["4xx"], UPLOADS, "{status}");
+    assert_eq!(h["requests"]["5xx"], 0, "{status}");
+}
+
 /// The head of the next request on `sock`, as its bytes came (`None` when it
 /// closed first).
 pub(crate) async fn head_of_next(sock: &mut TcpStream) -> Option<Vec<u8>> {
