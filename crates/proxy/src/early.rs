@@ -9,143 +9,68 @@
 //! the answer was lost and the client got a `502` where HAProxy passes the `413`
 //! on.
 //!
-//! [`EndpointIo`] is the socket of a pooled connection as hyper's client sees
-//! it. When a send fails that way while the socket still has bytes to read, it
-//! holds the error back: nothing more is sent (a write waits for ever), and reads
-//! go on until the endpoint's answer and the reset behind it have been read. The
-//! connection then ends on the read side, after hyper has handed the answer on.
-//! A send that fails with nothing to read (an endpoint that crashed, a pooled
-//! connection the endpoint had closed) fails at once, as before.
+//! The sockets of pooled connections (a [`Deferred`] made with
+//! [`Deferred::endpoint`]) hold such a send error back when the socket still has
+//! bytes to read ([`answer_waits`]): nothing more is sent (a write waits for
+//! ever), and reads go on until the endpoint's answer and the reset behind it
+//! have been read. The connection then ends on the read side, after hyper has
+//! handed the answer on. A send that fails with nothing to read (an endpoint that
+//! crashed, a pooled connection the endpoint had closed) fails at once, as before.
+//!
+//! [`Deferred`]: crate::outbox::Deferred
+//! [`Deferred::endpoint`]: crate::outbox::Deferred::endpoint
 
 use std::io;
-use std::os::fd::AsRawFd;
-use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::os::fd::{AsRawFd, BorrowedFd};
 
 use nix::sys::socket::MsgFlags;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::TcpStream;
 use tracing::debug;
 
-use crate::outbox::Deferred;
-
-/// A pooled connection's socket (see the module docs).
-pub(crate) struct EndpointIo {
-    io: Deferred<TcpStream>,
-    /// A send failed with the answer still to read: what is left is only read.
-    send_failed: bool,
-}
-
-impl EndpointIo {
-    pub(crate) fn new(stream: TcpStream) -> Self {
-        Self {
-            io: Deferred::new(stream),
-            send_failed: false,
-        }
+/// Whether the failed send `e` is held back: it met a connection the endpoint
+/// closed, and bytes wait to be read on `fd`.
+#[cold]
+pub(crate) fn answer_waits(fd: BorrowedFd<'_>, e: &io::Error) -> bool {
+    if !matches!(
+        e.kind(),
+        io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset
+    ) {
+        return false;
     }
-
-    /// Whether the failed send `e` is held back, reads going on: it met a
-    /// connection the endpoint closed, and bytes wait to be read.
-    #[cold]
-    fn read_on(&mut self, e: &io::Error, cx: &mut Context<'_>) -> bool {
-        if !matches!(
-            e.kind(),
-            io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset
-        ) {
-            return false;
+    // Asked of the socket itself: tokio's readiness may not have seen the answer
+    // yet, as the send meets the reset in the same turn.
+    let mut byte = [0u8];
+    let flags = MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT;
+    match nix::sys::socket::recv(fd.as_raw_fd(), &mut byte, flags) {
+        Ok(n) if n > 0 => {
+            debug!(
+                error = %e,
+                "the endpoint closed before taking the whole request; reading its answer"
+            );
+            true
         }
-        // Asked of the socket itself: tokio's readiness may not have seen the
-        // answer yet, as the send meets the reset in the same turn.
-        let mut byte = [0u8];
-        let flags = MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT;
-        match nix::sys::socket::recv(self.io.get_ref().as_raw_fd(), &mut byte, flags) {
-            Ok(n) if n > 0 => {
-                debug!(
-                    error = %e,
-                    "the endpoint closed before taking the whole request; reading its answer"
-                );
-                self.send_failed = true;
-                // hyper reads again on its next poll.
-                cx.waker().wake_by_ref();
-                true
-            }
-            _ => false,
-        }
-    }
-}
-
-impl AsyncRead for EndpointIo {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        let this = &mut *self;
-        if !this.send_failed {
-            // A read can meet the error of a send the worker's turn made.
-            match Pin::new(&mut this.io).poll_read(cx, buf) {
-                Poll::Ready(Err(e)) if this.read_on(&e, cx) => {}
-                other => return other,
-            }
-        }
-        Pin::new(this.io.get_mut()).poll_read(cx, buf)
-    }
-}
-
-impl AsyncWrite for EndpointIo {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        let this = &mut *self;
-        if this.send_failed {
-            return Poll::Pending;
-        }
-        match Pin::new(&mut this.io).poll_write(cx, buf) {
-            Poll::Ready(Err(e)) if this.read_on(&e, cx) => Poll::Pending,
-            other => other,
-        }
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let this = &mut *self;
-        if this.send_failed {
-            return Poll::Pending;
-        }
-        match Pin::new(&mut this.io).poll_flush(cx) {
-            Poll::Ready(Err(e)) if this.read_on(&e, cx) => Poll::Pending,
-            other => other,
-        }
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let this = &mut *self;
-        if this.send_failed {
-            // The connection is gone: there is nothing to shut down.
-            return Poll::Ready(Ok(()));
-        }
-        Pin::new(&mut this.io).poll_shutdown(cx)
+        _ => false,
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::*;
-    use std::io::Write;
+    use std::io::{self, Write};
     use std::time::Duration;
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
+    use tokio::net::TcpStream;
+
+    use crate::outbox::Deferred;
 
     /// An endpoint's socket as hyper's client has it, its peer (the endpoint), and
     /// the first bytes of a request already sent on it, unread by the peer: the
     /// peer's close resets the connection.
-    async fn sent_to() -> (EndpointIo, std::net::TcpStream) {
+    async fn sent_to() -> (Deferred<TcpStream>, std::net::TcpStream) {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let stream = TcpStream::connect(listener.local_addr().unwrap())
             .await
             .unwrap();
         let (peer, _) = listener.accept().unwrap();
-        let mut io = EndpointIo::new(stream);
+        let mut io = Deferred::endpoint(stream);
         io.write_all(b"POST /upload HTTP/1.1\r\ncontent-length: 1000000\r\n\r\n")
             .await
             .unwrap();

@@ -27,6 +27,10 @@
 //! which watches for the socket to take more, before anything else. An error is
 //! kept for that poll to return. A thread whose runtime does not call [`send_all`]
 //! holds nothing: its writes go at once.
+//!
+//! The socket of a pooled connection to an endpoint ([`Deferred::endpoint`]) also
+//! holds back a send that failed on the endpoint's reset while its answer waits to
+//! be read ([`crate::early`]).
 
 use std::cell::{Cell, RefCell};
 use std::io;
@@ -142,6 +146,11 @@ pub(crate) struct Deferred<T> {
     may_hold: bool,
     /// Whether a write has gone to the socket (the next one makes the outbox).
     written: bool,
+    /// An endpoint's socket: a send that meets the endpoint's reset while its
+    /// answer waits to be read is held back ([`crate::early`]).
+    endpoint: bool,
+    /// Such a send failed and was held back: nothing more is sent, reads go on.
+    send_failed: bool,
 }
 
 impl<T: AsFd> Deferred<T> {
@@ -151,7 +160,40 @@ impl<T: AsFd> Deferred<T> {
             outbox: None,
             may_hold: ON.with(Cell::get),
             written: false,
+            endpoint: false,
+            send_failed: false,
         }
+    }
+
+    /// The socket of a pooled connection to an endpoint: an answer the endpoint
+    /// gives before it has taken the whole request, and then resets the
+    /// connection, is read past the failed send ([`crate::early`]).
+    pub(crate) fn endpoint(io: T) -> Self {
+        Self {
+            endpoint: true,
+            ..Self::new(io)
+        }
+    }
+
+    /// A send failed with `e`: held back (pending; only reads go on from now) when
+    /// this is an endpoint's socket with its answer waiting, else the error.
+    #[cold]
+    fn failed_send<R>(&mut self, e: io::Error, cx: &mut Context<'_>) -> Poll<io::Result<R>> {
+        if !self.endpoint || !crate::early::answer_waits(self.io.as_fd(), &e) {
+            return Poll::Ready(Err(e));
+        }
+        self.send_failed = true;
+        // Nothing more is sent: what the outbox holds goes, and with it the
+        // drain that reads and flushes would try first.
+        if let Some(outbox) = &self.outbox {
+            let mut held = outbox.held.lock();
+            held.bytes.clear();
+            held.failed = None;
+            outbox.left.store(false, Ordering::Release);
+        }
+        // hyper reads on its next poll.
+        cx.waker().wake_by_ref();
+        Poll::Pending
     }
 
     /// The outbox, made now if this is a write after the first on a thread that
@@ -174,17 +216,6 @@ impl<T: AsFd> Deferred<T> {
 }
 
 impl<T> Deferred<T> {
-    /// The socket.
-    pub(crate) fn get_ref(&self) -> &T {
-        &self.io
-    }
-
-    /// The socket, to read from past this wrapper (its reads send what the
-    /// outbox left first).
-    pub(crate) fn get_mut(&mut self) -> &mut T {
-        &mut self.io
-    }
-
     /// The socket, and the bytes still held for it (to be written before any
     /// other), or the error a send at the turn's end met.
     pub(crate) fn into_parts(self) -> io::Result<(T, Bytes)> {
@@ -201,7 +232,7 @@ impl<T> Deferred<T> {
     }
 }
 
-impl<T: AsyncWrite + Unpin> Deferred<T> {
+impl<T: AsyncWrite + AsFd + Unpin> Deferred<T> {
     /// Sends what the outbox holds through `io`, which watches for the socket to
     /// take more when it is full; ready once nothing is held.
     fn drain(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -209,21 +240,26 @@ impl<T: AsyncWrite + Unpin> Deferred<T> {
             return Poll::Ready(Ok(()));
         };
         let mut held = outbox.held.lock();
-        if let Some(kind) = held.failed.take() {
+        let failed = if let Some(kind) = held.failed.take() {
             outbox.left.store(false, Ordering::Release);
-            return Poll::Ready(Err(kind.into()));
-        }
-        // Still queued or not, it goes now (the queue's turn then finds nothing).
-        while !held.bytes.is_empty() {
-            match Pin::new(&mut self.io).poll_write(cx, &held.bytes) {
-                Poll::Ready(Ok(0)) => return Poll::Ready(Err(io::ErrorKind::WriteZero.into())),
-                Poll::Ready(Ok(n)) => held.bytes.advance(n),
-                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
-                Poll::Pending => return Poll::Pending,
+            io::Error::from(kind)
+        } else {
+            // Still queued or not, it goes now (the queue's turn then finds nothing).
+            loop {
+                if held.bytes.is_empty() {
+                    outbox.left.store(false, Ordering::Release);
+                    return Poll::Ready(Ok(()));
+                }
+                match Pin::new(&mut self.io).poll_write(cx, &held.bytes) {
+                    Poll::Ready(Ok(0)) => break io::ErrorKind::WriteZero.into(),
+                    Poll::Ready(Ok(n)) => held.bytes.advance(n),
+                    Poll::Ready(Err(e)) => break e,
+                    Poll::Pending => return Poll::Pending,
+                }
             }
-        }
-        outbox.left.store(false, Ordering::Release);
-        Poll::Ready(Ok(()))
+        };
+        drop(held);
+        self.failed_send(failed, cx)
     }
 
     /// Whether the turn's end left bytes (a full socket) or an error: the
@@ -236,7 +272,7 @@ impl<T: AsyncWrite + Unpin> Deferred<T> {
     }
 }
 
-impl<T: AsyncRead + AsyncWrite + Unpin> AsyncRead for Deferred<T> {
+impl<T: AsyncRead + AsyncWrite + AsFd + Unpin> AsyncRead for Deferred<T> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -261,6 +297,10 @@ impl<T: AsyncWrite + AsFd + Unpin> AsyncWrite for Deferred<T> {
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         let this = &mut *self;
+        if this.send_failed {
+            // Left for the reads to end (see `crate::early`).
+            return Poll::Pending;
+        }
         if ON.with(Cell::get)
             && let Some(outbox) = this.outbox()
         {
@@ -292,7 +332,10 @@ impl<T: AsyncWrite + AsFd + Unpin> AsyncWrite for Deferred<T> {
         match this.drain(cx) {
             Poll::Ready(Ok(())) => {
                 this.written = true;
-                Pin::new(&mut this.io).poll_write(cx, buf)
+                match Pin::new(&mut this.io).poll_write(cx, buf) {
+                    Poll::Ready(Err(e)) => this.failed_send(e, cx),
+                    other => other,
+                }
             }
             Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
             Poll::Pending => Poll::Pending,
@@ -314,6 +357,10 @@ impl<T: AsyncWrite + AsFd + Unpin> AsyncWrite for Deferred<T> {
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = &mut *self;
+        if this.send_failed {
+            // The endpoint reset the connection: there is nothing to shut down.
+            return Poll::Ready(Ok(()));
+        }
         match this.drain(cx) {
             Poll::Ready(Ok(())) => Pin::new(&mut this.io).poll_shutdown(cx),
             other => other,

@@ -49,14 +49,14 @@ use tokio::net::TcpStream;
 use tokio::time::Sleep;
 use tracing::trace;
 
-use crate::early::EndpointIo;
 use crate::http_stats::HttpStats;
+use crate::outbox::Deferred;
 
 /// The body type of requests sent to endpoints.
 pub(crate) type ReqBody = UnsyncBoxBody<Bytes, hyper::Error>;
 
 /// hyper's client connection future of a pooled connection.
-type ClientConn = Connection<TokioIo<EndpointIo>, ReqBody>;
+type ClientConn = Connection<TokioIo<Deferred<TcpStream>>, ReqBody>;
 
 /// How often the dataplane sweeps an HTTP upstream's pool.
 pub(crate) const SWEEP: Duration = Duration::from_millis(100);
@@ -386,7 +386,7 @@ impl Pool {
         let (sender, conn) = hyper::client::conn::http1::Builder::new()
             .writev(false)
             .max_header_size(max_head)
-            .handshake(TokioIo::new(EndpointIo::new(stream)))
+            .handshake(TokioIo::new(Deferred::endpoint(stream)))
             .await
             .map_err(DialError::Handshake)?;
         stats.connects.fetch_add(1, Ordering::Relaxed);
