@@ -12,6 +12,7 @@ pub mod headers;
 mod http;
 mod http_metrics;
 mod http_stats;
+mod linger;
 mod metrics;
 mod outbox;
 pub mod plan;

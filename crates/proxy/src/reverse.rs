@@ -84,6 +84,7 @@ use crate::config::{HttpLimitsSection, HttpSettings};
 use crate::forward::Target;
 use crate::headers;
 use crate::http_stats::{HttpStats, Made};
+use crate::linger;
 use crate::outbox::Deferred;
 use crate::pool::{Conn, DialError, Driver, Pool, ReqBody};
 use crate::tunnel;
@@ -177,7 +178,7 @@ pub(crate) async fn serve(
     let counted = streams.clone();
     let tunnel = Arc::new(tunnel::Slot::default());
     let upgraded = tunnel.clone();
-    let service = hyper::service::service_fn(move |req| {
+    let service = hyper::service::service_fn(move |req: Request<Incoming>| {
         // A reload applies to connections already open from their next request on,
         // unless the listen address now belongs to a TCP upstream.
         let loaded = current.load_full();
@@ -187,6 +188,9 @@ pub(crate) async fn serve(
             accepted.clone()
         };
         let open = Stream::open(&counted);
+        if !req.body().is_end_stream() {
+            counted.unread.body_came();
+        }
         if tunnel::wants(&req) {
             // Boxed: the upgrade path stays out of every other request's future.
             let up = tunnel::upgrade(req, client.clone(), target, open, upgraded.clone());
@@ -206,6 +210,7 @@ pub(crate) async fn serve(
         head,
         io: socket,
         unsent: Unsent::new(send_timeout, http.stats.clone()),
+        streams: streams.clone(),
     }));
     let idle = streams.idle(header_timeout);
     // hyper's state (2 KiB for HTTP/1.1, 3.5 KiB for HTTP/2) is boxed: in this
@@ -242,6 +247,11 @@ pub(crate) async fn serve(
         // Boxed, as the connection's state above: a tunnel's 2 KiB would make
         // every connection's future that large.
         Box::pin(t.run(peer)).await;
+    }
+    // Closed by hyper with the client still sending (an answer before the whole
+    // request): what it sends is read for a while, so that it is not reset.
+    if let Some(fd) = streams.unread.take() {
+        Box::pin(linger::linger(fd, peer)).await;
     }
     http.stats.client_connections_done();
 }
@@ -391,6 +401,8 @@ struct Streams {
     base: Instant,
     /// When the last request ended, in nanoseconds since `base`.
     last_end: AtomicU64,
+    /// The client's socket, when hyper shut it down with the client still sending.
+    unread: linger::Unread,
 }
 
 impl Streams {
@@ -399,6 +411,7 @@ impl Streams {
             open: AtomicUsize::new(0),
             base: Instant::now(),
             last_end: AtomicU64::new(0),
+            unread: linger::Unread::default(),
         }
     }
 
@@ -473,6 +486,8 @@ pub(crate) struct Replay {
     pub(crate) head: Bytes,
     pub(crate) io: TcpStream,
     pub(crate) unsent: Unsent,
+    /// The connection's requests, and its socket's duplicate kept at shutdown.
+    streams: Arc<Streams>,
 }
 
 /// The send timeout of a client connection: a timer armed when a write finds the
@@ -584,6 +599,7 @@ impl AsyncWrite for Replay {
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        self.streams.unread.note(&self.io);
         Pin::new(&mut self.io).poll_shutdown(cx)
     }
 }

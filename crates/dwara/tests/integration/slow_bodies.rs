@@ -304,6 +304,43 @@ async fn an_answer_before_the_whole_upload_reaches_the_client() {
     assert_eq!(h["requests"]["5xx"], 0, "{status}");
 }
 
+/// A client still sending its body when the endpoint's early answer comes is not
+/// reset: dwara reads and drops what it still sends (for up to 2 s) before it
+/// closes, so that the whole upload goes out and the client then reads the
+/// answer. (Closed at once with the body unread, the connection was reset under
+/// the client's send: curl then gives up with a send error and never reads the
+/// `413` waiting in its socket.)
+#[tokio::test]
+async fn a_client_still_sending_after_an_early_answer_is_not_reset() {
+    let port = common_port(&[ip(2)]).await;
+    let listener = TcpListener::bind((ip(2), port)).await.unwrap();
+    let (proxy, _dns, _serve) = in_front_of_127_0_0_2(port, "    max_tries: 1\n").await;
+    let _endpoint = tokio::spawn(async move {
+        let (mut conn, _) = listener.accept().await.unwrap();
+        if head_of_next(&mut conn).await.is_some() {
+            let answer = b"HTTP/1.1 413 Content Too Large\r\nContent-Length: 10\r\n\
+                           Connection: close\r\n\r\ntoo large\n";
+            let _ = conn.write_all(answer).await;
+        }
+    });
+    // More than the sockets on the way hold, so that the client is still sending
+    // when dwara closes.
+    let body = vec![b'x'; 32 << 20];
+    let mut raw = TcpStream::connect(proxy).await.unwrap();
+    let head = format!(
+        "POST /upload HTTP/1.1\r\nHost: web\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    raw.write_all(head.as_bytes()).await.unwrap();
+    tokio::time::timeout(WAIT, raw.write_all(&body))
+        .await
+        .expect("the upload did not go out in time")
+        .expect("the upload was reset");
+    let text = read_response(&mut raw).await;
+    assert!(text.starts_with("HTTP/1.1 413"), "{text:?}");
+    assert_eq!(body_of(&text), "too large\n");
+}
+
 /// The head of the next request on `sock`, as its bytes came (`None` when it
 /// closed first).
 pub(crate) async fn head_of_next(sock: &mut TcpStream) -> Option<Vec<u8>> {
