@@ -241,6 +241,13 @@ pub(crate) async fn serve(
     if let Err(e) = result {
         debug!(%peer, error = %e, "client connection ended with an error");
     }
+    after_hyper(&tunnel, &streams, peer).await;
+    http.stats.client_connections_done();
+}
+
+/// What is left of a client connection once hyper is done with it: a tunnel, or
+/// a lingering close.
+async fn after_hyper(tunnel: &tunnel::Slot, streams: &Streams, peer: SocketAddr) {
     // Upgraded: hyper has handed the socket back, and it is a tunnel from now on.
     let upgraded = tunnel.lock().take();
     if let Some(t) = upgraded {
@@ -253,7 +260,6 @@ pub(crate) async fn serve(
     if let Some(fd) = streams.unread.take() {
         Box::pin(linger::linger(fd, peer)).await;
     }
-    http.stats.client_connections_done();
 }
 
 /// hyper's HTTP/1.1 server as a client connection runs it: `limits`' header size
