@@ -509,12 +509,7 @@ async fn an_h2_prior_knowledge_client_gets_the_backends_answer() {
 
     // HTTP/2 from the first byte (no upgrade), two streams at once on one
     // connection; each goes to the backend as an HTTP/1.1 request.
-    let stream = TcpStream::connect(proxy).await.unwrap();
-    let (sender, conn) =
-        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
-            .await
-            .unwrap();
-    tokio::spawn(conn);
+    let sender = h2_client(proxy).await;
     let send = |path: &'static str| {
         let mut sender = sender.clone();
         async move {
@@ -1635,12 +1630,7 @@ async fn a_response_cut_short_by_the_endpoint_reaches_the_client_as_far_as_it_ca
         assert!(text.ends_with("\r\n\r\n0123456789"), "{text:?}");
     }
     // HTTP/2: the head and the piece, then the stream is reset.
-    let stream = TcpStream::connect(proxy).await.unwrap();
-    let (mut sender, conn) =
-        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
-            .await
-            .unwrap();
-    tokio::spawn(conn);
+    let mut sender = h2_client(proxy).await;
     let req = Request::get("http://web.test/cut")
         .body(Full::new(Bytes::new()))
         .unwrap();
@@ -1663,6 +1653,18 @@ async fn a_response_cut_short_by_the_endpoint_reaches_the_client_as_far_as_it_ca
     };
     assert_eq!(came, b"0123456789", "{failed}");
     endpoint.await.unwrap();
+}
+
+/// An HTTP/2 client (prior knowledge) connected to `proxy`, its connection driven
+/// by a task of its own.
+async fn h2_client(proxy: SocketAddr) -> hyper::client::conn::http2::SendRequest<Full<Bytes>> {
+    let stream = TcpStream::connect(proxy).await.unwrap();
+    let (sender, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    sender
 }
 
 /// Reads from `conn` onto `got` until it ends with `end`; false when the
@@ -1786,12 +1788,7 @@ async fn trailers_pass_both_ways_when_announced() {
     );
     assert!(!at_endpoint.contains("\r\nte:"), "{at_endpoint}");
 
-    let stream = TcpStream::connect(proxy).await.unwrap();
-    let (mut sender, conn) =
-        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
-            .await
-            .unwrap();
-    tokio::spawn(conn);
+    let mut sender = h2_client(proxy).await;
     let req = Request::get("http://web.test/h2")
         .header("te", "trailers")
         .body(Full::new(Bytes::new()))

@@ -264,15 +264,8 @@ async fn an_answer_before_the_whole_upload_reaches_the_client() {
     let (proxy, _dns, serve) = in_front_of_127_0_0_2(port, "    max_tries: 1\n").await;
     let _endpoint = tokio::spawn(async move {
         loop {
-            let (mut conn, _) = listener.accept().await.unwrap();
-            tokio::spawn(async move {
-                if head_of_next(&mut conn).await.is_some() {
-                    let answer = b"HTTP/1.1 413 Content Too Large\r\nContent-Length: 10\r\n\
-                                   Connection: close\r\n\r\ntoo large\n";
-                    let _ = conn.write_all(answer).await;
-                }
-                // Dropped with the body unread: the connection is reset.
-            });
+            let (conn, _) = listener.accept().await.unwrap();
+            tokio::spawn(answer_early(conn));
         }
     });
     const UPLOADS: usize = 30;
@@ -316,12 +309,8 @@ async fn a_client_still_sending_after_an_early_answer_is_not_reset() {
     let listener = TcpListener::bind((ip(2), port)).await.unwrap();
     let (proxy, _dns, _serve) = in_front_of_127_0_0_2(port, "    max_tries: 1\n").await;
     let _endpoint = tokio::spawn(async move {
-        let (mut conn, _) = listener.accept().await.unwrap();
-        if head_of_next(&mut conn).await.is_some() {
-            let answer = b"HTTP/1.1 413 Content Too Large\r\nContent-Length: 10\r\n\
-                           Connection: close\r\n\r\ntoo large\n";
-            let _ = conn.write_all(answer).await;
-        }
+        let (conn, _) = listener.accept().await.unwrap();
+        answer_early(conn).await;
     });
     // More than the sockets on the way hold, so that the client is still sending
     // when dwara closes.
@@ -339,6 +328,17 @@ async fn a_client_still_sending_after_an_early_answer_is_not_reset() {
     let text = read_response(&mut raw).await;
     assert!(text.starts_with("HTTP/1.1 413"), "{text:?}");
     assert_eq!(body_of(&text), "too large\n");
+}
+
+/// An endpoint's early answer to an upload: `413` once the request head is in,
+/// without reading the body, and the connection closed (reset, as the body is
+/// unread).
+async fn answer_early(mut conn: TcpStream) {
+    if head_of_next(&mut conn).await.is_some() {
+        let answer = b"HTTP/1.1 413 Content Too Large\r\nContent-Length: 10\r\n\
+                       Connection: close\r\n\r\ntoo large\n";
+        let _ = conn.write_all(answer).await;
+    }
 }
 
 /// The head of the next request on `sock`, as its bytes came (`None` when it
