@@ -38,18 +38,22 @@ pub(crate) fn answer_waits(fd: BorrowedFd<'_>, e: &io::Error) -> bool {
     }
     // Asked of the socket itself: tokio's readiness may not have seen the answer
     // yet, as the send meets the reset in the same turn.
+    if !bytes_wait(fd) {
+        return false;
+    }
+    debug!(
+        error = %e,
+        "the endpoint closed before taking the whole request; reading its answer"
+    );
+    true
+}
+
+/// Whether bytes wait to be read on the socket `fd`: one `recv` with
+/// `MSG_PEEK | MSG_DONTWAIT`, which reads nothing and never blocks.
+pub(crate) fn bytes_wait(fd: BorrowedFd<'_>) -> bool {
     let mut byte = [0u8];
     let flags = MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT;
-    match nix::sys::socket::recv(fd.as_raw_fd(), &mut byte, flags) {
-        Ok(n) if n > 0 => {
-            debug!(
-                error = %e,
-                "the endpoint closed before taking the whole request; reading its answer"
-            );
-            true
-        }
-        _ => false,
-    }
+    matches!(nix::sys::socket::recv(fd.as_raw_fd(), &mut byte, flags), Ok(n) if n > 0)
 }
 
 #[cfg(test)]

@@ -9,17 +9,16 @@
 //!
 //! When hyper shuts the socket of a client that sent a request body down
 //! ([`Unread::note`], from the socket's `poll_shutdown`) and bytes of the
-//! client's still wait, a duplicate of the socket is kept. The connection's task then reads and drops what the client
-//! sends ([`linger`]) until the client closes, or for at most [`LINGER`], and
-//! then closes.
+//! client's still wait, a duplicate of the socket is kept. The connection's
+//! task then reads and drops what the client sends ([`linger`]) until the
+//! client closes, or for at most [`LINGER`], and then closes.
 
 use std::io;
 use std::net::SocketAddr;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use nix::sys::socket::MsgFlags;
 use parking_lot::Mutex;
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
@@ -56,9 +55,7 @@ impl Unread {
         if kept.is_some() {
             return;
         }
-        let mut byte = [0u8];
-        let flags = MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT;
-        if let Ok(1) = nix::sys::socket::recv(socket.as_raw_fd(), &mut byte, flags) {
+        if crate::early::bytes_wait(socket.as_fd()) {
             *kept = socket.as_fd().try_clone_to_owned().ok();
         }
     }
@@ -72,12 +69,11 @@ impl Unread {
 /// Reads and drops what the client sends on `fd` until it closes, fails, or
 /// [`LINGER`] has passed; then closes it.
 pub(crate) async fn linger(fd: OwnedFd, peer: SocketAddr) {
-    let socket = match TcpStream::from_std(std::net::TcpStream::from(fd)) {
+    let mut socket = match TcpStream::from_std(std::net::TcpStream::from(fd)) {
         Ok(s) => s,
         Err(e) => return debug!(%peer, error = %e, "no lingering close"),
     };
     debug!(%peer, linger = ?LINGER, "answered before the whole request came; reading what the client still sends before closing");
-    let mut socket = socket;
     let mut buf = vec![0u8; 16 * 1024];
     let mut dropped = 0u64;
     let read = tokio::time::timeout(LINGER, async {
