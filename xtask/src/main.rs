@@ -27,7 +27,10 @@
 //! - `cargo xtask perf http [--rounds R] [--seconds S] [--pin]` compares dwara's HTTP
 //!   upstreams with HAProxy `mode http`, nginx `proxy_pass` and Caddy `reverse_proxy`
 //!   under wrk, and the latency of the 503 with nothing to route to with HAProxy's;
-//!   `--pin` runs each proxy on CPU 0 and wrk and the backend on the others.
+//!   `--pin` runs each proxy on CPU 0 and wrk and the backend on the others,
+//!   `--loads` runs only the loads named, `--quota PERCENT` holds each proxy to
+//!   that share of one CPU; dwara-1t's round-by-round ratios come with a 95%
+//!   confidence interval.
 //! - `cargo xtask perf tunnel [--rounds R] [--seconds S]` compares dwara's HTTP/1.1
 //!   upgrade tunnels with HAProxy's, nginx's and Caddy's: ping-pong messages and bulk
 //!   echo through each to an upgrade-echo backend (`cargo xtask perf tunnel-backend
@@ -101,6 +104,7 @@ commands:
   perf cluster [--sizes 3,5,10] [--sync 10000,50000] | --faults | --simulate 100,1000
   perf l4 [--rounds R] [--seconds S] [--proxies ...]
   perf http [--rounds R] [--seconds S] [--dwara PATH] [--before PATH] [--pin]
+            [--loads keep-alive,new-connection,bodies,503] [--quota PERCENT]
   perf tunnel [--rounds R] [--seconds S] [--threads T] [--dwara PATH]
   perf tunnel-backend --listen ADDR  the upgrade-echo server perf tunnel runs
   perf http-instructions [--seconds S] [--dwara PATH] [--before PATH] [--haproxy] [--cache]

@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! cargo xtask perf http [--rounds R] [--seconds S] [--threads T] [--dwara PATH]
-//!                        [--before PATH]
+//!                        [--before PATH] [--pin] [--loads LIST] [--quota PERCENT]
 //! ```
 //!
 //! 1. Installs nginx-light, HAProxy, Caddy and wrk when missing.
@@ -43,8 +43,22 @@
 //!    proxy was preempted (its involuntary context switches per 1,000 units, from
 //!    `/proc/PID/task/*/status`); and under that, per proxy, `dwara-1t`'s rate
 //!    divided by its round by round: the lowest, the highest, and in how many
-//!    rounds `dwara-1t` was ahead (a ratio above 1). Where the lowest is below 1
-//!    and the highest above, the two are level within the rounds' spread.
+//!    rounds `dwara-1t` was ahead (a ratio above 1), the geometric mean of those
+//!    ratios and its 95% confidence interval (Student's t over their logarithms,
+//!    each round taken as one sample). Where the lowest is below 1 and the highest
+//!    above, the two are level within the rounds' spread; where the whole interval
+//!    is above 1, `dwara-1t` is ahead beyond it.
+//!
+//! `--loads LIST` runs only the loads named (comma-separated, in the order above:
+//! `keep-alive`, `new-connection`, `bodies`, `503`), so that more rounds of one
+//! load fit in the same time and narrow its interval.
+//!
+//! `--quota PERCENT` puts every proxy (all its processes and threads) in a cgroup
+//! that gets `PERCENT`% of one CPU per 10 ms ([`Quota`]). Pinned on two cores, a
+//! proxy's core and the core of wrk and the backend are both nearly busy, and the
+//! rate is bounded by whichever runs out first, often wrk and the backend's; under
+//! a quota well below a core the proxy alone bounds the rate, and the rates
+//! compare what each proxy serves with the same CPU.
 //!
 //! `--before PATH` adds `dwara-1t-before`: `dwara-1t` run from another build (the
 //! one before a change), in the same rounds, so that the `dwara-1t` ratios on its
@@ -57,13 +71,14 @@ use std::path::Path;
 use std::process::Command;
 
 use crate::perf_l4::{
-    Load, Options, Pinning, Proc, Proxy, Run, local, nginx_head, rounds, spawn_nginx,
+    Load, Options, Pinning, Proc, Proxy, Quota, Run, local, nginx_head, rounds, spawn_nginx,
     start_backend, start_dwara_with,
 };
 use crate::perf_util::{free_port, median, parse_flags, release_dwara};
 
 const USAGE: &str = "usage: cargo xtask perf http [--rounds R] [--seconds S] [--threads T] \
-                     [--dwara PATH] [--before PATH] [--pin]";
+                     [--dwara PATH] [--before PATH] [--pin] \
+                     [--loads keep-alive,new-connection,bodies,503] [--quota PERCENT]";
 const PROXIES: [&str; 5] = ["dwara-1t", "dwara", "haproxy-1t", "nginx", "caddy"];
 
 /// The loads of `perf http`: those of `perf l4` and the 503 without endpoints.
@@ -74,15 +89,56 @@ const LOADS: [Load; 4] = [
     Load::NoEndpoints,
 ];
 
-fn parse_args(args: &[String]) -> anyhow::Result<Options> {
+/// The name of each of [`LOADS`] for `--loads`.
+fn load_name(load: Load) -> &'static str {
+    match load {
+        Load::KeepAlive => "keep-alive",
+        Load::NewConnection => "new-connection",
+        Load::Bodies => "bodies",
+        _ => "503",
+    }
+}
+
+/// The loads `--loads` names, in the order of [`LOADS`]; all of them without it.
+fn parse_loads(list: Option<&str>) -> anyhow::Result<Vec<Load>> {
+    let Some(list) = list else {
+        return Ok(LOADS.to_vec());
+    };
+    let mut wanted = Vec::new();
+    for name in list.split(',').map(str::trim) {
+        let Some(load) = LOADS.iter().find(|l| load_name(**l) == name) else {
+            anyhow::bail!("--loads: unknown load {name:?}; {USAGE}");
+        };
+        wanted.push(*load);
+    }
+    Ok(LOADS.into_iter().filter(|l| wanted.contains(l)).collect())
+}
+
+fn parse_args(args: &[String]) -> anyhow::Result<(Options, Selection)> {
     let pin = args.iter().any(|a| a == "--pin");
     let args: Vec<String> = args.iter().filter(|a| *a != "--pin").cloned().collect();
     let f = parse_flags(
         &args,
-        &["--rounds", "--seconds", "--threads", "--dwara", "--before"],
+        &[
+            "--rounds",
+            "--seconds",
+            "--threads",
+            "--dwara",
+            "--before",
+            "--loads",
+            "--quota",
+        ],
         USAGE,
     )?;
-    Ok(Options {
+    let loads = parse_loads(f.text("--loads"))?;
+    let quota: Option<u32> = f
+        .text("--quota")
+        .map(|_| f.count("--quota", 100))
+        .transpose()?;
+    if let Some(q) = quota.filter(|q| *q > 100) {
+        anyhow::bail!("--quota {q}: at most 100 (% of one CPU)");
+    }
+    let opts = Options {
         rounds: f.count("--rounds", 5)?,
         seconds: f.count("--seconds", 5)?,
         idle: 0,
@@ -91,7 +147,16 @@ fn parse_args(args: &[String]) -> anyhow::Result<Options> {
         before: f.path("--before"),
         dwara: f.path("--dwara"),
         pin: if pin { Some(Pinning::new()?) } else { None },
-    })
+    };
+    Ok((opts, Selection { loads, quota }))
+}
+
+/// What `perf http` runs beside [`Options`]: the loads, and the proxies' CPU quota.
+#[derive(Debug)]
+struct Selection {
+    loads: Vec<Load>,
+    /// `--quota`: the percent of one CPU each proxy gets.
+    quota: Option<u32>,
 }
 
 fn start_haproxy(dir: &Path, backend: u16) -> anyhow::Result<Proxy> {
@@ -205,12 +270,12 @@ pub(crate) fn spawn_caddy(dir: &Path, site: &str, backend: u16) -> anyhow::Resul
 
 /// Runs the comparison.
 pub(crate) fn run(args: &[String]) -> anyhow::Result<()> {
-    let opts = parse_args(args)?;
+    let (opts, selection) = parse_args(args)?;
     crate::tools::ensure_perf_http()?;
     if opts.dwara.is_none() {
         crate::cargo(&["build", "--release", "-p", "dwara"])?;
     }
-    crate::perf_util::in_scratch_dir("perf-http", |dir| run_in(dir, &opts))
+    crate::perf_util::in_scratch_dir("perf-http", |dir| run_in(dir, &opts, &selection))
 }
 
 fn start(dir: &Path, name: &str, opts: &Options, backend: u16) -> anyhow::Result<Proxy> {
@@ -226,7 +291,10 @@ fn start(dir: &Path, name: &str, opts: &Options, backend: u16) -> anyhow::Result
     }
 }
 
-fn run_in(dir: &Path, opts: &Options) -> anyhow::Result<()> {
+fn run_in(dir: &Path, opts: &Options, selection: &Selection) -> anyhow::Result<()> {
+    let loads = &selection.loads[..];
+    // Made before the proxies, so dropped after they have been stopped.
+    let quota = selection.quota.map(Quota::new).transpose()?;
     let load_avg = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     println!(
         "perf http: wrk --latency -t {} -d {}s through each proxy to nginx, {} interleaved \
@@ -239,6 +307,9 @@ fn run_in(dir: &Path, opts: &Options) -> anyhow::Result<()> {
                 "; each proxy pinned to CPU {}, wrk and the backend to CPU {}",
                 p.proxy, p.rest
             ),
+            None => String::new(),
+        } + &match selection.quota {
+            Some(q) => format!("; each proxy limited to {q}% of one CPU"),
             None => String::new(),
         },
         load_avg
@@ -270,16 +341,21 @@ fn run_in(dir: &Path, opts: &Options) -> anyhow::Result<()> {
             p.proc.pin(&pin.proxy)?;
         }
     }
-    let runs = rounds(&proxies, &backend_proc, &LOADS, opts)?;
-    report(&proxies, &runs, opts);
+    if let Some(quota) = &quota {
+        for p in &proxies {
+            p.proc.limit(quota)?;
+        }
+    }
+    let runs = rounds(&proxies, &backend_proc, loads, opts)?;
+    report(&proxies, loads, &runs, opts);
     Ok(())
 }
 
-fn report(proxies: &[Proxy], runs: &[Vec<Vec<Run>>], opts: &Options) {
+fn report(proxies: &[Proxy], loads: &[Load], runs: &[Vec<Vec<Run>>], opts: &Options) {
     // For the machine's busy time per unit: cores × (1 − idle) ÷ rate.
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
     let med = |rs: &[Run], f: &dyn Fn(&Run) -> f64| median(rs.iter().map(f).collect());
-    for (l, load) in LOADS.iter().enumerate() {
+    for (l, load) in loads.iter().enumerate() {
         println!("\n{}, median of {} rounds:", load.title(), opts.rounds);
         println!(
             "  {:<15} {:>12} {:>14} {:>8} {:>8} {:>7} {:>13} {:>13} {:>11} {:>15}",
@@ -346,19 +422,29 @@ fn report(proxies: &[Proxy], runs: &[Vec<Vec<Run>>], opts: &Options) {
             );
         }
         println!(
-            "  {:<15} {:>14} {:>14} {:>14}",
-            "dwara-1t ÷ it", "lowest round", "highest round", "rounds ahead"
+            "  {:<15} {:>14} {:>14} {:>14} {:>14} {:>16}",
+            "dwara-1t ÷ it",
+            "lowest round",
+            "highest round",
+            "rounds ahead",
+            "geometric mean",
+            "95% interval"
         );
         for (p, rs) in proxies.iter().zip(&runs[l]).skip(1) {
             let Some(s) = RoundByRound::of(one, rs) else {
                 continue;
             };
             println!(
-                "  {:<15} {:>13.2}x {:>13.2}x {:>14}",
+                "  {:<15} {:>13.2}x {:>13.2}x {:>14} {:>13.3}x {:>16}",
                 p.proc.name,
                 s.lowest,
                 s.highest,
-                format!("{} of {}", s.ahead, s.rounds)
+                format!("{} of {}", s.ahead, s.rounds),
+                s.mean,
+                match s.interval {
+                    Some((lo, hi)) => format!("{lo:.3}x-{hi:.3}x"),
+                    None => "-".to_owned(),
+                }
             );
         }
     }
@@ -372,6 +458,11 @@ struct RoundByRound {
     /// The rounds in which `dwara-1t` served more.
     ahead: usize,
     rounds: usize,
+    /// The geometric mean of the ratios.
+    mean: f64,
+    /// The 95% confidence interval of `mean` (Student's t over the ratios'
+    /// logarithms, each round one sample); `None` with fewer than two rounds.
+    interval: Option<(f64, f64)>,
 }
 
 impl RoundByRound {
@@ -386,13 +477,35 @@ impl RoundByRound {
             .collect();
         let lowest = ratios.iter().copied().reduce(f64::min)?;
         let highest = ratios.iter().copied().reduce(f64::max)?;
+        let logs: Vec<f64> = ratios.iter().map(|r| r.ln()).collect();
+        let n = logs.len() as f64;
+        let mean = logs.iter().sum::<f64>() / n;
+        let interval = (logs.len() >= 2).then(|| {
+            let var = logs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0);
+            let half = t_975(logs.len() - 1) * (var / n).sqrt();
+            ((mean - half).exp(), (mean + half).exp())
+        });
         Some(Self {
             lowest,
             highest,
             ahead: ratios.iter().filter(|r| **r > 1.0).count(),
             rounds: ratios.len(),
+            mean: mean.exp(),
+            interval,
         })
     }
+}
+
+/// Student's t distribution's 97.5th percentile for `df` degrees of freedom (the
+/// half-width factor of a two-sided 95% interval); above 30, that of 30, which
+/// makes the interval slightly wider than it is.
+fn t_975(df: usize) -> f64 {
+    const T: [f64; 30] = [
+        12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160,
+        2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056,
+        2.052, 2.048, 2.045, 2.042,
+    ];
+    T[df.clamp(1, 30) - 1]
 }
 
 #[cfg(test)]
@@ -411,6 +524,19 @@ mod tests {
         assert_eq!((s.ahead, s.rounds), (2, 3));
         assert!((s.lowest - 0.9).abs() < 1e-9, "{s:?}");
         assert!((s.highest - 1.25).abs() < 1e-9, "{s:?}");
+        // The geometric mean of 1.25, 0.9 and 1.2 is 1.1052; the logarithms'
+        // standard deviation 0.17904, so the half-width is 4.303 × 0.17904 / √3.
+        assert!((s.mean - 1.1052).abs() < 1e-4, "{s:?}");
+        let (lo, hi) = s.interval.unwrap();
+        let half = 4.303 * 0.17904 / 3f64.sqrt();
+        assert!((lo - (1.1052f64.ln() - half).exp()).abs() < 1e-3, "{s:?}");
+        assert!((hi - (1.1052f64.ln() + half).exp()).abs() < 1e-3, "{s:?}");
+        // One round gives a mean but no interval.
+        let s = RoundByRound::of(&one[..1], &other[..1]).unwrap();
+        assert!(
+            (s.mean - 1.25).abs() < 1e-9 && s.interval.is_none(),
+            "{s:?}"
+        );
         // A round without a rate on the other side says nothing.
         let s = RoundByRound::of(&one[..1], &[run(0.0)]);
         assert_eq!(s, None);
@@ -420,16 +546,41 @@ mod tests {
     #[test]
     fn pin_is_a_switch_beside_the_flags_with_values() {
         let args = |a: &[&str]| a.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
-        let o = parse_args(&args(&["--rounds", "3", "--pin", "--seconds", "2"])).unwrap();
+        let (o, _) = parse_args(&args(&["--rounds", "3", "--pin", "--seconds", "2"])).unwrap();
         assert_eq!((o.rounds, o.seconds), (3, 2));
         let pin = o.pin.expect("--pin pins");
         assert_eq!(pin.proxy, "0");
         assert!(pin.rest.starts_with('1'), "{}", pin.rest);
-        assert!(parse_args(&args(&["--rounds", "3"])).unwrap().pin.is_none());
+        assert!(
+            parse_args(&args(&["--rounds", "3"]))
+                .unwrap()
+                .0
+                .pin
+                .is_none()
+        );
         let Err(e) = parse_args(&args(&["--pin", "--rounds"])) else {
             panic!("a flag without its value is refused");
         };
         assert!(e.to_string().contains("--rounds needs a value"), "{e}");
         assert!(parse_args(&args(&["--pinned"])).is_err());
+        let (_, s) = parse_args(&args(&["--quota", "40", "--loads", "keep-alive"])).unwrap();
+        assert_eq!((s.quota, s.loads), (Some(40), vec![Load::KeepAlive]));
+        assert_eq!(parse_args(&args(&[])).unwrap().1.quota, None);
+        let Err(e) = parse_args(&args(&["--quota", "150"])) else {
+            panic!("a quota over one CPU is refused");
+        };
+        assert!(e.to_string().contains("at most 100"), "{e}");
+    }
+
+    #[test]
+    fn loads_are_chosen_by_name_and_run_in_their_usual_order() {
+        assert_eq!(parse_loads(None).unwrap(), LOADS.to_vec());
+        assert_eq!(
+            parse_loads(Some("503,keep-alive")).unwrap(),
+            vec![Load::KeepAlive, Load::NoEndpoints]
+        );
+        assert_eq!(parse_loads(Some("bodies")).unwrap(), vec![Load::Bodies]);
+        let e = parse_loads(Some("keep-alive,tiny")).unwrap_err();
+        assert!(e.to_string().contains("unknown load \"tiny\""), "{e}");
     }
 }

@@ -101,6 +101,69 @@ impl Pinning {
     }
 }
 
+/// A CPU quota for the proxies (`perf http --quota`): a cgroup of the `cpu`
+/// controller whose processes together get `percent`% of one CPU per period of
+/// 10 ms, so that the proxy, not wrk and the backend, bounds the rate, and the
+/// rates compare what each proxy serves with the same CPU. cgroup v2
+/// (`cpu.max`) or v1 (`cpu.cfs_quota_us`); removed on drop, once the processes in
+/// it have ended.
+#[derive(Debug)]
+pub(crate) struct Quota {
+    dir: PathBuf,
+}
+
+impl Quota {
+    /// The period of the quota, µs.
+    const PERIOD_US: u32 = 10_000;
+
+    pub(crate) fn new(percent: u32) -> anyhow::Result<Self> {
+        let name = format!("xtask-perf-{}", std::process::id());
+        let budget = Self::PERIOD_US / 100 * percent;
+        let period = Self::PERIOD_US.to_string();
+        let (dir, files) = if Path::new("/sys/fs/cgroup/cgroup.controllers").exists() {
+            // The root enables the controller for its children; refused when it
+            // cannot, which writing `cpu.max` then tells.
+            let _ = std::fs::write("/sys/fs/cgroup/cgroup.subtree_control", "+cpu");
+            let max = format!("{budget} {period}");
+            (
+                Path::new("/sys/fs/cgroup").join(name),
+                vec![("cpu.max", max)],
+            )
+        } else {
+            let files = vec![
+                ("cpu.cfs_period_us", period),
+                ("cpu.cfs_quota_us", budget.to_string()),
+            ];
+            (Path::new("/sys/fs/cgroup/cpu").join(name), files)
+        };
+        std::fs::create_dir(&dir).with_context(|| {
+            format!(
+                "--quota needs root and the cgroup cpu controller (v2 at /sys/fs/cgroup, \
+                 v1 at /sys/fs/cgroup/cpu): mkdir {}",
+                dir.display()
+            )
+        })?;
+        let quota = Self { dir };
+        for (file, value) in files {
+            let path = quota.dir.join(file);
+            std::fs::write(&path, value)
+                .with_context(|| format!("--quota: writing {}", path.display()))?;
+        }
+        Ok(quota)
+    }
+}
+
+impl Drop for Quota {
+    fn drop(&mut self) {
+        // The processes were stopped before; a dying one keeps the cgroup busy a
+        // moment longer.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while std::fs::remove_dir(&self.dir).is_err() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
 fn parse_args(args: &[String]) -> anyhow::Result<Options> {
     let f = parse_flags(
         args,
@@ -236,6 +299,20 @@ impl Proc {
                     String::from_utf8_lossy(&out.stderr).trim()
                 );
             }
+        }
+        Ok(())
+    }
+
+    /// Puts the process and its children (every thread) under `quota`.
+    pub(crate) fn limit(&self, quota: &Quota) -> anyhow::Result<()> {
+        for pid in tree(self.child.id()) {
+            std::fs::write(quota.dir.join("cgroup.procs"), pid.to_string()).with_context(|| {
+                format!(
+                    "--quota: moving {} ({pid}) into {}",
+                    self.name,
+                    quota.dir.display()
+                )
+            })?;
         }
         Ok(())
     }
