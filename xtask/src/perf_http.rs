@@ -89,15 +89,8 @@ const LOADS: [Load; 4] = [
     Load::NoEndpoints,
 ];
 
-/// The name of each of [`LOADS`] for `--loads`.
-fn load_name(load: Load) -> &'static str {
-    match load {
-        Load::KeepAlive => "keep-alive",
-        Load::NewConnection => "new-connection",
-        Load::Bodies => "bodies",
-        _ => "503",
-    }
-}
+/// The name of each of [`LOADS`] for `--loads`, in the same order.
+const LOAD_NAMES: [&str; 4] = ["keep-alive", "new-connection", "bodies", "503"];
 
 /// The loads `--loads` names, in the order of [`LOADS`]; all of them without it.
 fn parse_loads(list: Option<&str>) -> anyhow::Result<Vec<Load>> {
@@ -106,10 +99,10 @@ fn parse_loads(list: Option<&str>) -> anyhow::Result<Vec<Load>> {
     };
     let mut wanted = Vec::new();
     for name in list.split(',').map(str::trim) {
-        let Some(load) = LOADS.iter().find(|l| load_name(**l) == name) else {
+        let Some(i) = LOAD_NAMES.iter().position(|n| *n == name) else {
             anyhow::bail!("--loads: unknown load {name:?}; {USAGE}");
         };
-        wanted.push(*load);
+        wanted.push(LOADS[i]);
     }
     Ok(LOADS.into_iter().filter(|l| wanted.contains(l)).collect())
 }
@@ -563,6 +556,11 @@ mod tests {
         };
         assert!(e.to_string().contains("--rounds needs a value"), "{e}");
         assert!(parse_args(&args(&["--pinned"])).is_err());
+    }
+
+    #[test]
+    fn a_quota_is_a_share_of_one_cpu() {
+        let args = |a: &[&str]| a.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
         let (_, s) = parse_args(&args(&["--quota", "40", "--loads", "keep-alive"])).unwrap();
         assert_eq!((s.quota, s.loads), (Some(40), vec![Load::KeepAlive]));
         assert_eq!(parse_args(&args(&[])).unwrap().1.quota, None);
