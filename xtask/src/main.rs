@@ -29,8 +29,9 @@
 //!   under wrk, and the latency of the 503 with nothing to route to with HAProxy's;
 //!   `--pin` runs each proxy on CPU 0 and wrk and the backend on the others,
 //!   `--loads` runs only the loads named, `--quota PERCENT` holds each proxy to
-//!   that share of one CPU; dwara-1t's round-by-round ratios come with a 95%
-//!   confidence interval.
+//!   that share of one CPU, `--keep-busy` keeps the proxies' CPU from idling (an
+//!   idle-priority spinner, `cargo xtask perf spin`); dwara-1t's round-by-round
+//!   ratios come with a 95% confidence interval.
 //! - `cargo xtask perf tunnel [--rounds R] [--seconds S]` compares dwara's HTTP/1.1
 //!   upgrade tunnels with HAProxy's, nginx's and Caddy's: ping-pong messages and bulk
 //!   echo through each to an upgrade-echo backend (`cargo xtask perf tunnel-backend
@@ -104,7 +105,8 @@ commands:
   perf cluster [--sizes 3,5,10] [--sync 10000,50000] | --faults | --simulate 100,1000
   perf l4 [--rounds R] [--seconds S] [--proxies ...]
   perf http [--rounds R] [--seconds S] [--dwara PATH] [--before PATH] [--pin]
-            [--loads keep-alive,new-connection,bodies,503] [--quota PERCENT]
+            [--loads keep-alive,new-connection,bodies,503] [--quota PERCENT] [--keep-busy]
+  perf spin            the idle-priority spinner perf http --keep-busy runs
   perf tunnel [--rounds R] [--seconds S] [--threads T] [--dwara PATH]
   perf tunnel-backend --listen ADDR  the upgrade-echo server perf tunnel runs
   perf http-instructions [--seconds S] [--dwara PATH] [--before PATH] [--haproxy] [--cache]
@@ -117,7 +119,7 @@ commands:
   help                 this text";
 
 /// What `cargo xtask perf` runs.
-const PERF_COMMANDS: [&str; 12] = [
+const PERF_COMMANDS: [&str; 13] = [
     "dns",
     "store",
     "cluster",
@@ -130,6 +132,7 @@ const PERF_COMMANDS: [&str; 12] = [
     "push",
     "guard",
     "guard-flood",
+    "spin",
 ];
 
 /// The exit status of a command line that names no command.
@@ -212,6 +215,7 @@ fn main() -> anyhow::Result<()> {
                 perf_guard::run(rest)
             }
             Some((what, rest)) if what == "guard-flood" => perf_guard::flood_main(rest),
+            Some((what, rest)) if what == "spin" => perf_http::spin_main(rest),
             Some((what, _)) => usage_error(&format!("perf {what}")),
             None => usage_error("perf"),
         },

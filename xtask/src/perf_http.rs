@@ -4,6 +4,7 @@
 //! ```text
 //! cargo xtask perf http [--rounds R] [--seconds S] [--threads T] [--dwara PATH]
 //!                        [--before PATH] [--pin] [--loads LIST] [--quota PERCENT]
+//!                        [--keep-busy]
 //! ```
 //!
 //! 1. Installs nginx-light, HAProxy, Caddy and wrk when missing.
@@ -60,6 +61,15 @@
 //! a quota well below a core the proxy alone bounds the rate, and the rates
 //! compare what each proxy serves with the same CPU.
 //!
+//! `--keep-busy` (with `--pin`) keeps the proxies' CPU busy with a process that
+//! spins at idle priority (`SCHED_IDLE`, `cargo xtask perf spin` under `chrt
+//! --idle 0`): it runs only when no proxy can, and a proxy woken takes the CPU
+//! from it at once. Without it, a proxy held to its quota leaves its CPU idle for
+//! the rest of each period, and on a virtual machine an idle CPU is handed back to
+//! the host, which runs other work there and leaves the proxy's caches cold: every
+//! proxy then spends several µs more per request, the more the larger its working
+//! set. The spinner's time counts as idle in the printed idle share.
+//!
 //! `--before PATH` adds `dwara-1t-before`: `dwara-1t` run from another build (the
 //! one before a change), in the same rounds, so that the `dwara-1t` ratios on its
 //! row compare the two builds under the same load.
@@ -69,16 +79,20 @@
 use std::net::Ipv4Addr;
 use std::path::Path;
 use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
 
 use crate::perf_l4::{
-    Load, Options, Pinning, Proc, Proxy, Quota, Run, local, nginx_head, rounds, spawn_nginx,
-    start_backend, start_dwara_with,
+    Load, Options, Pinning, Proc, Proxy, Quota, Run, local, nginx_head, rounds,
+    runs_at_idle_priority, spawn_nginx, start_backend, start_dwara_with,
 };
 use crate::perf_util::{free_port, median, parse_flags, release_dwara};
 
 const USAGE: &str = "usage: cargo xtask perf http [--rounds R] [--seconds S] [--threads T] \
                      [--dwara PATH] [--before PATH] [--pin] \
-                     [--loads keep-alive,new-connection,bodies,503] [--quota PERCENT]";
+                     [--loads keep-alive,new-connection,bodies,503] [--quota PERCENT] \
+                     [--keep-busy]";
 const PROXIES: [&str; 5] = ["dwara-1t", "dwara", "haproxy-1t", "nginx", "caddy"];
 
 /// The loads of `perf http`: those of `perf l4` and the 503 without endpoints.
@@ -108,8 +122,16 @@ fn parse_loads(list: Option<&str>) -> anyhow::Result<Vec<Load>> {
 }
 
 fn parse_args(args: &[String]) -> anyhow::Result<(Options, Selection)> {
-    let pin = args.iter().any(|a| a == "--pin");
-    let args: Vec<String> = args.iter().filter(|a| *a != "--pin").cloned().collect();
+    let switch = |name: &str| args.iter().any(|a| a == name);
+    let (pin, keep_busy) = (switch("--pin"), switch("--keep-busy"));
+    if keep_busy && !pin {
+        anyhow::bail!("--keep-busy keeps the proxies' CPU busy: it needs --pin; {USAGE}");
+    }
+    let args: Vec<String> = args
+        .iter()
+        .filter(|a| *a != "--pin" && *a != "--keep-busy")
+        .cloned()
+        .collect();
     let f = parse_flags(
         &args,
         &[
@@ -140,8 +162,16 @@ fn parse_args(args: &[String]) -> anyhow::Result<(Options, Selection)> {
         before: f.path("--before"),
         dwara: f.path("--dwara"),
         pin: if pin { Some(Pinning::new()?) } else { None },
+        spinner: None,
     };
-    Ok((opts, Selection { loads, quota }))
+    Ok((
+        opts,
+        Selection {
+            loads,
+            quota,
+            keep_busy,
+        },
+    ))
 }
 
 /// What `perf http` runs beside [`Options`]: the loads, and the proxies' CPU quota.
@@ -150,6 +180,41 @@ struct Selection {
     loads: Vec<Load>,
     /// `--quota`: the percent of one CPU each proxy gets.
     quota: Option<u32>,
+    /// `--keep-busy`: the proxies' CPU kept busy at idle priority.
+    keep_busy: bool,
+}
+
+/// `cargo xtask perf spin`: spins until it is stopped. `perf http --keep-busy`
+/// runs it at idle priority on the proxies' CPU, so that the CPU never idles.
+pub(crate) fn spin_main(args: &[String]) -> anyhow::Result<()> {
+    if !args.is_empty() {
+        anyhow::bail!("usage: cargo xtask perf spin (no arguments)");
+    }
+    loop {
+        std::hint::spin_loop();
+    }
+}
+
+/// Starts [`spin_main`] at idle priority on the CPUs `cpus`, once it is seen to
+/// run under `SCHED_IDLE` (within 10 s).
+fn start_spinner(dir: &Path, cpus: &str) -> anyhow::Result<Proc> {
+    let exe = std::env::current_exe().context("cannot find the xtask executable")?;
+    let mut cmd = Command::new("chrt");
+    cmd.args(["--idle", "0", "taskset", "-c", cpus])
+        .arg(exe)
+        .args(["perf", "spin"]);
+    let mut spinner = Proc::spawn("spinner", dir, &mut cmd)?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !runs_at_idle_priority(spinner.child.id()) {
+        if let Some(status) = spinner.child.try_wait()? {
+            anyhow::bail!("--keep-busy: the spinner exited ({status}); {cmd:?}");
+        }
+        if Instant::now() > deadline {
+            anyhow::bail!("--keep-busy: the spinner is not under SCHED_IDLE after 10 s");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Ok(spinner)
 }
 
 fn start_haproxy(dir: &Path, backend: u16) -> anyhow::Result<Proxy> {
@@ -304,6 +369,10 @@ fn run_in(dir: &Path, opts: &Options, selection: &Selection) -> anyhow::Result<(
         } + &match selection.quota {
             Some(q) => format!("; each proxy limited to {q}% of one CPU"),
             None => String::new(),
+        } + if selection.keep_busy {
+            "; the proxies' CPU kept busy at idle priority"
+        } else {
+            ""
         },
         load_avg
             .split_whitespace()
@@ -339,7 +408,16 @@ fn run_in(dir: &Path, opts: &Options, selection: &Selection) -> anyhow::Result<(
             p.proc.limit(quota)?;
         }
     }
+    let spinner = match (&opts.pin, selection.keep_busy) {
+        (Some(pin), true) => Some(start_spinner(dir, &pin.proxy)?),
+        _ => None,
+    };
+    let opts = &Options {
+        spinner: spinner.as_ref().map(|s| s.child.id()),
+        ..opts.clone()
+    };
     let runs = rounds(&proxies, &backend_proc, loads, opts)?;
+    drop(spinner);
     report(&proxies, loads, &runs, opts);
     Ok(())
 }
@@ -568,6 +646,19 @@ mod tests {
             panic!("a quota over one CPU is refused");
         };
         assert!(e.to_string().contains("at most 100"), "{e}");
+    }
+
+    #[test]
+    fn keep_busy_is_a_switch_that_needs_pin() {
+        let args = |a: &[&str]| a.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+        let (o, s) = parse_args(&args(&["--keep-busy", "--pin", "--quota", "50"])).unwrap();
+        assert!(s.keep_busy && o.pin.is_some());
+        assert_eq!((s.quota, o.spinner), (Some(50), None));
+        assert!(!parse_args(&args(&["--pin"])).unwrap().1.keep_busy);
+        let Err(e) = parse_args(&args(&["--keep-busy", "--quota", "50"])) else {
+            panic!("--keep-busy without --pin is refused");
+        };
+        assert!(e.to_string().contains("needs --pin"), "{e}");
     }
 
     #[test]

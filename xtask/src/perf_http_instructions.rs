@@ -256,6 +256,7 @@ fn count(
             before: None,
             dwara: None,
             pin: None,
+            spinner: None,
         };
         wrk(&proxy, backend_proc, load, &opts, clock_ticks())
     };

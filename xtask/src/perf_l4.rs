@@ -57,6 +57,7 @@ const ALL_PROXIES: &[&str] = &[
 ];
 const BODY: usize = 1 << 20;
 
+#[derive(Clone)]
 pub(crate) struct Options {
     pub(crate) rounds: usize,
     pub(crate) seconds: u32,
@@ -68,6 +69,9 @@ pub(crate) struct Options {
     /// The proxy under test on CPU 0, wrk and the backend on the others
     /// ([`Pinning`]); `None`: wherever the scheduler puts them.
     pub(crate) pin: Option<Pinning>,
+    /// The process that keeps the proxies' CPU busy at idle priority (`perf http
+    /// --keep-busy`): the time it takes counts as idle in [`Run::idle`].
+    pub(crate) spinner: Option<u32>,
 }
 
 /// Where `--pin` puts the processes of a run: each proxy on a core of its own, the
@@ -197,6 +201,7 @@ fn parse_args(args: &[String]) -> anyhow::Result<Options> {
         before: f.path("--before"),
         dwara: f.path("--dwara"),
         pin: None,
+        spinner: None,
     })
 }
 
@@ -350,10 +355,12 @@ struct Stat {
     ppid: u32,
     utime: u64,
     stime: u64,
+    /// The scheduling policy (`SCHED_IDLE` is 5), where the kernel gives it.
+    policy: Option<u32>,
 }
 
-/// `/proc/PID/stat` fields 4, 14 and 15 (the name in parentheses may hold spaces,
-/// so count after it).
+/// `/proc/PID/stat` fields 4, 14, 15 and 41 (the name in parentheses may hold
+/// spaces, so count after it).
 fn stat_fields(pid: u32) -> Option<Stat> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let rest = &stat[stat.rfind(')')? + 1..];
@@ -362,7 +369,19 @@ fn stat_fields(pid: u32) -> Option<Stat> {
         ppid: f.get(1)?.parse().ok()?,
         utime: f.get(11)?.parse().ok()?,
         stime: f.get(12)?.parse().ok()?,
+        policy: f.get(38).and_then(|p| p.parse().ok()),
     })
+}
+
+/// User and system ticks of the one process `pid` (0 once it is gone).
+pub(crate) fn process_ticks(pid: u32) -> u64 {
+    stat_fields(pid).map_or(0, |s| s.utime + s.stime)
+}
+
+/// Whether `pid` runs under the scheduling policy `SCHED_IDLE`.
+pub(crate) fn runs_at_idle_priority(pid: u32) -> bool {
+    const SCHED_IDLE: u32 = 5;
+    stat_fields(pid).and_then(|s| s.policy) == Some(SCHED_IDLE)
 }
 
 /// `pid` and its direct children.
@@ -761,6 +780,7 @@ pub(crate) fn wrk(
     let preempted_before = proxy.proc.preemptions();
     let backend_before = backend.cpu_ticks();
     let client_before = children_ticks();
+    let spinner_before = opts.spinner.map_or(0, process_ticks);
     let machine_before = machine_ticks();
     let mut cmd = match &opts.pin {
         Some(pin) => {
@@ -782,7 +802,12 @@ pub(crate) fn wrk(
     let backend_cpu = backend.cpu_ticks().saturating_sub(backend_before) as f64 / ticks;
     let client_cpu = children_ticks().saturating_sub(client_before) as f64 / ticks;
     let machine_after = machine_ticks();
-    let idle = machine_after.0.saturating_sub(machine_before.0) as f64
+    // The spinner's time is time the core would otherwise have been idle.
+    let spun = opts
+        .spinner
+        .map_or(0, process_ticks)
+        .saturating_sub(spinner_before);
+    let idle = (machine_after.0.saturating_sub(machine_before.0) + spun) as f64
         / (machine_after.1.saturating_sub(machine_before.1) as f64).max(1.0);
     let text = String::from_utf8_lossy(&out.stdout);
     if !out.status.success() {
