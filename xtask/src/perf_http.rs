@@ -447,8 +447,7 @@ fn report(proxies: &[Proxy], loads: &[Load], runs: &[Vec<Vec<Run>>], opts: &Opti
             if rs.is_empty() {
                 continue;
             }
-            // Runs are in round order: the same index is the same round.
-            let paired = median(one.iter().zip(rs).map(|(a, b)| a.rate / b.rate).collect());
+            let paired = RoundByRound::of(one, rs).map_or(f64::NAN, |s| s.median);
             println!(
                 "  {:<15} {:>12.1} {:>14.2} {:>8.3} {:>8.3} {:>7} {:>12.2}x {:>12.2}x {:>10.2}x {:>14.2}x",
                 p.proc.name,
@@ -529,6 +528,8 @@ struct RoundByRound {
     /// The rounds in which `dwara-1t` served more.
     ahead: usize,
     rounds: usize,
+    /// The median of the ratios (the report's `paired` column).
+    median: f64,
     /// The geometric mean of the ratios.
     mean: f64,
     /// The 95% confidence interval of `mean` (Student's t over the ratios'
@@ -561,6 +562,7 @@ impl RoundByRound {
             highest,
             ahead: ratios.iter().filter(|r| **r > 1.0).count(),
             rounds: ratios.len(),
+            median: median(ratios),
             mean: mean.exp(),
             interval,
         })
@@ -593,6 +595,7 @@ mod tests {
         let other = [run(80.0), run(100.0), run(100.0)];
         let s = RoundByRound::of(&one, &other).unwrap();
         assert_eq!((s.ahead, s.rounds), (2, 3));
+        assert!((s.median - 1.2).abs() < 1e-9, "{s:?}");
         assert!((s.lowest - 0.9).abs() < 1e-9, "{s:?}");
         assert!((s.highest - 1.25).abs() < 1e-9, "{s:?}");
         // The geometric mean of 1.25, 0.9 and 1.2 is 1.1052; the logarithms'
