@@ -242,6 +242,52 @@ impl UpstreamLb {
         Ok(PickGuard::new(&snap, i))
     }
 
+    /// Picks like [`pick_by_key`](Self::pick_by_key), but not one of `exclude`
+    /// (the endpoints a request has already tried) while another is left. After
+    /// the key's own endpoint come its alternatives, in the order the key falls
+    /// back through when its endpoint is ejected (the same for the same key, so a
+    /// retried request of one key goes where the key's other requests go while
+    /// its endpoint fails), healthy ones before ejected ones. When every endpoint
+    /// is excluded, the key's own pick. Under a policy other than
+    /// [`Policy::ConsistentHash`] the key is ignored and the policy picks again.
+    pub fn pick_by_key_excluding(
+        &self,
+        key: &[u8],
+        exclude: &[SocketAddr],
+    ) -> Result<PickGuard, NoEndpoints> {
+        let snap = self.current.load();
+        let key = self.key_hash(key);
+        let mut draw = &self.ticket;
+        let first = self.choose(&snap, key, &mut draw)?;
+        let eps = snap.set.as_slice();
+        let open = |i: usize| !exclude.contains(&eps[i].addr);
+        if open(first) {
+            return Ok(PickGuard::new(&snap, first));
+        }
+        let healthy = |i: usize| !snap.states[i].is_ejected();
+        let in_flight = |i: usize| snap.states[i].in_flight();
+        let mut ejected = None;
+        for attempt in 1..=RETRIES {
+            let i = snap.picker.pick(eps, in_flight, &mut draw, key, attempt);
+            if open(i) && healthy(i) {
+                return Ok(PickGuard::new(&snap, i));
+            }
+            ejected = ejected.or(Some(i).filter(|&i| open(i)));
+        }
+        // deterministic for a key, as in `avoid_ejected`
+        let start = match key {
+            Some(h) => below(h, eps.len()),
+            None => below(draw.random(), eps.len()),
+        };
+        let order = || (start..eps.len()).chain(0..start);
+        let i = order()
+            .find(|&i| open(i) && healthy(i))
+            .or(ejected)
+            .or_else(|| order().find(|&i| open(i)))
+            .unwrap_or(first);
+        Ok(PickGuard::new(&snap, i))
+    }
+
     /// Picks like [`pick`](Self::pick) but returns only the endpoint: nothing is
     /// counted in flight, so P2C and [`in_flight`](Self::in_flight) do not see the
     /// request and there is no guard to report an outcome on (use

@@ -17,6 +17,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
+use arc_swap::ArcSwapOption;
 use dwara_discovery_dns::{RecordType, TargetResolver};
 use dwara_dns_cache::{DnsCache, DnsCacheConfig};
 use dwara_lb::{EndpointSet, UpstreamLb};
@@ -87,14 +88,13 @@ pub(crate) fn http_upstream(
                 Duration::from_millis(up.connect_timeout_ms),
             ));
             let dial = Arc::new(dial(i, up, pushed)?);
-            let (wanted, targets) = match &*dial {
-                Dial::Lb { targets } => (
-                    Some(Arc::downgrade(lb)),
-                    targets.as_ref().map(Arc::downgrade),
-                ),
-                Dial::Address { .. } => (None, None),
+            let wanted = match &*dial {
+                Dial::Lb { targets } => {
+                    Wanted::InSet(Arc::downgrade(lb), targets.as_ref().map(Arc::downgrade))
+                }
+                Dial::Address { .. } => Wanted::InAnswer(Arc::downgrade(&dial)),
             };
-            tokio::spawn(sweep(Arc::downgrade(&pool), wanted, targets));
+            tokio::spawn(sweep(Arc::downgrade(&pool), wanted));
             (pool, dial)
         }
     };
@@ -133,6 +133,7 @@ fn dial(i: usize, up: &UpstreamConfig, pushed: bool) -> Result<Dial, Error> {
         host,
         port,
         next: AtomicUsize::new(0),
+        seen: ArcSwapOption::empty(),
     })
 }
 
@@ -274,25 +275,39 @@ impl TargetResolver for SrvTargets {
     }
 }
 
-/// Closes idle connections of endpoints that left the load balancer's set (every
-/// [`SWEEP`]) and those idle too long, and prunes the SRV targets' addresses, until
-/// the pool is dropped.
-async fn sweep(pool: Weak<Pool>, lb: Option<Weak<UpstreamLb>>, targets: Option<Weak<SrvTargets>>) {
+/// Which endpoints' connections a pool keeps.
+enum Wanted {
+    /// Those of the load balancer's set; the SRV targets' addresses are pruned
+    /// to it.
+    InSet(Weak<UpstreamLb>, Option<Weak<SrvTargets>>),
+    /// Those of the latest answer of an `address:` upstream.
+    InAnswer(Weak<Dial>),
+}
+
+/// Closes idle connections of endpoints no longer wanted (every [`SWEEP`]) and
+/// those idle too long, and prunes the SRV targets' addresses, until the pool is
+/// dropped.
+async fn sweep(pool: Weak<Pool>, wanted: Wanted) {
     let mut tick = tokio::time::interval(SWEEP);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
         let Some(pool) = pool.upgrade() else { return };
-        match lb.as_ref().map(Weak::upgrade) {
-            Some(Some(lb)) => {
-                let set = lb.endpoints();
-                pool.sweep(|addr| set.contains(addr));
-                if let Some(targets) = targets.as_ref().and_then(Weak::upgrade) {
-                    targets.prune(&set, HOST_GRACE);
+        match &wanted {
+            Wanted::InSet(lb, targets) => match lb.upgrade() {
+                Some(lb) => {
+                    let set = lb.endpoints();
+                    pool.sweep(|addr| set.contains(addr));
+                    if let Some(targets) = targets.as_ref().and_then(Weak::upgrade) {
+                        targets.prune(&set, HOST_GRACE);
+                    }
                 }
-            }
-            Some(None) => pool.sweep(|_| false),
-            None => pool.sweep(|_| true),
+                None => pool.sweep(|_| false),
+            },
+            Wanted::InAnswer(dial) => match dial.upgrade() {
+                Some(dial) => pool.sweep(|addr| dial.in_answer(addr)),
+                None => pool.sweep(|_| false),
+            },
         }
     }
 }

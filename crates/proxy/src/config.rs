@@ -487,6 +487,23 @@ fn validate_http(up: &UpstreamConfig, at: &str) -> Result<(), Error> {
             ));
         }
     }
+    // An `address:` upstream has no load balancer: each request takes the DNS
+    // cache's addresses in turn, and no endpoint is ejected.
+    if up.address.is_some() {
+        if up.policy != Policy::RoundRobin {
+            return Err(invalid(
+                key("policy"),
+                "only with a discovery block (with address: each request takes the DNS \
+                 cache's addresses in turn)",
+            ));
+        }
+        if up.ejection.is_some() {
+            return Err(invalid(
+                key("ejection"),
+                "only with a discovery block (an address: upstream ejects no address)",
+            ));
+        }
+    }
     if let Some(n) = up.max_tries
         && !(1..=MAX_TRIES).contains(&n)
     {
@@ -591,6 +608,8 @@ mod tests {
         let ok =
             format!("{base}protocol: http, address: web.local:80, nameservers: [127.0.0.1:53]}}");
         assert_eq!(check(&ok), Ok(()));
+        let ok = format!("{base}protocol: http, address: web.local:80, policy: round_robin}}");
+        assert_eq!(check(&ok), Ok(()));
         let cases = [
             (
                 "address: web.local:80}",
@@ -637,6 +656,18 @@ mod tests {
                 "upstreams[0].hash_header: only with policy: consistent_hash",
             ),
             (
+                "protocol: http, address: a:1, policy: consistent_hash, hash_header: x-user}",
+                "upstreams[0].policy: only with a discovery block",
+            ),
+            (
+                "protocol: http, address: a:1, policy: p2c}",
+                "upstreams[0].policy: only with a discovery block",
+            ),
+            (
+                "protocol: http, address: a:1, ejection: {consecutive_failures: 3}}",
+                "upstreams[0].ejection: only with a discovery block",
+            ),
+            (
                 "protocol: http, address: a:1, max_tries: 0}",
                 "upstreams[0].max_tries: must be 1..=10",
             ),
@@ -666,7 +697,8 @@ mod tests {
     #[test]
     fn http_settings_fill_in_the_defaults() {
         let ups: Vec<UpstreamConfig> = serde_yaml_ng::from_str(
-            "- {name: a, listen: 127.0.0.1:9000, protocol: http, policy: consistent_hash, hash_header: X-User, address: a:1}",
+            "- {name: a, listen: 127.0.0.1:9000, protocol: http, policy: consistent_hash, hash_header: X-User, dns_discovery: {hostname: a.b, port: 1}}
+- {name: b, listen: 127.0.0.1:9001, protocol: http, address: a:1}",
         )
         .unwrap();
         let s = ups[0].http_settings().unwrap();
@@ -677,6 +709,6 @@ mod tests {
         assert_eq!(s.limits.tunnel_idle_timeout_s, 3600);
         assert_eq!(s.limits.send_timeout_ms, 60_000);
         assert_eq!(s.body_timeout, Duration::from_secs(60));
-        assert_eq!(ups[0].address_parts(), Some(("a".into(), 1)));
+        assert_eq!(ups[1].address_parts(), Some(("a".into(), 1)));
     }
 }

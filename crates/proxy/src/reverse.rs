@@ -62,7 +62,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
 
-use arc_swap::ArcSwap;
+use arc_swap::{ArcSwap, ArcSwapOption};
 use bytes::{Bytes, BytesMut};
 use dwara_dns_cache::DnsCache;
 use dwara_lb::{PickGuard, Policy};
@@ -110,6 +110,10 @@ pub(crate) enum Dial {
         host: String,
         port: u16,
         next: AtomicUsize,
+        /// The latest answer a request took an address from (`None` before the
+        /// first): a pooled connection to an address it no longer holds is not
+        /// kept, and the pool's sweep closes such idle ones.
+        seen: ArcSwapOption<Vec<std::net::IpAddr>>,
     },
 }
 
@@ -127,6 +131,22 @@ impl Dial {
         match self {
             Self::Lb { targets } => targets.as_ref(),
             Self::Address { .. } => None,
+        }
+    }
+
+    /// Whether a pooled connection to `addr` may stay: always for a load
+    /// balancer's endpoints (their sweep asks the set), and for an `address:`
+    /// upstream while the latest answer holds it.
+    pub(crate) fn in_answer(&self, addr: SocketAddr) -> bool {
+        match self {
+            Self::Lb { .. } => true,
+            Self::Address { port, seen, .. } => {
+                addr.port() == *port
+                    && seen
+                        .load()
+                        .as_deref()
+                        .is_none_or(|ips| ips.contains(&addr.ip()))
+            }
         }
     }
 }
@@ -787,20 +807,28 @@ pub(crate) async fn choose(
             host,
             port,
             next,
-        } => Box::pin(from_cache(cache, host, *port, next, tried)).await,
+            seen,
+        } => Box::pin(from_cache(cache, host, (*port, next, seen), tried)).await,
     }
 }
 
-/// A pick of the load balancer not tried yet when there is one (a few picks,
-/// then any).
+/// A pick of the load balancer not tried yet when there is one: under
+/// `consistent_hash` the key's next endpoint after those tried (a key's own
+/// endpoint is the same for every pick), otherwise a few picks, then any.
 fn pick(target: &Target, key: Option<&[u8]>, tried: &[SocketAddr]) -> Result<Choice, String> {
+    if let Some(k) = key {
+        let guard = target
+            .lb
+            .pick_by_key_excluding(k, tried)
+            .map_err(|_| "no endpoints".to_owned())?;
+        return Ok(Choice {
+            addr: guard.addr(),
+            guard: Some(guard),
+        });
+    }
     let mut last = None;
     for _ in 0..4 {
-        let pick = match key {
-            Some(k) => target.lb.pick_by_key(k),
-            None => target.lb.pick(),
-        };
-        let guard = pick.map_err(|_| "no endpoints".to_owned())?;
+        let guard = target.lb.pick().map_err(|_| "no endpoints".to_owned())?;
         if !tried.contains(&guard.addr()) {
             return Ok(Choice {
                 addr: guard.addr(),
@@ -821,8 +849,7 @@ fn pick(target: &Target, key: Option<&[u8]>, tried: &[SocketAddr]) -> Result<Cho
 async fn from_cache(
     cache: &DnsCache,
     host: &str,
-    port: u16,
-    next: &AtomicUsize,
+    (port, next, seen): (u16, &AtomicUsize, &ArcSwapOption<Vec<std::net::IpAddr>>),
     tried: &[SocketAddr],
 ) -> Result<Choice, String> {
     let ips = cache
@@ -831,6 +858,9 @@ async fn from_cache(
         .map_err(|e| format!("{host}: {e}"))?;
     if ips.is_empty() {
         return Err(format!("{host}: no addresses"));
+    }
+    if seen.load().as_deref().map(Vec::as_slice) != Some(&ips[..]) {
+        seen.store(Some(Arc::new(ips.to_vec())));
     }
     let start = next.fetch_add(1, Ordering::Relaxed);
     let addrs = (0..ips.len()).map(|i| SocketAddr::new(ips[(start + i) % ips.len()], port));
@@ -1115,6 +1145,11 @@ async fn tries(target: &Target, http: &Arc<HttpUpstream>, p: &mut Prepared) -> R
                 // Not written: the request is still pending.
                 last_error = why;
                 tried.push(choice.addr);
+                if every_endpoint_ejected(target) {
+                    // Only ejected endpoints left, and they still fail: a fleet
+                    // that is down is not dialled once more per try.
+                    break;
+                }
                 continue;
             }
         };
@@ -1159,6 +1194,10 @@ async fn tries(target: &Target, http: &Arc<HttpUpstream>, p: &mut Prepared) -> R
             }
             Sent::Stopped(stop) => return stopped(target, http, choice.addr, stop),
         }
+    }
+    if !reached && every_endpoint_ejected(target) {
+        let why = format!("every endpoint ejected and unreachable ({last_error})");
+        return made(target, http, Made::NoEndpoints, &why);
     }
     made(target, http, Made::BadGateway, &last_error)
 }
@@ -1286,6 +1325,15 @@ pub(crate) async fn dial_addr(choice: &Choice, http: &HttpUpstream) -> SocketAdd
         } => targets.current(choice.addr).await,
         _ => choice.addr,
     }
+}
+
+/// Whether the upstream has endpoints and every one of them is ejected (picks
+/// then ignore ejection): only on a failed try's path, which the set's copy
+/// costs nothing to.
+#[cold]
+fn every_endpoint_ejected(target: &Target) -> bool {
+    let eps = target.lb.stats().endpoints;
+    !eps.is_empty() && eps.iter().all(|e| e.ejected)
 }
 
 /// Counts and reports a failed dial of `choice` (to `addr`), and says why.
@@ -1419,7 +1467,7 @@ fn outcome(
             }
             let keep = match &*http.dial {
                 Dial::Lb { .. } => Keep::InSet(target.lb.clone()),
-                Dial::Address { .. } => Keep::Always,
+                Dial::Address { .. } => Keep::InAnswer(http.dial.clone()),
             };
             let body = PooledBody::new(
                 body,
@@ -1503,15 +1551,15 @@ enum Keep {
     /// While its endpoint is in the load balancer's set (a connection dialled to
     /// where an SRV target moved is not, until discovery's next refresh).
     InSet(Arc<dwara_lb::UpstreamLb>),
-    /// Always (an `address:` upstream; the idle timeout ages them out).
-    Always,
+    /// While the latest DNS answer of an `address:` upstream holds its address.
+    InAnswer(Arc<Dial>),
 }
 
 impl Keep {
     fn keep(&self, addr: SocketAddr) -> bool {
         match self {
             Self::InSet(lb) => lb.endpoints().contains(addr),
-            Self::Always => true,
+            Self::InAnswer(dial) => dial.in_answer(addr),
         }
     }
 }

@@ -850,6 +850,65 @@ async fn no_request_fails_while_instances_are_replaced_crashing_before_they_leav
 }
 
 #[tokio::test]
+async fn an_address_upstreams_idle_connections_to_an_address_the_answer_dropped_are_closed() {
+    // Idle connections would stay a minute by the idle timeout; an address that
+    // left the DNS answer loses its idle connections within a sweep of a request
+    // seeing the new answer.
+    let port = common_port(&[ip(2), ip(3)]).await;
+    let _a = Backend::start(ip(2), port).await;
+    let _b = Backend::start(ip(3), port).await;
+    let dns = dns(&[ip(2)]).await;
+    let proxy = test_support::free_addr();
+    let serve = Serve::spawn(&format!(
+        "upstreams:
+  - name: web
+    listen: {proxy}
+    protocol: http
+    address: web.test:{port}
+    nameservers: [{}]
+    pool: {{max_idle_per_endpoint: 4, idle_timeout_s: 60}}
+",
+        dns.addr()
+    ));
+    wait_listening(proxy).await;
+    let mut client = KeepAlive::open(proxy).await;
+    assert_eq!(client.backend().await, "127.0.0.2");
+    let idle_at = |status: &serde_json::Value, ip: Ipv4Addr| {
+        let endpoint = format!("{ip}:{port}");
+        status["upstreams"][0]["http"]["pool"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["endpoint"] == endpoint.as_str())
+            .map(|e| e["idle"].as_u64().unwrap())
+            .sum::<u64>()
+    };
+    let status = serve.status().await;
+    assert_eq!(idle_at(&status, ip(2)), 1, "{status}");
+    dns.set_a("web.test", &[ip(3)], 1);
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while client.backend().await != "127.0.0.3" {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "requests never moved to the new address"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    loop {
+        let status = serve.status().await;
+        if idle_at(&status, ip(2)) == 0 {
+            assert_eq!(idle_at(&status, ip(3)), 1, "{status}");
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the idle connection to the dropped address stayed: {status}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
 async fn an_address_upstream_dials_through_the_dns_cache() {
     let port = common_port(&[ip(2), ip(3)]).await;
     let _a = Backend::start(ip(2), port).await;
@@ -933,6 +992,98 @@ async fn an_endpoint_refusing_connections_costs_no_retry_budget() {
         0,
         "{status}"
     );
+}
+
+#[tokio::test]
+async fn every_endpoint_refusing_is_a_502_and_a_503_once_all_are_ejected() {
+    // Both endpoints are in DNS with nothing listening. Without ejection every
+    // try fails to connect: 502. With ejection after one failure, the first
+    // request's two tries eject both: there is nothing to route to, a 503 with
+    // Retry-After; every later request dials once (the picks then ignore
+    // ejection) and gets its 503 at once.
+    let port = common_port(&[ip(2), ip(3)]).await;
+    let dns = dns(&[ip(2), ip(3)]).await;
+    let endpoints = [format!("{}:{port}", ip(2)), format!("{}:{port}", ip(3))];
+    for (extra, status, made) in [
+        ("", 502, "bad_gateway_502"),
+        (
+            "    ejection: {consecutive_failures: 1, cool_down_s: 600}\n",
+            503,
+            "no_endpoints_503",
+        ),
+    ] {
+        let proxy = test_support::free_addr();
+        let serve = Serve::spawn(&upstream(proxy, port, dns.addr(), extra));
+        serve.wait_endpoints(&endpoints).await;
+        wait_listening(proxy).await;
+        let mut client = KeepAlive::open(proxy).await;
+        for _ in 0..10 {
+            let a = client.get("/").await.unwrap();
+            assert_eq!(a.status, status, "{extra}: {}", a.body);
+            assert!(a.body.contains("upstream web"), "{}", a.body);
+            assert_eq!(
+                a.headers.contains_key("retry-after"),
+                status == 503,
+                "{:?}",
+                a.headers
+            );
+        }
+        let status = serve.status().await;
+        let http = &status["upstreams"][0]["http"];
+        assert_eq!(http[made], 10, "{status}");
+        let failures = http["connect_failures"].as_u64().unwrap();
+        if extra.is_empty() {
+            // max_tries (3) dials per request.
+            assert_eq!(failures, 30, "{status}");
+        } else {
+            assert_eq!(failures, 2 + 9, "{status}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_hashed_request_whose_endpoint_refuses_is_retried_on_the_keys_next_endpoint() {
+    // Under consistent_hash the ring gives a key the same endpoint at every pick:
+    // a retry must go to the key's next endpoint, not back to the one that
+    // refused. One endpoint answers, the other is in DNS with nothing listening;
+    // every key gets its 200, those whose home is the dead one from the live one.
+    let port = common_port(&[ip(2), ip(3)]).await;
+    let _live = Backend::start(ip(2), port).await;
+    let dns = dns(&[ip(2), ip(3)]).await;
+    let proxy = test_support::free_addr();
+    let extra = "    policy: consistent_hash\n    hash_header: x-user\n";
+    let serve = Serve::spawn(&upstream(proxy, port, dns.addr(), extra));
+    serve
+        .wait_endpoints(&[format!("{}:{port}", ip(2)), format!("{}:{port}", ip(3))])
+        .await;
+    wait_listening(proxy).await;
+    let mut client = KeepAlive::open(proxy).await;
+    let mut failed = Vec::new();
+    for user in 0..64 {
+        for _ in 0..2 {
+            let req = Request::get("/")
+                .header("host", "web.test")
+                .header("x-user", format!("user-{user}"))
+                .body(Full::default())
+                .unwrap();
+            let a = client.send(req).await.unwrap();
+            if a.status != 200 {
+                failed.push(format!("user-{user}: {} {}", a.status, a.body.trim()));
+            } else {
+                assert_eq!(a.json()["ip"], ip(2).to_string(), "user-{user}");
+            }
+        }
+    }
+    let status = serve.status().await;
+    assert!(
+        failed.is_empty(),
+        "{} failed: {failed:?} {status}",
+        failed.len()
+    );
+    // About half of the 64 keys live on the dead endpoint: each of their
+    // requests failed its connect once before the retry.
+    let http = &status["upstreams"][0]["http"];
+    assert!(http["connect_failures"].as_u64().unwrap() >= 20, "{status}");
 }
 
 #[tokio::test]

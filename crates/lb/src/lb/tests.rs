@@ -514,6 +514,49 @@ fn consistent_hash_fallback_is_stable_per_key() {
 }
 
 #[test]
+fn a_key_retried_avoids_the_endpoints_tried_in_a_stable_order() {
+    for n in [2, 3, 10] {
+        let lb = lb(Policy::ConsistentHash, uniform(n));
+        for k in 0..200u32 {
+            let key = k.to_le_bytes();
+            let home = lb.pick_by_key(&key).unwrap().addr();
+            let pick = |tried: &[SocketAddr]| lb.pick_by_key_excluding(&key, tried).unwrap().addr();
+            assert_eq!(pick(&[]), home);
+            let second = pick(&[home]);
+            assert_ne!(second, home, "{n} endpoints, key {k}");
+            assert_eq!(pick(&[home]), second, "the same key falls back alike");
+            if n > 2 {
+                let third = pick(&[home, second]);
+                assert!(third != home && third != second, "{n} endpoints, key {k}");
+            }
+            // Every endpoint tried: the key's own endpoint again.
+            let all: Vec<SocketAddr> = (0..n).map(addr).collect();
+            assert_eq!(pick(&all), home);
+        }
+    }
+}
+
+#[test]
+fn a_key_retried_prefers_a_healthy_endpoint_and_keeps_its_own_pick_otherwise() {
+    let lb = lb(Policy::ConsistentHash, uniform(3));
+    let home = lb.pick_by_key(b"k").unwrap().addr();
+    let others: Vec<SocketAddr> = (0..3).map(addr).filter(|a| *a != home).collect();
+    lb.eject(others[0], Duration::from_secs(60));
+    for _ in 0..20 {
+        let next = lb.pick_by_key_excluding(b"k", &[home]).unwrap().addr();
+        assert_eq!(next, others[1]);
+    }
+    // Only an ejected endpoint left untried: it, rather than one tried.
+    let next = lb.pick_by_key_excluding(b"k", &[home, others[1]]).unwrap();
+    assert_eq!(next.addr(), others[0]);
+    let empty = UpstreamLb::new(Policy::ConsistentHash);
+    assert_eq!(
+        empty.pick_by_key_excluding(b"k", &[home]).unwrap_err(),
+        NoEndpoints
+    );
+}
+
+#[test]
 fn lb_and_guard_are_send_sync_static() {
     fn assert_send_sync<T: Send + Sync + 'static>() {}
     assert_send_sync::<UpstreamLb>();
