@@ -323,11 +323,13 @@ async fn a_keep_alive_client_reaches_new_instances_and_gets_503_when_none_is_lef
     // A new instance: the same client connection reaches it, request by request.
     let _b = Backend::start(ip(3), port).await;
     dns.set_a("web.test", &[ip(2), ip(3)], 1);
+    serve
+        .wait_endpoints(&[format!("{}:{port}", ip(2)), format!("{}:{port}", ip(3))])
+        .await;
+    // Round robin over the two: four requests reach both.
     let mut seen = std::collections::HashSet::new();
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while seen.len() < 2 && tokio::time::Instant::now() < deadline {
+    for _ in 0..4 {
         seen.insert(client.backend().await);
-        tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(seen.len(), 2, "one keep-alive connection saw only {seen:?}");
 
@@ -2074,6 +2076,46 @@ pub(crate) async fn lose_then_answer(
     let again = next_head(&mut conn, "the request again").await;
     conn.write_all(answer).await.unwrap();
     (first, again, conn)
+}
+
+/// Every idempotent method without a body is sent again when it is lost as a
+/// GET is (the test below): HEAD, OPTIONS, PUT, DELETE and TRACE.
+#[tokio::test]
+async fn each_idempotent_method_lost_is_sent_again() {
+    const METHODS: [&str; 5] = ["HEAD", "OPTIONS", "PUT", "DELETE", "TRACE"];
+    let port = common_port(&[ip(2)]).await;
+    let listener = TcpListener::bind((ip(2), port)).await.unwrap();
+    let (proxy, _dns, serve) = in_front_of_127_0_0_2(port, "    max_tries: 2\n").await;
+    let endpoint = tokio::spawn(async move {
+        let mut heads = Vec::new();
+        for _ in METHODS {
+            // Closed after its answer, so the next request dials anew.
+            let answer = b"HTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n";
+            let (first, again, conn) = lose_then_answer(&listener, answer).await;
+            drop(conn);
+            heads.push((first, again));
+        }
+        heads
+    });
+    let mut raw = TcpStream::connect(proxy).await.unwrap();
+    for method in METHODS {
+        raw.write_all(format!("{method} /m HTTP/1.1\r\nHost: web.test\r\n\r\n").as_bytes())
+            .await
+            .unwrap();
+        let text = read_response(&mut raw).await;
+        assert!(text.starts_with("HTTP/1.1 204"), "{method}: {text}");
+    }
+    let heads = tokio::time::timeout(WAIT, endpoint)
+        .await
+        .expect("the endpoint did not see the requests")
+        .unwrap();
+    for (method, (first, again)) in METHODS.iter().zip(&heads) {
+        let first = String::from_utf8_lossy(first);
+        assert!(first.starts_with(&format!("{method} /m ")), "{first}");
+        assert_eq!(first, String::from_utf8_lossy(again), "{method}");
+    }
+    let h = serve.status().await["upstreams"][0]["http"].clone();
+    assert_eq!(h["retries"], 5, "{h}");
 }
 
 /// A request that went out whole and got no answer (the endpoint took it and
