@@ -13,7 +13,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::{Bytes, Incoming};
 use hyper::{Request, Response};
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use test_support::dns_server::{SrvRecord, TestDnsServer};
+use test_support::dns_server::{FailureMode, SrvRecord, TestDnsServer};
 use test_support::dnsmasq::{Dnsmasq, DnsmasqOptions};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -907,6 +907,91 @@ async fn an_address_upstreams_idle_connections_to_an_address_the_answer_dropped_
             "the idle connection to the dropped address stayed: {status}"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn an_address_upstream_serves_its_last_answer_while_dns_fails() {
+    // The name server starts failing: once the answer's TTL has run out, the
+    // cache serves it stale, and every request still reaches the endpoint.
+    let port = common_port(&[ip(2)]).await;
+    let _a = Backend::start(ip(2), port).await;
+    let dns = dns(&[ip(2)]).await;
+    let proxy = test_support::free_addr();
+    let serve = Serve::spawn(&format!(
+        "upstreams:
+  - name: web
+    listen: {proxy}
+    protocol: http
+    address: web.test:{port}
+    nameservers: [{}]
+",
+        dns.addr()
+    ));
+    wait_listening(proxy).await;
+    let mut client = KeepAlive::open(proxy).await;
+    assert_eq!(client.backend().await, "127.0.0.2");
+    dns.set_failure(FailureMode::ServFail);
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        assert_eq!(client.backend().await, "127.0.0.2");
+        if cache_metric(&metrics(&serve).await, "stale") > 0 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no stale answer was served"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let status = serve.status().await;
+    let cache = &status["upstreams"][0]["http"]["dns_cache"];
+    assert!(cache["stale_served"].as_u64().unwrap() > 0, "{status}");
+    assert_eq!(
+        status["upstreams"][0]["http"]["requests"]["5xx"], 0,
+        "{status}"
+    );
+}
+
+#[tokio::test]
+async fn every_policy_balances_http_requests() {
+    // Each policy on the HTTP path: every request answered, both endpoints
+    // reached, and under consistent_hash one endpoint for one client.
+    let port = common_port(&[ip(2), ip(3)]).await;
+    let _a = Backend::start(ip(2), port).await;
+    let _b = Backend::start(ip(3), port).await;
+    let dns = dns(&[ip(2), ip(3)]).await;
+    let endpoints = [format!("{}:{port}", ip(2)), format!("{}:{port}", ip(3))];
+    for policy in ["round_robin", "random", "p2c", "srv", "consistent_hash"] {
+        let proxy = test_support::free_addr();
+        let extra = format!("    policy: {policy}\n");
+        let serve = Serve::spawn(&upstream(proxy, port, dns.addr(), &extra));
+        serve.wait_endpoints(&endpoints).await;
+        wait_listening(proxy).await;
+        let mut client = KeepAlive::open(proxy).await;
+        let mut seen = BTreeMap::new();
+        for user in 0..40 {
+            // Under consistent_hash the key is the client's own address, not an
+            // X-Forwarded-For it sends: one key for every request here.
+            let req = Request::get("/")
+                .header("host", "web.test")
+                .header("x-forwarded-for", format!("10.0.0.{user}"))
+                .body(Full::default())
+                .unwrap();
+            let a = client.send(req).await.unwrap();
+            assert_eq!(a.status, 200, "{policy}: {}", a.body);
+            *seen
+                .entry(a.json()["ip"].as_str().unwrap().to_owned())
+                .or_insert(0) += 1;
+        }
+        if policy == "consistent_hash" {
+            // Keyed by the client's address alone: one endpoint for all.
+            assert_eq!(seen.len(), 1, "{policy}: {seen:?}");
+        } else {
+            assert_eq!(seen.len(), 2, "{policy}: {seen:?}");
+        }
+        let status = serve.status().await;
+        assert_eq!(status["upstreams"][0]["policy"], policy, "{status}");
     }
 }
 
