@@ -1128,6 +1128,53 @@ async fn every_endpoint_refusing_is_a_502_and_a_503_once_all_are_ejected() {
     }
 }
 
+/// The next line of `log` in which dwara says it answered `status` itself.
+async fn answered_by_dwara(
+    log: &mut tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStderr>>,
+    status: u16,
+) -> String {
+    let want = format!("status={status}");
+    let line = tokio::time::timeout(WAIT, async {
+        while let Some(line) = log.next_line().await.unwrap() {
+            if line.contains("answered by dwara") && line.contains(&want) {
+                return Some(line);
+            }
+        }
+        None
+    })
+    .await;
+    match line {
+        Ok(Some(line)) => line,
+        Ok(None) => panic!("dwara's stderr ended before the {status}'s debug line"),
+        Err(_) => panic!("no debug line for the {status} within {WAIT:?}"),
+    }
+}
+
+#[tokio::test]
+async fn each_answer_dwara_makes_is_logged_at_debug_with_why() {
+    // Nothing listens at the one endpoint: a 502, logged with the failed dial;
+    // then no endpoint at all: a 503, logged as such.
+    let port = common_port(&[ip(2)]).await;
+    let dns = dns(&[ip(2)]).await;
+    let proxy = test_support::free_addr();
+    let (serve, mut log) = Serve::spawn_logging(
+        &upstream(proxy, port, dns.addr(), "    max_tries: 1\n"),
+        "warn,dwara_proxy=debug",
+    );
+    serve.wait_endpoints(&[format!("{}:{port}", ip(2))]).await;
+    wait_listening(proxy).await;
+    let mut client = KeepAlive::open(proxy).await;
+    assert_eq!(client.get("/").await.unwrap().status, 502);
+    let line = answered_by_dwara(&mut log, 502).await;
+    assert!(line.contains("upstream=web"), "{line}");
+    assert!(line.contains(&format!("{}:{port}", ip(2))), "{line}");
+    dns.set_a("web.test", &[], 1);
+    serve.wait_endpoints(&[]).await;
+    assert_eq!(client.get("/").await.unwrap().status, 503);
+    let line = answered_by_dwara(&mut log, 503).await;
+    assert!(line.contains("no endpoints"), "{line}");
+}
+
 #[tokio::test]
 async fn a_hashed_request_whose_endpoint_refuses_is_retried_on_the_keys_next_endpoint() {
     // Under consistent_hash the ring gives a key the same endpoint at every pick:

@@ -10,6 +10,7 @@ mod guard;
 mod hostile;
 mod hostile_http;
 mod http_upstreams;
+mod http_wiring;
 mod interop;
 mod nameserver;
 mod push;

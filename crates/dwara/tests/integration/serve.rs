@@ -145,8 +145,27 @@ impl Serve {
         Self::spawn_with(config_yaml, &[])
     }
 
+    /// [`Serve::spawn`] logging at `filter` (a `DWARA_LOG` value), and its stderr
+    /// line by line.
+    pub(crate) fn spawn_logging(
+        config_yaml: &str,
+        filter: &str,
+    ) -> (
+        Self,
+        tokio::io::Lines<BufReader<tokio::process::ChildStderr>>,
+    ) {
+        let mut serve = Self::start(config_yaml, &[], Some(filter));
+        let stderr = serve.child.stderr.take().unwrap();
+        (serve, BufReader::new(stderr).lines())
+    }
+
     /// `dwara serve` with `extra` flags (`--docker off` unless they name `--docker`).
     pub(crate) fn spawn_with(config_yaml: &str, extra: &[&str]) -> Self {
+        Self::start(config_yaml, extra, None)
+    }
+
+    /// [`Serve::spawn_with`], its stderr piped at `log` when there is one.
+    fn start(config_yaml: &str, extra: &[&str], log: Option<&str>) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let config = dir.path().join("dwara.yaml");
         std::fs::write(&config, config_yaml).unwrap();
@@ -171,11 +190,19 @@ impl Serve {
             // `DWARA_TEST_LOG=debug cargo test …` shows what the process logged.
             .env(
                 "DWARA_LOG",
-                std::env::var("DWARA_TEST_LOG").unwrap_or_else(|_| "warn".into()),
+                log.map_or_else(
+                    || std::env::var("DWARA_TEST_LOG").unwrap_or_else(|_| "warn".into()),
+                    str::to_owned,
+                ),
             )
+            .env("NO_COLOR", "1")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
+            .stderr(if log.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::inherit()
+            })
             .kill_on_drop(true)
             .spawn()
             .unwrap();
