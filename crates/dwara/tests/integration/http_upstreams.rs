@@ -851,6 +851,54 @@ async fn no_request_fails_while_instances_are_replaced_crashing_before_they_leav
     );
 }
 
+/// Idle connections per endpoint in `GET /upstreams`' pool of upstream 0.
+fn idle_per_endpoint(status: &serde_json::Value) -> BTreeMap<String, u64> {
+    status["upstreams"][0]["http"]["pool"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            let endpoint = e["endpoint"].as_str().unwrap().to_owned();
+            (endpoint, e["idle"].as_u64().unwrap())
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn idle_connections_to_an_endpoint_that_left_discovery_are_closed() {
+    // Both endpoints have an idle pooled connection (the idle timeout is a
+    // minute); one leaves the DNS answer: its idle connection is closed within a
+    // sweep, the other's stays.
+    let port = common_port(&[ip(2), ip(3)]).await;
+    let _a = Backend::start(ip(2), port).await;
+    let _b = Backend::start(ip(3), port).await;
+    let dns = dns(&[ip(2), ip(3)]).await;
+    let proxy = test_support::free_addr();
+    let extra = "    pool: {max_idle_per_endpoint: 4, idle_timeout_s: 60}\n";
+    let serve = Serve::spawn(&upstream(proxy, port, dns.addr(), extra));
+    let (a, b) = (format!("{}:{port}", ip(2)), format!("{}:{port}", ip(3)));
+    serve.wait_endpoints(&[a.clone(), b.clone()]).await;
+    wait_listening(proxy).await;
+    let mut client = KeepAlive::open(proxy).await;
+    let mut seen = std::collections::HashSet::new();
+    for _ in 0..4 {
+        seen.insert(client.backend().await);
+    }
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    let idle = idle_per_endpoint(&serve.status().await);
+    assert!(idle[&a] >= 1 && idle[&b] >= 1, "{idle:?}");
+    dns.set_a("web.test", &[ip(2)], 1);
+    serve.wait_endpoints(std::slice::from_ref(&a)).await;
+    let closed = test_support::wait_until(WAIT, || async {
+        !idle_per_endpoint(&serve.status().await).contains_key(&b)
+    })
+    .await;
+    let idle = idle_per_endpoint(&serve.status().await);
+    assert!(closed, "the idle connection to {b} stayed: {idle:?}");
+    assert!(idle[&a] >= 1, "{idle:?}");
+    assert_eq!(client.backend().await, "127.0.0.2");
+}
+
 #[tokio::test]
 async fn an_address_upstreams_idle_connections_to_an_address_the_answer_dropped_are_closed() {
     // Idle connections would stay a minute by the idle timeout; an address that
