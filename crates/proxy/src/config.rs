@@ -426,6 +426,29 @@ pub fn validate_upstreams(upstreams: &[UpstreamConfig]) -> Result<(), Error> {
 }
 
 /// The HTTP-only keys: refused on a TCP upstream, range-checked on an HTTP one.
+/// An `address:` upstream has no load balancer: each request takes the DNS
+/// cache's addresses in turn, and no address is ejected; `policy` and `ejection`
+/// are refused rather than ignored.
+fn validate_address_balancing(
+    up: &UpstreamConfig,
+    key: &dyn Fn(&str) -> String,
+) -> Result<(), Error> {
+    if up.policy != Policy::RoundRobin {
+        return Err(invalid(
+            key("policy"),
+            "only with a discovery block (with address: each request takes the DNS \
+             cache's addresses in turn)",
+        ));
+    }
+    if up.ejection.is_some() {
+        return Err(invalid(
+            key("ejection"),
+            "only with a discovery block (an address: upstream ejects no address)",
+        ));
+    }
+    Ok(())
+}
+
 fn validate_http(up: &UpstreamConfig, at: &str) -> Result<(), Error> {
     let key = |k: &str| format!("{at}.{k}");
     if up.protocol == Protocol::Tcp {
@@ -487,22 +510,8 @@ fn validate_http(up: &UpstreamConfig, at: &str) -> Result<(), Error> {
             ));
         }
     }
-    // An `address:` upstream has no load balancer: each request takes the DNS
-    // cache's addresses in turn, and no endpoint is ejected.
     if up.address.is_some() {
-        if up.policy != Policy::RoundRobin {
-            return Err(invalid(
-                key("policy"),
-                "only with a discovery block (with address: each request takes the DNS \
-                 cache's addresses in turn)",
-            ));
-        }
-        if up.ejection.is_some() {
-            return Err(invalid(
-                key("ejection"),
-                "only with a discovery block (an address: upstream ejects no address)",
-            ));
-        }
+        validate_address_balancing(up, &key)?;
     }
     if let Some(n) = up.max_tries
         && !(1..=MAX_TRIES).contains(&n)

@@ -1195,11 +1195,24 @@ async fn tries(target: &Target, http: &Arc<HttpUpstream>, p: &mut Prepared) -> R
             Sent::Stopped(stop) => return stopped(target, http, choice.addr, stop),
         }
     }
+    no_try_answered(target, http, reached, &last_error)
+}
+
+/// The answer to a request no try got an answer for: a 503 when none reached an
+/// endpoint and every endpoint is ejected (there is nothing to route to), else a
+/// 502.
+#[cold]
+fn no_try_answered(
+    target: &Target,
+    http: &HttpUpstream,
+    reached: bool,
+    last_error: &str,
+) -> Response<RespBody> {
     if !reached && every_endpoint_ejected(target) {
         let why = format!("every endpoint ejected and unreachable ({last_error})");
         return made(target, http, Made::NoEndpoints, &why);
     }
-    made(target, http, Made::BadGateway, &last_error)
+    made(target, http, Made::BadGateway, last_error)
 }
 
 pub(crate) fn empty_resp() -> RespBody {
