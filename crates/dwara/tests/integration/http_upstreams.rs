@@ -865,6 +865,50 @@ fn idle_per_endpoint(status: &serde_json::Value) -> BTreeMap<String, u64> {
 }
 
 #[tokio::test]
+async fn a_request_in_flight_to_an_endpoint_that_leaves_finishes_and_its_connection_closes() {
+    // The only endpoint holds a request's answer while it leaves the DNS answer
+    // for another: the request still gets its answer (drain), the connection it
+    // came on is then closed rather than pooled, and the next request goes to
+    // the endpoint that stays.
+    let port = common_port(&[ip(2), ip(3)]).await;
+    let leaving = TcpListener::bind((ip(3), port)).await.unwrap();
+    let _stays = Backend::start(ip(2), port).await;
+    let dns = dns(&[ip(3)]).await;
+    let proxy = test_support::free_addr();
+    let serve = Serve::spawn(&upstream(proxy, port, dns.addr(), ""));
+    let (a, b) = (format!("{}:{port}", ip(2)), format!("{}:{port}", ip(3)));
+    serve.wait_endpoints(std::slice::from_ref(&b)).await;
+    wait_listening(proxy).await;
+    let mut client = KeepAlive::open(proxy).await;
+    let asked = tokio::spawn(async move {
+        let a = client.get("/in-flight").await.unwrap();
+        (client, a)
+    });
+    let (mut conn, _) = tokio::time::timeout(WAIT, leaving.accept())
+        .await
+        .expect("the request did not reach its endpoint")
+        .unwrap();
+    let head = next_head(&mut conn, "the request's head").await;
+    assert!(head.starts_with(b"GET /in-flight "));
+    dns.set_a("web.test", &[ip(2)], 1);
+    serve.wait_endpoints(std::slice::from_ref(&a)).await;
+    conn.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 7\r\n\r\ndrained")
+        .await
+        .unwrap();
+    let (mut client, answer) = tokio::time::timeout(WAIT, asked).await.unwrap().unwrap();
+    assert_eq!((answer.status, answer.body.as_str()), (200, "drained"));
+    let mut rest = [0u8; 64];
+    let n = tokio::time::timeout(WAIT, conn.read(&mut rest))
+        .await
+        .expect("the connection to the endpoint that left stayed open")
+        .unwrap_or(0);
+    assert_eq!(n, 0, "{:?}", String::from_utf8_lossy(&rest[..n]));
+    assert_eq!(client.backend().await, "127.0.0.2");
+    let idle = idle_per_endpoint(&serve.status().await);
+    assert!(!idle.contains_key(&b), "{idle:?}");
+}
+
+#[tokio::test]
 async fn idle_connections_to_an_endpoint_that_left_discovery_are_closed() {
     // Both endpoints have an idle pooled connection (the idle timeout is a
     // minute); one leaves the DNS answer: its idle connection is closed within a
