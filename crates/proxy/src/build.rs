@@ -31,7 +31,7 @@ use tracing::debug;
 use crate::Error;
 use crate::config::UpstreamConfig;
 use crate::dataplane::Generation;
-use crate::http_stats::HttpStats;
+use crate::http_stats::{HttpStats, LATENCY_BOUNDS};
 use crate::plan::{LbPlan, UpstreamPlan};
 use crate::pool::{Pool, SWEEP};
 use crate::reverse::{Dial, HttpUpstream};
@@ -322,6 +322,23 @@ pub(crate) fn status(h: &HttpUpstream) -> serde_json::Value {
         .into_iter()
         .map(|(addr, sz)| json!({ "endpoint": addr.to_string(), "idle": sz.idle, "busy": sz.busy }))
         .collect();
+    // Cumulative, as Prometheus' buckets are: each counts the requests answered
+    // within its bound.
+    let mut within = 0;
+    let buckets: Vec<_> = s
+        .latency
+        .iter()
+        .zip(
+            LATENCY_BOUNDS
+                .iter()
+                .map(|b| json!(b))
+                .chain([json!("+Inf")]),
+        )
+        .map(|(n, le)| {
+            within += load(n);
+            json!({ "le": le, "count": within })
+        })
+        .collect();
     let dns = h.dial.cache().map(|cache| {
         let c = cache.stats();
         json!({ "hits": c.hits, "misses": c.misses, "stale_served": c.stale_served })
@@ -354,6 +371,11 @@ pub(crate) fn status(h: &HttpUpstream) -> serde_json::Value {
         "client_connections_refused": load(&s.client_refused),
         "pool": pool,
         "dns_cache": dns,
+        "latency": {
+            "buckets": buckets,
+            "count": within,
+            "sum_seconds": load(&s.latency_sum_us) as f64 / 1e6,
+        },
     })
 }
 

@@ -565,6 +565,19 @@ async fn metrics_count_answers_retries_pool_connections_and_latencies() {
     assert_eq!(sample(&m, &requests("5xx")), 1.0, "{m}");
     assert_eq!(sample(&m, COUNT), (OK + 1) as f64, "{m}");
     assert_eq!(sample(&m, INF), (OK + 1) as f64, "{m}");
+    // `/upstreams` has the same histogram: cumulative buckets, the last `+Inf`.
+    let status = serve.status().await;
+    let latency = &status["upstreams"][0]["http"]["latency"];
+    assert_eq!(latency["count"], OK + 1, "{status}");
+    let buckets = latency["buckets"].as_array().unwrap();
+    assert_eq!(buckets.last().unwrap()["le"], "+Inf", "{status}");
+    assert_eq!(buckets.last().unwrap()["count"], OK + 1, "{status}");
+    let counts: Vec<u64> = buckets
+        .iter()
+        .map(|b| b["count"].as_u64().unwrap())
+        .collect();
+    assert!(counts.windows(2).all(|w| w[0] <= w[1]), "{status}");
+    assert!(latency["sum_seconds"].as_f64().unwrap() > 0.0, "{status}");
     // The pooled connection was dropped with the lost request (an endpoint with
     // no connection left has no sample).
     assert_eq!(maybe_sample(&m, &pooled("idle")).unwrap_or(0.0), 0.0, "{m}");
