@@ -713,6 +713,29 @@ async fn sigterm_closes_idle_keep_alive_connections_and_lets_a_request_in_flight
 }
 
 #[tokio::test]
+async fn an_oversized_h2_header_block_gets_431_and_the_connection_serves_on() {
+    // HTTP/2's limit is the same `max_header_bytes` (its header list size): a
+    // request whose headers exceed it gets 431 on its stream, and the next
+    // stream of the same connection is answered.
+    let limits = "    limits: {max_header_bytes: 4096}\n";
+    let one = OneBackend::start(limits).await;
+    let mut sender = h2_client(one.proxy).await;
+    let mut send = async |big: usize| {
+        let req = Request::get("http://web.test/")
+            .header("x-big", "a".repeat(big))
+            .body(Full::default())
+            .unwrap();
+        tokio::time::timeout(WAIT, sender.send_request(req))
+            .await
+            .expect("an answer in time")
+            .unwrap()
+            .status()
+    };
+    assert_eq!(send(8000).await, 431);
+    assert_eq!(send(10).await, 200);
+}
+
+#[tokio::test]
 async fn oversized_heads_get_431_and_malformed_requests_400() {
     let limits = "    limits: {max_header_bytes: 4096, header_read_timeout_ms: 1000}\n";
     let one = OneBackend::start(limits).await;
