@@ -165,10 +165,6 @@ impl Default for RetryBudget {
 }
 
 impl RetryBudget {
-    fn second(&self) -> u64 {
-        self.at(Instant::now())
-    }
-
     fn at(&self, now: Instant) -> u64 {
         now.saturating_duration_since(self.start).as_secs()
     }
@@ -191,7 +187,12 @@ impl RetryBudget {
 
     /// Takes a retry from the budget; `false` when it is spent.
     pub(crate) fn try_retry(&self) -> bool {
-        let now = self.second();
+        self.try_retry_at(Instant::now())
+    }
+
+    /// [`try_retry`](Self::try_retry) at `now`.
+    fn try_retry_at(&self, now: Instant) -> bool {
+        let now = self.at(now);
         let mut buckets = self.buckets.lock();
         let oldest = now.saturating_sub(WINDOW_S as u64 - 1);
         let (requests, retries) = buckets
@@ -221,6 +222,31 @@ mod tests {
         }
         let granted = (0..1000).filter(|_| b.try_retry()).count() as u64;
         assert_eq!(granted + MIN_RETRIES, 200);
+    }
+
+    #[test]
+    fn the_budget_counts_only_the_last_ten_seconds() {
+        let b = RetryBudget::default();
+        let t0 = b.start;
+        for _ in 0..100 {
+            b.request(t0);
+        }
+        // 20 of 100 requests, and not one more within the window.
+        let granted = (0..50).filter(|_| b.try_retry_at(t0)).count();
+        assert_eq!(granted, 20);
+        let late = t0 + Duration::from_millis(9_900);
+        assert!(!b.try_retry_at(late), "second 9 still holds second 0");
+        // Second 10: second 0's requests and retries have left the window; the
+        // floor is what is left.
+        let next = t0 + Duration::from_secs(10);
+        let granted = (0..50).filter(|_| b.try_retry_at(next)).count() as u64;
+        assert_eq!(granted, MIN_RETRIES);
+        // Requests of the new window raise it again.
+        for _ in 0..200 {
+            b.request(next);
+        }
+        let granted = (0..50).filter(|_| b.try_retry_at(next)).count() as u64;
+        assert_eq!(granted + MIN_RETRIES, 40);
     }
 
     #[test]
