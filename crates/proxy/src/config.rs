@@ -425,7 +425,6 @@ pub fn validate_upstreams(upstreams: &[UpstreamConfig]) -> Result<(), Error> {
     Ok(())
 }
 
-/// The HTTP-only keys: refused on a TCP upstream, range-checked on an HTTP one.
 /// An `address:` upstream has no load balancer: each request takes the DNS
 /// cache's addresses in turn, and no address is ejected; `policy` and `ejection`
 /// are refused rather than ignored.
@@ -449,6 +448,7 @@ fn validate_address_balancing(
     Ok(())
 }
 
+/// The HTTP-only keys: refused on a TCP upstream, range-checked on an HTTP one.
 fn validate_http(up: &UpstreamConfig, at: &str) -> Result<(), Error> {
     let key = |k: &str| format!("{at}.{k}");
     if up.protocol == Protocol::Tcp {
