@@ -1341,8 +1341,8 @@ pub(crate) async fn dial_addr(choice: &Choice, http: &HttpUpstream) -> SocketAdd
 }
 
 /// Whether the upstream has endpoints and every one of them is ejected (picks
-/// then ignore ejection): only on a failed try's path, which the set's copy
-/// costs nothing to.
+/// then ignore ejection). Asked only after a failed dial, where copying the
+/// endpoints' figures costs little beside the failure.
 #[cold]
 fn every_endpoint_ejected(target: &Target) -> bool {
     let eps = target.lb.stats().endpoints;
