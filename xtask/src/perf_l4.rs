@@ -373,11 +373,6 @@ fn stat_fields(pid: u32) -> Option<Stat> {
     })
 }
 
-/// User and system ticks of the one process `pid` (0 once it is gone).
-pub(crate) fn process_ticks(pid: u32) -> u64 {
-    stat_fields(pid).map_or(0, |s| s.utime + s.stime)
-}
-
 /// Whether `pid` runs under the scheduling policy `SCHED_IDLE`.
 pub(crate) fn runs_at_idle_priority(pid: u32) -> bool {
     const SCHED_IDLE: u32 = 5;
@@ -780,7 +775,12 @@ pub(crate) fn wrk(
     let preempted_before = proxy.proc.preemptions();
     let backend_before = backend.cpu_ticks();
     let client_before = children_ticks();
-    let spinner_before = opts.spinner.map_or(0, process_ticks);
+    let spinner_ticks = || {
+        opts.spinner
+            .and_then(|pid| crate::perf_util::cpu_ticks(&pid.to_string()))
+            .map_or(0, |(own, _)| own)
+    };
+    let spinner_before = spinner_ticks();
     let machine_before = machine_ticks();
     let mut cmd = match &opts.pin {
         Some(pin) => {
@@ -803,10 +803,7 @@ pub(crate) fn wrk(
     let client_cpu = children_ticks().saturating_sub(client_before) as f64 / ticks;
     let machine_after = machine_ticks();
     // The spinner's time is time the core would otherwise have been idle.
-    let spun = opts
-        .spinner
-        .map_or(0, process_ticks)
-        .saturating_sub(spinner_before);
+    let spun = spinner_ticks().saturating_sub(spinner_before);
     let idle = (machine_after.0.saturating_sub(machine_before.0) + spun) as f64
         / (machine_after.1.saturating_sub(machine_before.1) as f64).max(1.0);
     let text = String::from_utf8_lossy(&out.stdout);

@@ -265,25 +265,8 @@ impl UpstreamLb {
             return Ok(PickGuard::new(&snap, first));
         }
         let healthy = |i: usize| !snap.states[i].is_ejected();
-        let in_flight = |i: usize| snap.states[i].in_flight();
-        let mut ejected = None;
-        for attempt in 1..=RETRIES {
-            let i = snap.picker.pick(eps, in_flight, &mut draw, key, attempt);
-            if open(i) && healthy(i) {
-                return Ok(PickGuard::new(&snap, i));
-            }
-            ejected = ejected.or(Some(i).filter(|&i| open(i)));
-        }
-        // deterministic for a key, as in `avoid_ejected`
-        let start = match key {
-            Some(h) => below(h, eps.len()),
-            None => below(draw.random(), eps.len()),
-        };
-        let order = || (start..eps.len()).chain(0..start);
-        let i = order()
-            .find(|&i| open(i) && healthy(i))
-            .or(ejected)
-            .or_else(|| order().find(|&i| open(i)))
+        let i = Self::alternative(&snap, key, &mut draw, |i| open(i) && healthy(i))
+            .or_else(|| Self::alternative(&snap, key, &mut draw, open))
             .unwrap_or(first);
         Ok(PickGuard::new(&snap, i))
     }
@@ -369,7 +352,6 @@ impl UpstreamLb {
         first: usize,
         draw: &mut impl Draw,
     ) -> usize {
-        let eps = snap.set.as_slice();
         let healthy = |i: usize| !snap.states[i].is_ejected();
         if let Some(groups) = snap.picker.srv_groups() {
             // RFC 2782: the lowest priority group that still has a usable endpoint
@@ -392,22 +374,31 @@ impl UpstreamLb {
             }
             return first;
         }
+        Self::alternative(snap, key, draw, healthy).unwrap_or(first)
+    }
+
+    /// The first `wanted` endpoint among the policy's alternatives for `key` (a
+    /// few more attempts), then among all endpoints from a start deterministic
+    /// for a key, so that one key keeps going to one fallback.
+    fn alternative(
+        snap: &Snapshot,
+        key: Option<u64>,
+        draw: &mut impl Draw,
+        wanted: impl Fn(usize) -> bool,
+    ) -> Option<usize> {
+        let eps = snap.set.as_slice();
         let in_flight = |i: usize| snap.states[i].in_flight();
         for attempt in 1..=RETRIES {
             let i = snap.picker.pick(eps, in_flight, draw, key, attempt);
-            if healthy(i) {
-                return i;
+            if wanted(i) {
+                return Some(i);
             }
         }
-        // deterministic for a key, so one key keeps going to one fallback
         let start = match key {
             Some(h) => below(h, eps.len()),
             None => below(draw.random(), eps.len()),
         };
-        (start..eps.len())
-            .chain(0..start)
-            .find(|&i| healthy(i))
-            .unwrap_or(first)
+        (start..eps.len()).chain(0..start).find(|&i| wanted(i))
     }
 
     fn with_state<T>(
