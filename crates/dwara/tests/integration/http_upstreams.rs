@@ -153,6 +153,11 @@ async fn answer(
 
 /// A free port that every one of `ips` can bind.
 pub(crate) async fn common_port(ips: &[Ipv4Addr]) -> u16 {
+    common_listener(ips).await.local_addr().unwrap().port()
+}
+
+/// A listener on the first of `ips`, on a port every one of them can bind.
+pub(crate) async fn common_listener(ips: &[Ipv4Addr]) -> TcpListener {
     'retry: loop {
         let first = TcpListener::bind((ips[0], 0)).await.unwrap();
         let port = first.local_addr().unwrap().port();
@@ -161,7 +166,7 @@ pub(crate) async fn common_port(ips: &[Ipv4Addr]) -> u16 {
                 continue 'retry;
             }
         }
-        return port;
+        return first;
     }
 }
 
@@ -246,6 +251,34 @@ pub(crate) fn upstream(proxy: SocketAddr, port: u16, ns: SocketAddr, extra: &str
     )
 }
 
+/// An upstream `web` at `proxy` that dials `web.test:PORT` through its DNS
+/// cache, asking the name server `ns`, with `extra` (indented four spaces) in
+/// its block.
+fn address_upstream(proxy: SocketAddr, port: u16, ns: SocketAddr, extra: &str) -> String {
+    format!(
+        "upstreams:
+  - name: web
+    listen: {proxy}
+    protocol: http
+    address: web.test:{port}
+    nameservers: [{ns}]
+{extra}"
+    )
+}
+
+/// Sends requests on `client` until one is answered by `ip` (a changed DNS
+/// answer reached, once the old one's TTL has run out).
+async fn until_answered_by(client: &mut KeepAlive, ip: &str) {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while client.backend().await != ip {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "requests never moved to {ip}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 pub(crate) async fn dns(ips: &[Ipv4Addr]) -> TestDnsServer {
     let dns = TestDnsServer::start().await.unwrap();
     dns.set_negative_ttl(1);
@@ -266,10 +299,23 @@ pub(crate) async fn in_front_of_127_0_0_2(
     port: u16,
     extra: &str,
 ) -> (SocketAddr, TestDnsServer, Serve) {
-    let dns = dns(&[ip(2)]).await;
+    serve_http(&[ip(2)], port, extra, &[]).await
+}
+
+/// `dwara serve` (with `flags`) in front of `ips` on `port`: one `protocol: http`
+/// upstream `web` with `extra` in its block, once every endpoint is published and
+/// the listener is up. Its listen address, the DNS server and the process.
+pub(crate) async fn serve_http(
+    ips: &[Ipv4Addr],
+    port: u16,
+    extra: &str,
+    flags: &[&str],
+) -> (SocketAddr, TestDnsServer, Serve) {
+    let dns = dns(ips).await;
     let proxy = test_support::free_addr();
-    let serve = Serve::spawn(&upstream(proxy, port, dns.addr(), extra));
-    serve.wait_endpoints(&[format!("127.0.0.2:{port}")]).await;
+    let serve = Serve::spawn_with(&upstream(proxy, port, dns.addr(), extra), flags);
+    let want: Vec<String> = ips.iter().map(|i| format!("{i}:{port}")).collect();
+    serve.wait_endpoints(&want).await;
     wait_listening(proxy).await;
     (proxy, dns, serve)
 }
@@ -303,13 +349,23 @@ pub(crate) async fn metrics(serve: &Serve) -> String {
     text
 }
 
+/// The value of the sample `key` (its name and labels as `/metrics` writes them)
+/// in the metrics text `m`.
+pub(crate) fn sample(m: &str, key: &str) -> f64 {
+    maybe_sample(m, key).unwrap_or_else(|| panic!("no {key} in {m}"))
+}
+
+/// [`sample`], `None` when the text has no such sample.
+pub(crate) fn maybe_sample(m: &str, key: &str) -> Option<f64> {
+    m.lines()
+        .find_map(|l| l.strip_prefix(key).and_then(|v| v.strip_prefix(' ')))
+        .and_then(|v| v.trim().parse().ok())
+}
+
 /// The count of `outcome` of upstream `web`'s DNS cache in the metrics text `m`.
 fn cache_metric(m: &str, outcome: &str) -> u64 {
-    let key = format!("dwara_http_dns_cache_total{{upstream=\"web\",outcome=\"{outcome}\"}} ");
-    m.lines()
-        .find_map(|l| l.strip_prefix(&key))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no {key}: {m}"))
+    let key = format!("dwara_http_dns_cache_total{{upstream=\"web\",outcome=\"{outcome}\"}}");
+    sample(m, &key) as u64
 }
 
 #[tokio::test]
@@ -939,13 +995,9 @@ async fn idle_connections_to_an_endpoint_that_left_discovery_are_closed() {
     let port = common_port(&[ip(2), ip(3)]).await;
     let _a = Backend::start(ip(2), port).await;
     let _b = Backend::start(ip(3), port).await;
-    let dns = dns(&[ip(2), ip(3)]).await;
-    let proxy = test_support::free_addr();
     let extra = "    pool: {max_idle_per_endpoint: 4, idle_timeout_s: 60}\n";
-    let serve = Serve::spawn(&upstream(proxy, port, dns.addr(), extra));
+    let (proxy, dns, serve) = serve_http(&[ip(2), ip(3)], port, extra, &[]).await;
     let (a, b) = (format!("{}:{port}", ip(2)), format!("{}:{port}", ip(3)));
-    serve.wait_endpoints(&[a.clone(), b.clone()]).await;
-    wait_listening(proxy).await;
     let mut client = KeepAlive::open(proxy).await;
     let mut seen = std::collections::HashSet::new();
     for _ in 0..4 {
@@ -976,53 +1028,26 @@ async fn an_address_upstreams_idle_connections_to_an_address_the_answer_dropped_
     let _b = Backend::start(ip(3), port).await;
     let dns = dns(&[ip(2)]).await;
     let proxy = test_support::free_addr();
-    let serve = Serve::spawn(&format!(
-        "upstreams:
-  - name: web
-    listen: {proxy}
-    protocol: http
-    address: web.test:{port}
-    nameservers: [{}]
-    pool: {{max_idle_per_endpoint: 4, idle_timeout_s: 60}}
-",
-        dns.addr()
-    ));
+    let pool = "    pool: {max_idle_per_endpoint: 4, idle_timeout_s: 60}\n";
+    let serve = Serve::spawn(&address_upstream(proxy, port, dns.addr(), pool));
     wait_listening(proxy).await;
     let mut client = KeepAlive::open(proxy).await;
     assert_eq!(client.backend().await, "127.0.0.2");
-    let idle_at = |status: &serde_json::Value, ip: Ipv4Addr| {
-        let endpoint = format!("{ip}:{port}");
-        status["upstreams"][0]["http"]["pool"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|e| e["endpoint"] == endpoint.as_str())
-            .map(|e| e["idle"].as_u64().unwrap())
-            .sum::<u64>()
-    };
-    let status = serve.status().await;
-    assert_eq!(idle_at(&status, ip(2)), 1, "{status}");
+    let (a, b) = (format!("{}:{port}", ip(2)), format!("{}:{port}", ip(3)));
+    let idle = idle_per_endpoint(&serve.status().await);
+    assert_eq!(idle[&a], 1, "{idle:?}");
     dns.set_a("web.test", &[ip(3)], 1);
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while client.backend().await != "127.0.0.3" {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "requests never moved to the new address"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    loop {
-        let status = serve.status().await;
-        if idle_at(&status, ip(2)) == 0 {
-            assert_eq!(idle_at(&status, ip(3)), 1, "{status}");
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the idle connection to the dropped address stayed: {status}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until_answered_by(&mut client, "127.0.0.3").await;
+    let closed = test_support::wait_until(WAIT, || async {
+        !idle_per_endpoint(&serve.status().await).contains_key(&a)
+    })
+    .await;
+    let idle = idle_per_endpoint(&serve.status().await);
+    assert!(
+        closed,
+        "the idle connection to the dropped address stayed: {idle:?}"
+    );
+    assert_eq!(idle[&b], 1, "{idle:?}");
 }
 
 #[tokio::test]
@@ -1033,16 +1058,7 @@ async fn an_address_upstream_serves_its_last_answer_while_dns_fails() {
     let _a = Backend::start(ip(2), port).await;
     let dns = dns(&[ip(2)]).await;
     let proxy = test_support::free_addr();
-    let serve = Serve::spawn(&format!(
-        "upstreams:
-  - name: web
-    listen: {proxy}
-    protocol: http
-    address: web.test:{port}
-    nameservers: [{}]
-",
-        dns.addr()
-    ));
+    let serve = Serve::spawn(&address_upstream(proxy, port, dns.addr(), ""));
     wait_listening(proxy).await;
     let mut client = KeepAlive::open(proxy).await;
     assert_eq!(client.backend().await, "127.0.0.2");
@@ -1075,14 +1091,9 @@ async fn every_policy_balances_http_requests() {
     let port = common_port(&[ip(2), ip(3)]).await;
     let _a = Backend::start(ip(2), port).await;
     let _b = Backend::start(ip(3), port).await;
-    let dns = dns(&[ip(2), ip(3)]).await;
-    let endpoints = [format!("{}:{port}", ip(2)), format!("{}:{port}", ip(3))];
     for policy in ["round_robin", "random", "p2c", "srv", "consistent_hash"] {
-        let proxy = test_support::free_addr();
         let extra = format!("    policy: {policy}\n");
-        let serve = Serve::spawn(&upstream(proxy, port, dns.addr(), &extra));
-        serve.wait_endpoints(&endpoints).await;
-        wait_listening(proxy).await;
+        let (proxy, _dns, serve) = serve_http(&[ip(2), ip(3)], port, &extra, &[]).await;
         let mut client = KeepAlive::open(proxy).await;
         let mut seen = BTreeMap::new();
         for user in 0..40 {
@@ -1117,17 +1128,8 @@ async fn an_address_upstream_dials_through_the_dns_cache() {
     let _b = Backend::start(ip(3), port).await;
     let dns = dns(&[ip(2)]).await;
     let proxy = test_support::free_addr();
-    let serve = Serve::spawn(&format!(
-        "upstreams:
-  - name: web
-    listen: {proxy}
-    protocol: http
-    address: web.test:{port}
-    nameservers: [{}]
-    pool: {{max_idle_per_endpoint: 4, idle_timeout_s: 1}}
-",
-        dns.addr()
-    ));
+    let pool = "    pool: {max_idle_per_endpoint: 4, idle_timeout_s: 1}\n";
+    let serve = Serve::spawn(&address_upstream(proxy, port, dns.addr(), pool));
     wait_listening(proxy).await;
     let mut client = KeepAlive::open(proxy).await;
     for _ in 0..5 {
@@ -1135,14 +1137,7 @@ async fn an_address_upstream_dials_through_the_dns_cache() {
     }
     // The answer changes: once its TTL has run out, requests go to the new address.
     dns.set_a("web.test", &[ip(3)], 1);
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while client.backend().await != "127.0.0.3" {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "requests never moved to the new address"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until_answered_by(&mut client, "127.0.0.3").await;
     let m = metrics(&serve).await;
     assert!(cache_metric(&m, "miss") >= 1, "{m}");
     assert!(cache_metric(&m, "hit") >= 1, "{m}");
@@ -1204,8 +1199,6 @@ async fn every_endpoint_refusing_is_a_502_and_a_503_once_all_are_ejected() {
     // Retry-After; every later request dials once (the picks then ignore
     // ejection) and gets its 503 at once.
     let port = common_port(&[ip(2), ip(3)]).await;
-    let dns = dns(&[ip(2), ip(3)]).await;
-    let endpoints = [format!("{}:{port}", ip(2)), format!("{}:{port}", ip(3))];
     for (extra, status, made) in [
         ("", 502, "bad_gateway_502"),
         (
@@ -1214,10 +1207,7 @@ async fn every_endpoint_refusing_is_a_502_and_a_503_once_all_are_ejected() {
             "no_endpoints_503",
         ),
     ] {
-        let proxy = test_support::free_addr();
-        let serve = Serve::spawn(&upstream(proxy, port, dns.addr(), extra));
-        serve.wait_endpoints(&endpoints).await;
-        wait_listening(proxy).await;
+        let (proxy, _dns, serve) = serve_http(&[ip(2), ip(3)], port, extra, &[]).await;
         let mut client = KeepAlive::open(proxy).await;
         for _ in 0..10 {
             let a = client.get("/").await.unwrap();
@@ -1298,14 +1288,8 @@ async fn a_hashed_request_whose_endpoint_refuses_is_retried_on_the_keys_next_end
     // every key gets its 200, those whose home is the dead one from the live one.
     let port = common_port(&[ip(2), ip(3)]).await;
     let _live = Backend::start(ip(2), port).await;
-    let dns = dns(&[ip(2), ip(3)]).await;
-    let proxy = test_support::free_addr();
     let extra = "    policy: consistent_hash\n    hash_header: x-user\n";
-    let serve = Serve::spawn(&upstream(proxy, port, dns.addr(), extra));
-    serve
-        .wait_endpoints(&[format!("{}:{port}", ip(2)), format!("{}:{port}", ip(3))])
-        .await;
-    wait_listening(proxy).await;
+    let (proxy, _dns, serve) = serve_http(&[ip(2), ip(3)], port, extra, &[]).await;
     let mut client = KeepAlive::open(proxy).await;
     let mut failed = Vec::new();
     for user in 0..64 {

@@ -11,14 +11,15 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use test_support::dns_server::TestDnsServer;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
 use tokio::task::{JoinHandle, JoinSet};
 
-use crate::http_upstreams::{dns, ip, metrics, read_response, upstream, wait_listening};
-use crate::serve::{Serve, WAIT};
+use crate::http_upstreams::{
+    common_listener, ip, maybe_sample, metrics, read_response, sample, serve_http,
+};
+use crate::serve::WAIT;
 use crate::slow_bodies::head_of_next;
 
 /// What an [`Endpoint`] has seen.
@@ -56,16 +57,7 @@ impl Endpoint {
     /// (kept bound from the moment it is chosen, so no other test can take it):
     /// the endpoint and its port.
     async fn start(ips: &[Ipv4Addr]) -> (Self, u16) {
-        let listener = 'retry: loop {
-            let first = TcpListener::bind((ips[0], 0)).await.unwrap();
-            let port = first.local_addr().unwrap().port();
-            for ip in &ips[1..] {
-                if TcpListener::bind((*ip, port)).await.is_err() {
-                    continue 'retry;
-                }
-            }
-            break first;
-        };
+        let listener = common_listener(ips).await;
         let port = listener.local_addr().unwrap().port();
         (Self::serve_on(listener, ips[0]), port)
     }
@@ -137,24 +129,6 @@ impl Endpoint {
     }
 }
 
-/// `dwara serve` (with `flags`) in front of `ips` on `port`: one `protocol: http`
-/// upstream `web` with `extra` in its block, once every endpoint is published and
-/// the listener is up. Its listen address, the DNS server and the process.
-async fn serve_http(
-    ips: &[Ipv4Addr],
-    port: u16,
-    extra: &str,
-    flags: &[&str],
-) -> (SocketAddr, TestDnsServer, Serve) {
-    let dns = dns(ips).await;
-    let proxy = test_support::free_addr();
-    let serve = Serve::spawn_with(&upstream(proxy, port, dns.addr(), extra), flags);
-    let want: Vec<String> = ips.iter().map(|i| format!("{i}:{port}")).collect();
-    serve.wait_endpoints(&want).await;
-    wait_listening(proxy).await;
-    (proxy, dns, serve)
-}
-
 /// Sends `GET path` on `raw`, a keep-alive connection to the proxy, and reads
 /// the answer.
 async fn get(raw: &mut TcpStream, path: &str) -> String {
@@ -178,19 +152,6 @@ fn figure(status: &serde_json::Value, key: &str) -> u64 {
     status["upstreams"][0]["http"][key]
         .as_u64()
         .unwrap_or_else(|| panic!("no http.{key}: {status}"))
-}
-
-/// The value of the sample `key` (its name and labels as `/metrics` writes them)
-/// in the metrics text `m`.
-fn sample(m: &str, key: &str) -> f64 {
-    maybe_sample(m, key).unwrap_or_else(|| panic!("no {key} in {m}"))
-}
-
-/// [`sample`], `None` when the text has no such sample.
-fn maybe_sample(m: &str, key: &str) -> Option<f64> {
-    m.lines()
-        .find_map(|l| l.strip_prefix(key).and_then(|v| v.strip_prefix(' ')))
-        .and_then(|v| v.trim().parse().ok())
 }
 
 /// `limits.max_connections: 2`: two client connections are served; a third (and
