@@ -2,9 +2,12 @@
 //! guards that picks hand out, and `LbHandle`, a per-task handle that caches the
 //! snapshot.
 
+use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
@@ -64,6 +67,8 @@ pub struct UpstreamLb {
     policy: Policy,
     shared: Arc<Shared>,
     writer: Mutex<Writer>,
+    /// Tasks awaiting the next publish ([`UpstreamLb::updated`]).
+    watchers: Mutex<Vec<Waker>>,
 }
 
 /// Builds an [`UpstreamLb`] with a fixed seed, passive ejection, or a test clock.
@@ -123,6 +128,7 @@ impl UpstreamLbBuilder {
             policy: self.policy,
             shared,
             writer: Mutex::new(Writer::default()),
+            watchers: Mutex::new(Vec::new()),
         };
         lb.update(self.endpoints);
         lb
@@ -201,6 +207,11 @@ impl UpstreamLb {
             picker,
         }));
         self.version.fetch_add(1, Ordering::Release);
+        // After the bump: a watcher that saw the old version under this lock is
+        // in the list, one that takes the lock after sees the new version.
+        let watchers =
+            std::mem::take(&mut *self.watchers.lock().unwrap_or_else(PoisonError::into_inner));
+        watchers.into_iter().for_each(Waker::wake);
         drop(prev);
         writer.retired.push(old);
         writer.retired.retain(|s| Arc::strong_count(s) > 1);
@@ -221,6 +232,27 @@ impl UpstreamLb {
     /// The current endpoint set (cheap: one `Arc` clone).
     pub fn endpoints(&self) -> EndpointSet {
         self.current.load().set.clone()
+    }
+
+    /// A count of the sets published so far, bumped by every [`update`] that
+    /// changed the set. Read it before [`endpoints`], then await
+    /// [`updated`]`(version)` to learn of any set published since.
+    ///
+    /// [`update`]: Self::update
+    /// [`endpoints`]: Self::endpoints
+    /// [`updated`]: Self::updated
+    pub fn version(&self) -> u64 {
+        self.version.load(Ordering::Acquire)
+    }
+
+    /// Completes once a set newer than `version` (a value [`version`] returned)
+    /// has been published: at once if one already has. For a task that acts on
+    /// a change of the set as it happens, such as closing pooled connections to
+    /// endpoints that left. Runtime-agnostic: it wakes the task that polled it.
+    ///
+    /// [`version`]: Self::version
+    pub fn updated(&self, version: u64) -> Updated<'_> {
+        Updated { lb: self, version }
     }
 
     /// Picks an endpoint with the policy. Under [`Policy::ConsistentHash`] a pick
@@ -653,6 +685,34 @@ impl LbHandle {
     fn reload(&mut self) {
         self.version = self.lb.version.load(Ordering::Acquire);
         self.snapshot = self.lb.current.load_full();
+    }
+}
+
+/// The future of [`UpstreamLb::updated`].
+#[derive(Debug)]
+#[must_use = "futures do nothing unless polled"]
+pub struct Updated<'a> {
+    lb: &'a UpstreamLb,
+    version: u64,
+}
+
+impl Future for Updated<'_> {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let lb = self.lb;
+        if lb.version.load(Ordering::Acquire) != self.version {
+            return Poll::Ready(());
+        }
+        let mut watchers = lb.watchers.lock().unwrap_or_else(PoisonError::into_inner);
+        // Again under the lock, which `update` takes after its bump.
+        if lb.version.load(Ordering::Acquire) != self.version {
+            return Poll::Ready(());
+        }
+        if !watchers.iter().any(|w| w.will_wake(cx.waker())) {
+            watchers.push(cx.waker().clone());
+        }
+        Poll::Pending
     }
 }
 

@@ -14,7 +14,7 @@ pub use endpoint::{Endpoint, EndpointSet};
 pub use health::{
     EjectionClock, EjectionConfig, ManualEjectionClock, MonotonicEjectionClock, Outcome,
 };
-pub use lb::{EndpointStats, LbHandle, LbStats, PickGuard, UpstreamLb, UpstreamLbBuilder};
+pub use lb::{EndpointStats, LbHandle, LbStats, PickGuard, Updated, UpstreamLb, UpstreamLbBuilder};
 pub use policy::Policy;
 
 /// A pick on an upstream whose endpoint set is empty.

@@ -17,7 +17,6 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use arc_swap::ArcSwapOption;
 use dwara_discovery_dns::{RecordType, TargetResolver};
 use dwara_dns_cache::{DnsCache, DnsCacheConfig};
 use dwara_lb::{EndpointSet, UpstreamLb};
@@ -34,7 +33,7 @@ use crate::dataplane::Generation;
 use crate::http_stats::{HttpStats, LATENCY_BOUNDS};
 use crate::plan::{LbPlan, UpstreamPlan};
 use crate::pool::{Pool, SWEEP};
-use crate::reverse::{Dial, HttpUpstream};
+use crate::reverse::{Answer, Dial, HttpUpstream};
 
 /// How long past its TTL an `address:` answer may be used while DNS fails.
 const MAX_STALE: Duration = Duration::from_secs(300);
@@ -94,7 +93,7 @@ pub(crate) fn http_upstream(
                 }
                 Dial::Address { .. } => Wanted::InAnswer(Arc::downgrade(&dial)),
             };
-            tokio::spawn(sweep(Arc::downgrade(&pool), wanted));
+            tokio::spawn(sweep(Arc::downgrade(&pool), wanted, SWEEP));
             (pool, dial)
         }
     };
@@ -133,7 +132,7 @@ fn dial(i: usize, up: &UpstreamConfig, pushed: bool) -> Result<Dial, Error> {
         host,
         port,
         next: AtomicUsize::new(0),
-        seen: ArcSwapOption::empty(),
+        answer: Answer::default(),
     })
 }
 
@@ -284,31 +283,87 @@ enum Wanted {
     InAnswer(Weak<Dial>),
 }
 
-/// Closes idle connections of endpoints no longer wanted (every [`SWEEP`]) and
-/// those idle too long, and prunes the SRV targets' addresses, until the pool is
-/// dropped.
-async fn sweep(pool: Weak<Pool>, wanted: Wanted) {
-    let mut tick = tokio::time::interval(SWEEP);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tick.tick().await;
-        let Some(pool) = pool.upgrade() else { return };
-        match &wanted {
-            Wanted::InSet(lb, targets) => match lb.upgrade() {
-                Some(lb) => {
-                    let set = lb.endpoints();
-                    pool.sweep(|addr| set.contains(addr));
-                    if let Some(targets) = targets.as_ref().and_then(Weak::upgrade) {
-                        targets.prune(&set, HOST_GRACE);
-                    }
+/// Why the sweeper runs now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Wake {
+    /// Its period: everything is swept.
+    Tick,
+    /// The endpoints changed: the idle connections of those that left are
+    /// closed at once.
+    Changed,
+}
+
+impl Wanted {
+    /// Closes the idle connections `pool` should not keep (on a [`Wake::Tick`]
+    /// also those idle too long or closed by their endpoint) and prunes the SRV
+    /// targets' addresses. The version of the set or answer it went by comes
+    /// back, for [`changed`](Self::changed).
+    fn apply(&self, pool: &Pool, wake: Wake) -> Option<u64> {
+        let close = |wanted: &dyn Fn(SocketAddr) -> bool| match wake {
+            Wake::Tick => pool.sweep(wanted),
+            Wake::Changed => pool.close_left(wanted),
+        };
+        match self {
+            Self::InSet(lb, targets) => {
+                let Some(lb) = lb.upgrade() else {
+                    close(&|_| false);
+                    return None;
+                };
+                // The version first: a set published after it wakes the sweeper.
+                let version = lb.version();
+                let set = lb.endpoints();
+                close(&|addr| set.contains(addr));
+                if let Some(targets) = targets.as_ref().and_then(Weak::upgrade) {
+                    targets.prune(&set, HOST_GRACE);
                 }
-                None => pool.sweep(|_| false),
+                Some(version)
+            }
+            Self::InAnswer(dial) => {
+                match dial.upgrade() {
+                    Some(dial) => close(&|addr| dial.in_answer(addr)),
+                    None => close(&|_| false),
+                }
+                None
+            }
+        }
+    }
+
+    /// Completes when the endpoints change: a set published after `version`, or
+    /// a new answer of an `address:` upstream. Never when they are gone (the
+    /// pool goes with them, and the next tick ends the sweeper).
+    async fn changed(&self, version: Option<u64>) {
+        match self {
+            Self::InSet(lb, _) => match (lb.upgrade(), version) {
+                (Some(lb), Some(v)) => lb.updated(v).await,
+                _ => std::future::pending().await,
             },
-            Wanted::InAnswer(dial) => match dial.upgrade() {
-                Some(dial) => pool.sweep(|addr| dial.in_answer(addr)),
-                None => pool.sweep(|_| false),
+            Self::InAnswer(dial) => match dial.upgrade().as_deref() {
+                Some(Dial::Address { answer, .. }) => answer.changed().await,
+                _ => std::future::pending().await,
             },
         }
+    }
+}
+
+/// Until the pool is dropped: every `period` closes the idle connections of
+/// endpoints no longer wanted, those idle too long and those their endpoint
+/// closed, and prunes the SRV targets' addresses; as soon as the endpoints change
+/// closes those of the endpoints that left (drain: busy ones finish first).
+async fn sweep(pool: Weak<Pool>, wanted: Wanted, period: Duration) {
+    let mut tick = tokio::time::interval(period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The first tick completes at once.
+    tick.tick().await;
+    let mut wake = Wake::Tick;
+    loop {
+        let Some(strong) = pool.upgrade() else { return };
+        let version = wanted.apply(&strong, wake);
+        drop(strong);
+        wake = tokio::select! {
+            biased;
+            () = wanted.changed(version) => Wake::Changed,
+            _ = tick.tick() => Wake::Tick,
+        };
     }
 }
 
@@ -445,5 +500,132 @@ mod tests {
         assert_eq!(left, [IpAddr::from(ip(2))]);
         t.prune(&EndpointSet::empty(), Duration::ZERO);
         assert!(t.hosts.lock().is_empty());
+    }
+
+    /// An idle pooled connection to a listener of its own, and that listener's
+    /// side of it.
+    async fn idle_connection(pool: &Arc<Pool>) -> (SocketAddr, tokio::net::TcpStream) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let stats = HttpStats::default();
+        let (conn, accepted) = tokio::join!(pool.connect(addr, &stats, 8192), listener.accept());
+        let mut conn = conn.unwrap();
+        // Polled once, as a request's task would: hyper's half then takes requests.
+        std::future::poll_fn(|cx| {
+            assert!(conn.driver.poll(cx).is_pending());
+            std::task::Poll::Ready(())
+        })
+        .await;
+        let keep = true;
+        pool.checkin(conn, keep);
+        (addr, accepted.unwrap().0)
+    }
+
+    /// Whether the listener's side of a connection sees it closed within 10 s.
+    async fn closed(peer: &mut tokio::net::TcpStream) -> bool {
+        use tokio::io::AsyncReadExt;
+        let mut buf = [0u8; 16];
+        matches!(
+            tokio::time::timeout(Duration::from_secs(10), peer.read(&mut buf)).await,
+            Ok(Ok(0) | Err(_))
+        )
+    }
+
+    fn idle(pool: &Pool) -> std::collections::BTreeSet<SocketAddr> {
+        pool.sizes()
+            .into_iter()
+            .filter(|(_, s)| s.idle > 0)
+            .map(|(a, _)| a)
+            .collect()
+    }
+
+    /// A pool of a minute's idle timeout, swept only hourly: whatever closes
+    /// within the tests' 10 s is the sweeper acting on a change.
+    fn hourly_pool() -> Arc<Pool> {
+        Arc::new(Pool::new(
+            4,
+            Duration::from_secs(60),
+            Duration::from_secs(5),
+        ))
+    }
+
+    const HOURLY: Duration = Duration::from_secs(3600);
+
+    /// Awaits the sweeper's first sweep, the one it makes as it starts.
+    async fn first_sweep(pool: &Pool) {
+        let swept =
+            test_support::wait_until(Duration::from_secs(10), || async { pool.sweeps() > 0 }).await;
+        assert!(swept, "the sweeper never swept");
+    }
+
+    #[tokio::test]
+    async fn idle_connections_to_an_endpoint_that_leaves_the_set_close_as_it_leaves() {
+        let pool = hourly_pool();
+        let (a, mut peer_a) = idle_connection(&pool).await;
+        let (b, mut peer_b) = idle_connection(&pool).await;
+        let lb = Arc::new(UpstreamLb::new(dwara_lb::Policy::RoundRobin));
+        lb.update([Endpoint::new(a), Endpoint::new(b)].into_iter().collect());
+        let wanted = Wanted::InSet(Arc::downgrade(&lb), None);
+        let sweeper = tokio::spawn(sweep(Arc::downgrade(&pool), wanted, HOURLY));
+        // The first sweep (at once) keeps both.
+        first_sweep(&pool).await;
+        assert_eq!(idle(&pool), [a, b].into());
+        lb.update([Endpoint::new(a)].into_iter().collect());
+        assert!(
+            closed(&mut peer_b).await,
+            "the idle connection to {b} stayed"
+        );
+        assert_eq!(idle(&pool), [a].into());
+        // Back, and gone again: the sweeper follows each change.
+        let (c, mut peer_c) = idle_connection(&pool).await;
+        lb.update([Endpoint::new(a), Endpoint::new(c)].into_iter().collect());
+        lb.update([Endpoint::new(c)].into_iter().collect());
+        assert!(
+            closed(&mut peer_a).await,
+            "the idle connection to {a} stayed"
+        );
+        assert_eq!(idle(&pool), [c].into());
+        assert!(!closed_now(&mut peer_c), "the connection to {c} was closed");
+        // The pool dropped: the sweeper ends at its next wake-up.
+        drop(pool);
+        lb.clear();
+        tokio::time::timeout(Duration::from_secs(10), sweeper)
+            .await
+            .expect("the sweeper outlived its pool")
+            .unwrap();
+    }
+
+    #[tokio::test]
+    async fn idle_connections_to_an_address_the_answer_dropped_close_as_it_changes() {
+        let dns = TestDnsServer::start().await.unwrap();
+        let pool = hourly_pool();
+        let (a, mut peer_a) = idle_connection(&pool).await;
+        let dial = Arc::new(Dial::Address {
+            cache: cache("test".into(), vec![dns.addr()]).unwrap(),
+            host: "web.test".into(),
+            port: a.port(),
+            next: AtomicUsize::new(0),
+            answer: Answer::default(),
+        });
+        let Dial::Address { answer, .. } = &*dial else {
+            unreachable!()
+        };
+        answer.note(&[a.ip()]);
+        let wanted = Wanted::InAnswer(Arc::downgrade(&dial));
+        tokio::spawn(sweep(Arc::downgrade(&pool), wanted, HOURLY));
+        first_sweep(&pool).await;
+        assert_eq!(idle(&pool), [a].into());
+        answer.note(&[IpAddr::from(ip(9))]);
+        assert!(
+            closed(&mut peer_a).await,
+            "the idle connection to {a} stayed"
+        );
+        assert!(idle(&pool).is_empty());
+    }
+
+    /// Whether the connection is closed already (nothing waited for).
+    fn closed_now(peer: &mut tokio::net::TcpStream) -> bool {
+        let mut buf = [0u8; 16];
+        matches!(peer.try_read(&mut buf), Ok(0))
     }
 }

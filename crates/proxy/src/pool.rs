@@ -24,11 +24,14 @@
 //! hyper-util's pooled client was the other choice; it pools by URI authority and
 //! retries on a fresh connection of the same authority by itself, and it has no
 //! way to close the idle connections of one endpoint when that endpoint leaves
-//! discovery's answer. Here [`Pool::sweep`] does that (called by a task of the
-//! dataplane every [`SWEEP`]): idle connections of endpoints that have left, those
-//! the endpoint closed, and those idle longer than `idle_timeout` are closed
-//! (dropped: the socket closes at once). Busy connections finish their request
-//! first.
+//! discovery's answer. Here a task of the dataplane per pool does that: as soon
+//! as the endpoints change (the load balancer publishes a new set, or an
+//! `address:` upstream's DNS answer changes) [`Pool::close_left`] closes the idle
+//! connections of endpoints that have left, and every [`SWEEP`] [`Pool::sweep`]
+//! closes those, those the endpoint closed, and those idle longer than
+//! `idle_timeout` (dropped: the socket closes at once). Busy connections finish
+//! their request first; one that comes back after its endpoint left is not kept,
+//! or, if it came back as the set changed, closed by the next sweep.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -47,7 +50,7 @@ use hyper_util::rt::TokioIo;
 use parking_lot::Mutex;
 use tokio::net::TcpStream;
 use tokio::time::Sleep;
-use tracing::trace;
+use tracing::{debug, trace};
 
 use crate::http_stats::HttpStats;
 use crate::outbox::Deferred;
@@ -458,33 +461,63 @@ impl Pool {
 
     /// Closes idle connections of endpoints for which `wanted` is false, those the
     /// endpoint closed, and those idle longer than the idle timeout.
-    pub(crate) fn sweep(&self, wanted: impl Fn(SocketAddr) -> bool) {
+    pub(crate) fn sweep(&self, wanted: &dyn Fn(SocketAddr) -> bool) {
         self.sweeps.fetch_add(1, Ordering::Relaxed);
-        let mut closed = Vec::new();
-        {
-            let mut eps = self.endpoints.lock();
-            eps.retain(|addr, ep| {
-                if !wanted(*addr) {
-                    closed.append(&mut ep.idle);
-                } else {
-                    for mut c in std::mem::take(&mut ep.idle) {
-                        // Driven here, with no task to wake: one the endpoint
-                        // closed ends.
-                        if !self.too_old(c.since) && c.usable() {
-                            ep.idle.push(c);
-                        } else {
-                            closed.push(c);
-                        }
-                    }
-                }
-                ep.busy > 0 || !ep.idle.is_empty()
-            });
-        }
-        // Dropped outside the lock: each drop closes its socket.
+        // Each idle connection is driven here (`usable`), with no task to wake:
+        // one the endpoint closed ends.
+        let closed = self.close(wanted, |c| !self.too_old(c.since) && c.usable());
         if !closed.is_empty() {
             trace!(connections = closed.len(), "idle pooled connections closed");
         }
+        // Dropped outside the lock: each drop closes its socket.
         drop(closed);
+    }
+
+    /// Closes the idle connections of endpoints for which `wanted` is false (those
+    /// that left the upstream's endpoints), at once; the others are left as they
+    /// are.
+    pub(crate) fn close_left(&self, wanted: &dyn Fn(SocketAddr) -> bool) {
+        let closed = self.close(wanted, |_| true);
+        if !closed.is_empty() {
+            debug!(
+                connections = closed.len(),
+                "idle pooled connections to endpoints that left closed"
+            );
+        }
+        drop(closed);
+    }
+
+    /// Takes out the idle connections of endpoints for which `wanted` is false and
+    /// those of the others that `stays` refuses, and forgets endpoints left with
+    /// none.
+    fn close(
+        &self,
+        wanted: &dyn Fn(SocketAddr) -> bool,
+        mut stays: impl FnMut(&mut Idle) -> bool,
+    ) -> Vec<Idle> {
+        let mut closed = Vec::new();
+        let mut eps = self.endpoints.lock();
+        eps.retain(|addr, ep| {
+            if !wanted(*addr) {
+                closed.append(&mut ep.idle);
+            } else {
+                for mut c in std::mem::take(&mut ep.idle) {
+                    if stays(&mut c) {
+                        ep.idle.push(c);
+                    } else {
+                        closed.push(c);
+                    }
+                }
+            }
+            ep.busy > 0 || !ep.idle.is_empty()
+        });
+        closed
+    }
+
+    /// How many sweeps have run.
+    #[cfg(test)]
+    pub(crate) fn sweeps(&self) -> u64 {
+        self.sweeps.load(Ordering::Relaxed)
     }
 
     /// Idle and busy connections per endpoint.

@@ -110,11 +110,44 @@ pub(crate) enum Dial {
         host: String,
         port: u16,
         next: AtomicUsize,
-        /// The latest answer a request took an address from (`None` before the
-        /// first): a pooled connection to an address it no longer holds is not
-        /// kept, and the pool's sweep closes such idle ones.
-        seen: ArcSwapOption<Vec<std::net::IpAddr>>,
+        /// The latest answer a request took an address from: a pooled
+        /// connection to an address it no longer holds is not kept, and the
+        /// pool's sweeper closes such idle ones as soon as it changes.
+        answer: Answer,
     },
+}
+
+/// The latest DNS answer of an `address:` upstream that a request took an address
+/// from, and word of its changes for the pool's sweeper.
+#[derive(Debug, Default)]
+pub(crate) struct Answer {
+    /// `None` before the first.
+    ips: ArcSwapOption<Vec<std::net::IpAddr>>,
+    changed: tokio::sync::Notify,
+}
+
+impl Answer {
+    /// Records `ips` as the latest answer (stored only when it differs).
+    pub(crate) fn note(&self, ips: &[std::net::IpAddr]) {
+        if self.ips.load().as_deref().map(Vec::as_slice) != Some(ips) {
+            self.ips.store(Some(Arc::new(ips.to_vec())));
+            // A permit when the sweeper is not waiting: no change is missed.
+            self.changed.notify_one();
+        }
+    }
+
+    /// Whether the latest answer holds `ip` (any does before the first).
+    fn holds(&self, ip: std::net::IpAddr) -> bool {
+        self.ips
+            .load()
+            .as_deref()
+            .is_none_or(|ips| ips.contains(&ip))
+    }
+
+    /// Completes when the answer changes after the last wait.
+    pub(crate) async fn changed(&self) {
+        self.changed.notified().await;
+    }
 }
 
 impl Dial {
@@ -140,13 +173,7 @@ impl Dial {
     pub(crate) fn in_answer(&self, addr: SocketAddr) -> bool {
         match self {
             Self::Lb { .. } => true,
-            Self::Address { port, seen, .. } => {
-                addr.port() == *port
-                    && seen
-                        .load()
-                        .as_deref()
-                        .is_none_or(|ips| ips.contains(&addr.ip()))
-            }
+            Self::Address { port, answer, .. } => addr.port() == *port && answer.holds(addr.ip()),
         }
     }
 }
@@ -807,8 +834,8 @@ pub(crate) async fn choose(
             host,
             port,
             next,
-            seen,
-        } => Box::pin(from_cache(cache, host, (*port, next, seen), tried)).await,
+            answer,
+        } => Box::pin(from_cache(cache, host, (*port, next, answer), tried)).await,
     }
 }
 
@@ -849,7 +876,7 @@ fn pick(target: &Target, key: Option<&[u8]>, tried: &[SocketAddr]) -> Result<Cho
 async fn from_cache(
     cache: &DnsCache,
     host: &str,
-    (port, next, seen): (u16, &AtomicUsize, &ArcSwapOption<Vec<std::net::IpAddr>>),
+    (port, next, answer): (u16, &AtomicUsize, &Answer),
     tried: &[SocketAddr],
 ) -> Result<Choice, String> {
     let ips = cache
@@ -859,9 +886,7 @@ async fn from_cache(
     if ips.is_empty() {
         return Err(format!("{host}: no addresses"));
     }
-    if seen.load().as_deref().map(Vec::as_slice) != Some(&ips[..]) {
-        seen.store(Some(Arc::new(ips.to_vec())));
-    }
+    answer.note(&ips);
     let start = next.fetch_add(1, Ordering::Relaxed);
     let addrs = (0..ips.len()).map(|i| SocketAddr::new(ips[(start + i) % ips.len()], port));
     let mut first = None;

@@ -990,8 +990,8 @@ async fn a_request_in_flight_to_an_endpoint_that_leaves_finishes_and_its_connect
 #[tokio::test]
 async fn idle_connections_to_an_endpoint_that_left_discovery_are_closed() {
     // Both endpoints have an idle pooled connection (the idle timeout is a
-    // minute); one leaves the DNS answer: its idle connection is closed within a
-    // sweep, the other's stays.
+    // minute); one leaves the DNS answer: its idle connection is closed as the
+    // load balancer takes the new set, the other's stays.
     let port = common_port(&[ip(2), ip(3)]).await;
     let _a = Backend::start(ip(2), port).await;
     let _b = Backend::start(ip(3), port).await;
@@ -1021,8 +1021,8 @@ async fn idle_connections_to_an_endpoint_that_left_discovery_are_closed() {
 #[tokio::test]
 async fn an_address_upstreams_idle_connections_to_an_address_the_answer_dropped_are_closed() {
     // Idle connections would stay a minute by the idle timeout; an address that
-    // left the DNS answer loses its idle connections within a sweep of a request
-    // seeing the new answer.
+    // left the DNS answer loses its idle connections as soon as a request sees
+    // the new answer.
     let port = common_port(&[ip(2), ip(3)]).await;
     let _a = Backend::start(ip(2), port).await;
     let _b = Backend::start(ip(3), port).await;

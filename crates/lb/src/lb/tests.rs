@@ -783,3 +783,88 @@ fn a_guard_outlives_its_load_balancer() {
         g.report_failure(); // nothing to report to: a no-op, not a panic
     }
 }
+
+/// A waker that counts its wake-ups.
+#[derive(Default)]
+struct Wakes(std::sync::atomic::AtomicUsize);
+
+impl std::task::Wake for Wakes {
+    fn wake(self: Arc<Self>) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+#[test]
+fn updated_completes_once_a_new_set_is_published_and_wakes_its_task() {
+    let lb = lb(Policy::RoundRobin, set(&["10.0.0.1:80", "10.0.0.2:80"]));
+    let wakes = Arc::new(Wakes::default());
+    let waker = Waker::from(wakes.clone());
+    let mut cx = Context::from_waker(&waker);
+    let version = lb.version();
+    let mut updated = Box::pin(lb.updated(version));
+    assert!(updated.as_mut().poll(&mut cx).is_pending());
+    // Polled again by the same task: still one watcher.
+    assert!(updated.as_mut().poll(&mut cx).is_pending());
+    // The same set again publishes nothing and wakes no one.
+    assert!(!lb.update(set(&["10.0.0.2:80", "10.0.0.1:80"])));
+    assert_eq!(wakes.0.load(Ordering::SeqCst), 0);
+    assert!(updated.as_mut().poll(&mut cx).is_pending());
+    assert!(lb.update(set(&["10.0.0.1:80"])));
+    assert_eq!(wakes.0.load(Ordering::SeqCst), 1);
+    assert!(updated.as_mut().poll(&mut cx).is_ready());
+    assert!(lb.version() > version);
+    // A set published before the future was made: ready at its first poll.
+    assert!(lb.clear());
+    assert!(
+        Box::pin(lb.updated(version))
+            .as_mut()
+            .poll(&mut cx)
+            .is_ready()
+    );
+    assert!(
+        Box::pin(lb.updated(lb.version()))
+            .as_mut()
+            .poll(&mut cx)
+            .is_pending()
+    );
+}
+
+#[test]
+fn updated_wakes_a_task_waiting_on_another_thread() {
+    let lb = Arc::new(lb(Policy::RoundRobin, set(&["10.0.0.1:80"])));
+    let version = lb.version();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let waiter = {
+        let lb = lb.clone();
+        std::thread::spawn(move || {
+            // A one-future executor: park until woken, poll again.
+            struct Unpark(std::thread::Thread);
+            impl std::task::Wake for Unpark {
+                fn wake(self: Arc<Self>) {
+                    self.0.unpark();
+                }
+            }
+            let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
+            let mut cx = Context::from_waker(&waker);
+            let mut updated = Box::pin(lb.updated(version));
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            let mut polls = 0;
+            // Not woken within the deadline: `None`, and the test fails.
+            while std::time::Instant::now() < deadline {
+                polls += 1;
+                if updated.as_mut().poll(&mut cx).is_ready() {
+                    return Some(polls);
+                }
+                if polls == 1 {
+                    tx.send(()).unwrap();
+                }
+                std::thread::park_timeout(deadline - std::time::Instant::now());
+            }
+            None
+        })
+    };
+    rx.recv().unwrap();
+    assert!(lb.update(set(&["10.0.0.2:80"])));
+    let polls = waiter.join().unwrap();
+    assert!(polls.is_some_and(|p| p >= 2), "never woken: {polls:?}");
+}
