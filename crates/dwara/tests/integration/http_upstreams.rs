@@ -1281,6 +1281,61 @@ async fn each_answer_dwara_makes_is_logged_at_debug_with_why() {
 }
 
 #[tokio::test]
+async fn the_other_answers_dwara_makes_are_logged_at_debug_with_why() {
+    // A 504 (no response head in time), the two 501s (CONNECT, a transfer
+    // coding other than chunked) and a 400 (Host doubled), each with its
+    // reason on its debug line.
+    let port = common_port(&[ip(2)]).await;
+    let _backend = Backend::start(ip(2), port).await;
+    let dns = dns(&[ip(2)]).await;
+    let proxy = test_support::free_addr();
+    let (serve, mut log) = Serve::spawn_logging(
+        &upstream(proxy, port, dns.addr(), "    response_timeout_ms: 300\n"),
+        "warn,dwara_proxy=debug",
+    );
+    let endpoint = format!("{}:{port}", ip(2));
+    serve.wait_endpoints(std::slice::from_ref(&endpoint)).await;
+    wait_listening(proxy).await;
+    let mut client = KeepAlive::open(proxy).await;
+    assert_eq!(client.get("/hang").await.unwrap().status, 504);
+    let line = answered_by_dwara(&mut log, 504).await;
+    assert!(line.contains("upstream=web"), "{line}");
+    assert!(
+        line.contains(&format!("{endpoint}: no response head within 300ms")),
+        "{line}"
+    );
+
+    let refused: [(&[u8], &str, &str); 3] = [
+        (
+            b"CONNECT web.test:443 HTTP/1.1\r\nHost: web.test:443\r\n\r\n",
+            "HTTP/1.1 501",
+            "CONNECT is not proxied",
+        ),
+        (
+            b"POST / HTTP/1.1\r\nHost: web.test\r\nTransfer-Encoding: gzip, chunked\r\n\r\n\
+              3\r\nabc\r\n0\r\n\r\n",
+            "HTTP/1.1 501",
+            "a transfer coding other than chunked",
+        ),
+        (
+            b"GET / HTTP/1.1\r\nHost: web.test\r\nHost: other.test\r\n\r\n",
+            "HTTP/1.1 400",
+            "Host",
+        ),
+    ];
+    for (request, head, why) in refused {
+        let mut raw = TcpStream::connect(proxy).await.unwrap();
+        raw.write_all(request).await.unwrap();
+        let text = read_response(&mut raw).await;
+        assert!(text.starts_with(head), "{text}");
+        let status: u16 = head["HTTP/1.1 ".len()..].parse().unwrap();
+        let line = answered_by_dwara(&mut log, status).await;
+        assert!(line.contains("upstream=web"), "{line}");
+        assert!(line.contains(why), "{why:?} not in {line}");
+    }
+}
+
+#[tokio::test]
 async fn a_hashed_request_whose_endpoint_refuses_is_retried_on_the_keys_next_endpoint() {
     // Under consistent_hash the ring gives a key the same endpoint at every pick:
     // a retry must go to the key's next endpoint, not back to the one that
