@@ -359,10 +359,12 @@ async fn sweep(pool: Weak<Pool>, wanted: Wanted, period: Duration) {
         let Some(strong) = pool.upgrade() else { return };
         let version = wanted.apply(&strong, wake);
         drop(strong);
+        // The tick first: endpoints changing without pause cannot starve the
+        // full sweep (which closes what left too).
         wake = tokio::select! {
             biased;
-            () = wanted.changed(version) => Wake::Changed,
             _ = tick.tick() => Wake::Tick,
+            () = wanted.changed(version) => Wake::Changed,
         };
     }
 }
