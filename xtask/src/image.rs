@@ -9,7 +9,11 @@
 //!    registry (`TARGET/image/dwara-image.tar`).
 //!
 //! `--debug` builds the binary without optimisation (a faster build; `cargo xtask
-//! ci` tests the image that way), `--no-save` skips the tar. A `docker` command
+//! ci` tests the image that way), `--no-save` skips the tar. `--pgo` builds it
+//! with profile-guided optimisation as `cargo xtask pgo` does (instrumented,
+//! trained on the benchmarks' loads, built again with the profile), on the static
+//! build itself, in `TARGET/pgo/static`: two more release builds and about three
+//! minutes of loads. A `docker` command
 //! that has not ended after 5 minutes is killed and fails the task.
 
 use std::path::{Path, PathBuf};
@@ -28,10 +32,12 @@ pub(crate) struct ImageArgs {
     save: Save,
 }
 
-#[derive(Clone, Copy, PartialEq)]
+#[derive(Clone, Copy, PartialEq, Debug)]
 enum Profile {
     Release,
     Debug,
+    /// Release, with the profile of `cargo xtask pgo`.
+    Pgo,
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -53,10 +59,20 @@ impl ImageArgs {
                 "--tag" => {
                     parsed.tag = it.next().context("--tag needs a value")?.clone();
                 }
-                "--debug" => parsed.profile = Profile::Debug,
+                "--debug" | "--pgo" => {
+                    let wanted = if arg == "--pgo" {
+                        Profile::Pgo
+                    } else {
+                        Profile::Debug
+                    };
+                    if parsed.profile != Profile::Release && parsed.profile != wanted {
+                        bail!("--debug and --pgo exclude each other");
+                    }
+                    parsed.profile = wanted;
+                }
                 "--no-save" => parsed.save = Save::No,
                 other => bail!(
-                    "unknown argument {other:?}; usage: cargo xtask image [--tag T] [--debug] [--no-save]"
+                    "unknown argument {other:?}; usage: cargo xtask image [--tag T] [--debug | --pgo] [--no-save]"
                 ),
             }
         }
@@ -77,16 +93,7 @@ impl ImageArgs {
 pub(crate) fn run(args: &ImageArgs) -> anyhow::Result<()> {
     let root = workspace_root()?;
     let target = target_dir(&root);
-    let mut build = vec!["build", "--quiet", "--target", TRIPLE, "-p", "dwara"];
-    if args.profile == Profile::Release {
-        build.push("--release");
-    }
-    crate::cargo_with(&build, &[("RUSTFLAGS", "-C target-feature=+crt-static")])?;
-    let dir = match args.profile {
-        Profile::Release => "release",
-        Profile::Debug => "debug",
-    };
-    let binary = target.join(TRIPLE).join(dir).join("dwara");
+    let binary = build(args.profile, &target)?;
     ensure_static(&binary)?;
 
     let context = target.join("image");
@@ -121,6 +128,26 @@ pub(crate) fn run(args: &ImageArgs) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// Builds the static binary of `profile` and says where it is.
+fn build(profile: Profile, target: &Path) -> anyhow::Result<PathBuf> {
+    if profile == Profile::Pgo {
+        // Trained on this very build: cargo names the symbols of a `--target`
+        // build apart from the host build's, so the host build's profile would
+        // match none of them.
+        return crate::pgo::make(crate::pgo::Build::Static);
+    }
+    let mut cmd = vec!["build", "--quiet", "--target", TRIPLE, "-p", "dwara"];
+    let dir = match profile {
+        Profile::Debug => "debug",
+        Profile::Release | Profile::Pgo => {
+            cmd.push("--release");
+            "release"
+        }
+    };
+    crate::cargo_with(&cmd, &[("RUSTFLAGS", "-C target-feature=+crt-static")])?;
+    Ok(target.join(TRIPLE).join(dir).join("dwara"))
 }
 
 /// Fails unless `binary` runs without a dynamic loader (a `FROM scratch` image has
@@ -203,4 +230,27 @@ fn git_revision(root: &Path) -> String {
         .filter(|o| o.status.success())
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
         .unwrap_or_else(|| "unknown".to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> anyhow::Result<ImageArgs> {
+        ImageArgs::parse(&args.iter().map(|a| (*a).to_owned()).collect::<Vec<_>>())
+    }
+
+    #[test]
+    fn the_build_is_release_unless_asked_for_debug_or_pgo() {
+        assert_eq!(parse(&[]).unwrap().profile, Profile::Release);
+        assert_eq!(parse(&["--debug"]).unwrap().profile, Profile::Debug);
+        let pgo = parse(&["--pgo", "--tag", "dwara:pgo"]).unwrap();
+        assert_eq!((pgo.profile, pgo.tag.as_str()), (Profile::Pgo, "dwara:pgo"));
+        assert_eq!(parse(&["--pgo", "--pgo"]).unwrap().profile, Profile::Pgo);
+        let Err(e) = parse(&["--pgo", "--debug"]) else {
+            panic!("--pgo with --debug accepted");
+        };
+        assert!(e.to_string().contains("exclude each other"), "{e}");
+        assert!(parse(&["--fast"]).is_err());
+    }
 }

@@ -56,13 +56,14 @@
 //!   short runs of `perf http`, `perf l4` and `perf dns` (see the `pgo` module), as
 //!   `target/pgo/use/release/dwara`.
 //! - `cargo xtask fuzz [TARGET...] [--seconds N] [--idle]` runs the cargo-fuzz targets (nightly).
-//! - `cargo xtask image [--tag T] [--debug] [--no-save]` builds the container image
+//! - `cargo xtask image [--tag T] [--debug | --pgo] [--no-save]` builds the container image
 //!   (`FROM scratch`, the static binary) and saves it as a tar for `docker load`.
 //!
 //! `cargo xtask help` prints the usage; an unknown command prints it and exits 2.
 //!
-//! `perf` and `pgo` always run an optimised xtask (a debug one hands over to `cargo run
-//! --release -p xtask`): the harness is the client of what it measures.
+//! `perf`, `pgo` and `image --pgo` always run an optimised xtask (a debug one hands
+//! over to `cargo run --release -p xtask`): the harness is the client of what it
+//! measures, and of what it trains.
 
 #![forbid(unsafe_code)]
 #![allow(clippy::print_stdout)]
@@ -99,7 +100,7 @@ commands:
   package              cargo package of every publishable crate (the last step of ci)
   bench [ARGS]         the criterion benchmarks
   fuzz [TARGET...] [--seconds N] [--idle]
-  image [--tag T] [--debug] [--no-save]
+  image [--tag T] [--debug | --pgo] [--no-save]
   perf dns [--names N]
   perf store [--one-name] [--names N] [--connections C] [--rounds R] [--dir PARENT]
   perf cluster [--sizes 3,5,10] [--sync 10000,50000] | --faults | --simulate 100,1000
@@ -154,6 +155,22 @@ fn main() -> anyhow::Result<()> {
         "package" => package::run(),
         "bench" => cargo(&[&["bench", "-p", "dwara-benches"], &as_strs(rest)[..]].concat()),
         "fuzz" => fuzz::run(rest),
+        // `--pgo` trains the binary with the perf harnesses, as `pgo` does.
+        "image" if cfg!(debug_assertions) && rest.iter().any(|a| a == "--pgo") => cargo(
+            &[
+                &[
+                    "run",
+                    "--release",
+                    "--quiet",
+                    "--package",
+                    "xtask",
+                    "--",
+                    "image",
+                ],
+                &as_strs(rest)[..],
+            ]
+            .concat(),
+        ),
         "image" => image::run(&image::ImageArgs::parse(rest)?),
         // The harnesses are clients too (registrations over HTTP, process control):
         // built for debugging, the client measured itself (perf dns registered at a

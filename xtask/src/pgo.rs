@@ -31,7 +31,7 @@ use anyhow::{Context, bail};
 use crate::perf_util::release_dwara;
 
 /// The workspace's target directory (`target`, or `CARGO_TARGET_DIR`).
-fn target_dir() -> PathBuf {
+pub(crate) fn target_dir() -> PathBuf {
     let bin = release_dwara();
     bin.parent()
         .and_then(Path::parent)
@@ -90,64 +90,82 @@ fn strs(args: &[&str]) -> Vec<String> {
     args.iter().map(|s| (*s).to_owned()).collect()
 }
 
+/// Which binary a profile is made for: its symbols must be the trained ones, and
+/// cargo names them after the target it builds for.
+#[derive(Clone, Copy, PartialEq, Debug)]
+pub(crate) enum Build {
+    /// `cargo build --release`: `TARGET/pgo/use/release/dwara`.
+    Host,
+    /// The container image's static binary (`--target x86_64-unknown-linux-gnu`,
+    /// `crt-static`): `TARGET/pgo/static/use/x86_64-unknown-linux-gnu/release/dwara`.
+    Static,
+}
+
+/// The static build's target triple.
+const TRIPLE: &str = "x86_64-unknown-linux-gnu";
+
+impl Build {
+    /// Where its instrumented and optimised builds, profiles and merged profile go.
+    fn base(self) -> anyhow::Result<PathBuf> {
+        let base = match self {
+            Self::Host => target_dir().join("pgo"),
+            Self::Static => target_dir().join("pgo").join("static"),
+        };
+        std::fs::create_dir_all(&base)?;
+        Ok(std::fs::canonicalize(&base)?)
+    }
+
+    /// `cargo build` of dwara for this build, with `flags` as `RUSTFLAGS`, into
+    /// `dir`; the binary's path.
+    fn cargo(self, dir: &Path, flags: &str) -> anyhow::Result<PathBuf> {
+        let mut args = vec!["build", "--release", "-p", "dwara"];
+        let mut rustflags = flags.to_owned();
+        let binary = match self {
+            Self::Host => dir.join("release/dwara"),
+            Self::Static => {
+                args.extend(["--target", TRIPLE]);
+                rustflags.insert_str(0, "-C target-feature=+crt-static ");
+                dir.join(TRIPLE).join("release/dwara")
+            }
+        };
+        crate::cargo_with(
+            &args,
+            &[
+                ("CARGO_TARGET_DIR", &dir.to_string_lossy()),
+                ("RUSTFLAGS", &rustflags),
+            ],
+        )?;
+        Ok(binary)
+    }
+}
+
 pub(crate) fn run(args: &[String]) -> anyhow::Result<()> {
     if let Some(a) = args.first() {
         bail!("unknown argument {a:?}; usage: cargo xtask pgo");
     }
+    make(Build::Host).map(|_| ())
+}
+
+/// Builds `build` instrumented, trains it, merges its profiles and builds it with
+/// them; the optimised binary's path.
+pub(crate) fn make(build: Build) -> anyhow::Result<PathBuf> {
     crate::tools::ensure()?;
     crate::tools::ensure_perf_http()?;
     let profdata = llvm_profdata()?;
-    let base = target_dir().join("pgo");
-    std::fs::create_dir_all(&base)?;
-    let base = std::fs::canonicalize(&base)?;
+    let base = build.base()?;
     let profiles = base.join("profiles");
     if profiles.exists() {
         std::fs::remove_dir_all(&profiles)?;
     }
     std::fs::create_dir_all(&profiles)?;
 
-    println!("pgo: building the instrumented dwara");
-    let generate = base.join("generate");
-    crate::cargo_with(
-        &["build", "--release", "-p", "dwara"],
-        &[
-            ("CARGO_TARGET_DIR", &generate.to_string_lossy()),
-            (
-                "RUSTFLAGS",
-                &format!("-Cprofile-generate={}", profiles.display()),
-            ),
-        ],
+    println!("pgo: building the instrumented dwara ({build:?})");
+    let trainee = build.cargo(
+        &base.join("generate"),
+        &format!("-Cprofile-generate={}", profiles.display()),
     )?;
-    let trainee = generate.join("release/dwara");
     let trainee = trainee.to_string_lossy();
-
-    println!("pgo: training it (perf http, perf l4, perf dns: one short round each)");
-    crate::perf_http::run(&strs(&[
-        "--rounds",
-        "1",
-        "--seconds",
-        "3",
-        "--dwara",
-        &trainee,
-    ]))?;
-    crate::perf_l4::run(&strs(&[
-        "--rounds",
-        "1",
-        "--seconds",
-        "3",
-        "--proxies",
-        "dwara,dwara-1t",
-        "--dwara",
-        &trainee,
-    ]))?;
-    crate::perf_dns::run(&strs(&[
-        "--rounds",
-        "1",
-        "--seconds",
-        "3",
-        "--dwara",
-        &trainee,
-    ]))?;
+    train(&trainee)?;
 
     let raw: Vec<PathBuf> = std::fs::read_dir(&profiles)?
         .filter_map(Result::ok)
@@ -173,21 +191,48 @@ pub(crate) fn run(args: &[String]) -> anyhow::Result<()> {
     }
 
     println!("pgo: building dwara with the profile");
-    let used = base.join("use");
-    crate::cargo_with(
-        &["build", "--release", "-p", "dwara"],
-        &[
-            ("CARGO_TARGET_DIR", &used.to_string_lossy()),
-            ("RUSTFLAGS", &format!("-Cprofile-use={}", merged.display())),
-        ],
+    let binary = build.cargo(
+        &base.join("use"),
+        &format!("-Cprofile-use={}", merged.display()),
     )?;
     println!(
         "pgo: built {} (profile {}, merged from {} files the training wrote)",
-        used.join("release/dwara").display(),
+        binary.display(),
         merged.display(),
         raw.len()
     );
-    Ok(())
+    Ok(binary)
+}
+
+/// Runs the loads the benchmarks use against the instrumented `trainee`.
+fn train(trainee: &str) -> anyhow::Result<()> {
+    println!("pgo: training it (perf http, perf l4, perf dns: one short round each)");
+    crate::perf_http::run(&strs(&[
+        "--rounds",
+        "1",
+        "--seconds",
+        "3",
+        "--dwara",
+        trainee,
+    ]))?;
+    crate::perf_l4::run(&strs(&[
+        "--rounds",
+        "1",
+        "--seconds",
+        "3",
+        "--proxies",
+        "dwara,dwara-1t",
+        "--dwara",
+        trainee,
+    ]))?;
+    crate::perf_dns::run(&strs(&[
+        "--rounds",
+        "1",
+        "--seconds",
+        "3",
+        "--dwara",
+        trainee,
+    ]))
 }
 
 #[cfg(test)]
