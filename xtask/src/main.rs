@@ -156,21 +156,9 @@ fn main() -> anyhow::Result<()> {
         "bench" => cargo(&[&["bench", "-p", "dwara-benches"], &as_strs(rest)[..]].concat()),
         "fuzz" => fuzz::run(rest),
         // `--pgo` trains the binary with the perf harnesses, as `pgo` does.
-        "image" if cfg!(debug_assertions) && rest.iter().any(|a| a == "--pgo") => cargo(
-            &[
-                &[
-                    "run",
-                    "--release",
-                    "--quiet",
-                    "--package",
-                    "xtask",
-                    "--",
-                    "image",
-                ],
-                &as_strs(rest)[..],
-            ]
-            .concat(),
-        ),
+        "image" if cfg!(debug_assertions) && rest.iter().any(|a| a == "--pgo") => {
+            in_release_xtask("image", rest)
+        }
         "image" => image::run(&image::ImageArgs::parse(rest)?),
         // The harnesses are clients too (registrations over HTTP, process control):
         // built for debugging, the client measured itself (perf dns registered at a
@@ -182,37 +170,9 @@ fn main() -> anyhow::Result<()> {
         {
             usage_error(&format!("perf {}", rest.first().map_or("", String::as_str)))
         }
-        "pgo" if cfg!(debug_assertions) => cargo(
-            &[
-                &[
-                    "run",
-                    "--release",
-                    "--quiet",
-                    "--package",
-                    "xtask",
-                    "--",
-                    "pgo",
-                ],
-                &as_strs(rest)[..],
-            ]
-            .concat(),
-        ),
+        "pgo" if cfg!(debug_assertions) => in_release_xtask("pgo", rest),
         "pgo" => pgo::run(rest),
-        "perf" if cfg!(debug_assertions) => cargo(
-            &[
-                &[
-                    "run",
-                    "--release",
-                    "--quiet",
-                    "--package",
-                    "xtask",
-                    "--",
-                    "perf",
-                ],
-                &as_strs(rest)[..],
-            ]
-            .concat(),
-        ),
+        "perf" if cfg!(debug_assertions) => in_release_xtask("perf", rest),
         "perf" => match rest.split_first() {
             Some((what, rest)) if what == "dns" => {
                 tools::ensure()?;
@@ -248,6 +208,21 @@ fn usage_error(what: &str) -> ! {
 
 /// The tag of the image `cargo xtask ci` builds and tests.
 const CI_IMAGE: &str = "dwara-ci:latest";
+
+/// `cargo xtask COMMAND REST` run again by the release build of xtask (what a
+/// debug xtask does for the commands whose harness must not measure itself).
+fn in_release_xtask(command: &str, rest: &[String]) -> anyhow::Result<()> {
+    let run = [
+        "run",
+        "--release",
+        "--quiet",
+        "--package",
+        "xtask",
+        "--",
+        command,
+    ];
+    cargo(&[&run[..], &as_strs(rest)[..]].concat())
+}
 
 fn as_strs(v: &[String]) -> Vec<&str> {
     v.iter().map(String::as_str).collect()

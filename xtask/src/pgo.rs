@@ -207,32 +207,15 @@ pub(crate) fn make(build: Build) -> anyhow::Result<PathBuf> {
 /// Runs the loads the benchmarks use against the instrumented `trainee`.
 fn train(trainee: &str) -> anyhow::Result<()> {
     println!("pgo: training it (perf http, perf l4, perf dns: one short round each)");
-    crate::perf_http::run(&strs(&[
-        "--rounds",
-        "1",
-        "--seconds",
-        "3",
-        "--dwara",
-        trainee,
-    ]))?;
-    crate::perf_l4::run(&strs(&[
-        "--rounds",
-        "1",
-        "--seconds",
-        "3",
-        "--proxies",
-        "dwara,dwara-1t",
-        "--dwara",
-        trainee,
-    ]))?;
-    crate::perf_dns::run(&strs(&[
-        "--rounds",
-        "1",
-        "--seconds",
-        "3",
-        "--dwara",
-        trainee,
-    ]))
+    // One round of 3 s against the trainee, with `extra` arguments.
+    let round = |extra: &[&str]| {
+        let mut args = strs(&["--rounds", "1", "--seconds", "3", "--dwara", trainee]);
+        args.extend(strs(extra));
+        args
+    };
+    crate::perf_http::run(&round(&[]))?;
+    crate::perf_l4::run(&round(&["--proxies", "dwara,dwara-1t"]))?;
+    crate::perf_dns::run(&round(&[]))
 }
 
 #[cfg(test)]

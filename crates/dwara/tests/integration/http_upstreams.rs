@@ -266,6 +266,17 @@ fn address_upstream(proxy: SocketAddr, port: u16, ns: SocketAddr, extra: &str) -
     )
 }
 
+/// A `dwara serve` with an [`address_upstream`] (`extra` in its block) whose
+/// name server answers 127.0.0.2, listening, and a keep-alive client of it.
+async fn serve_address(port: u16, extra: &str) -> (TestDnsServer, Serve, KeepAlive) {
+    let dns = dns(&[ip(2)]).await;
+    let proxy = test_support::free_addr();
+    let serve = Serve::spawn(&address_upstream(proxy, port, dns.addr(), extra));
+    wait_listening(proxy).await;
+    let client = KeepAlive::open(proxy).await;
+    (dns, serve, client)
+}
+
 /// Sends requests on `client` until one is answered by `ip` (a changed DNS
 /// answer reached, once the old one's TTL has run out).
 async fn until_answered_by(client: &mut KeepAlive, ip: &str) {
@@ -1026,12 +1037,8 @@ async fn an_address_upstreams_idle_connections_to_an_address_the_answer_dropped_
     let port = common_port(&[ip(2), ip(3)]).await;
     let _a = Backend::start(ip(2), port).await;
     let _b = Backend::start(ip(3), port).await;
-    let dns = dns(&[ip(2)]).await;
-    let proxy = test_support::free_addr();
     let pool = "    pool: {max_idle_per_endpoint: 4, idle_timeout_s: 60}\n";
-    let serve = Serve::spawn(&address_upstream(proxy, port, dns.addr(), pool));
-    wait_listening(proxy).await;
-    let mut client = KeepAlive::open(proxy).await;
+    let (dns, serve, mut client) = serve_address(port, pool).await;
     assert_eq!(client.backend().await, "127.0.0.2");
     let (a, b) = (format!("{}:{port}", ip(2)), format!("{}:{port}", ip(3)));
     let idle = idle_per_endpoint(&serve.status().await);
@@ -1056,11 +1063,7 @@ async fn an_address_upstream_serves_its_last_answer_while_dns_fails() {
     // cache serves it stale, and every request still reaches the endpoint.
     let port = common_port(&[ip(2)]).await;
     let _a = Backend::start(ip(2), port).await;
-    let dns = dns(&[ip(2)]).await;
-    let proxy = test_support::free_addr();
-    let serve = Serve::spawn(&address_upstream(proxy, port, dns.addr(), ""));
-    wait_listening(proxy).await;
-    let mut client = KeepAlive::open(proxy).await;
+    let (dns, serve, mut client) = serve_address(port, "").await;
     assert_eq!(client.backend().await, "127.0.0.2");
     dns.set_failure(FailureMode::ServFail);
     let deadline = tokio::time::Instant::now() + WAIT;
@@ -1126,12 +1129,8 @@ async fn an_address_upstream_dials_through_the_dns_cache() {
     let port = common_port(&[ip(2), ip(3)]).await;
     let _a = Backend::start(ip(2), port).await;
     let _b = Backend::start(ip(3), port).await;
-    let dns = dns(&[ip(2)]).await;
-    let proxy = test_support::free_addr();
     let pool = "    pool: {max_idle_per_endpoint: 4, idle_timeout_s: 1}\n";
-    let serve = Serve::spawn(&address_upstream(proxy, port, dns.addr(), pool));
-    wait_listening(proxy).await;
-    let mut client = KeepAlive::open(proxy).await;
+    let (dns, serve, mut client) = serve_address(port, pool).await;
     for _ in 0..5 {
         assert_eq!(client.backend().await, "127.0.0.2");
     }
